@@ -1,0 +1,13 @@
+"""neurovec: compile neuron-level relational computation graphs into fast PyTorch modules.
+
+    graph = neurovec.GraphBuilder() ... .build()     # or an importer in neurovec.sources
+    module = neurovec.compile(graph)                  # a torch.nn.Module
+    print(module.program)                             # its forward, as readable Python
+"""
+from .sources import FactLayer, Graph, GraphBuilder, GraphError, NeuronLayer, Ref, Weight, load_json, save_json
+
+__all__ = [
+    "FactLayer", "Graph", "GraphBuilder", "GraphError", "NeuronLayer", "Ref", "Weight",
+    "load_json", "save_json",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,1 @@
+"""Optimizer passes: one module per pass, each a function from Program to Program."""

@@ -1,0 +1,75 @@
+"""The reference engine: evaluates a graph neuron by neuron, with autograd.
+
+It is slow and deliberately simple: it reads the definition
+``value(n) = T(A_i(W_i . x_i) + b)`` off the graph one neuron at a time, with no
+vectorization. Every compiled module is tested against it.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..sources.graph import FactLayer, Graph
+from .functions import apply_weight, transform
+
+__all__ = ["ReferenceModule", "evaluate"]
+
+_AGGREGATE = {
+    "sum": lambda xs: xs.sum(0),
+    "mean": lambda xs: xs.mean(0),
+    "max": lambda xs: xs.amax(0),  # gradient split evenly among ties, like scatter_reduce
+    "min": lambda xs: xs.amin(0),
+    "prod": lambda xs: xs.prod(0),
+}
+
+
+class ReferenceModule(nn.Module):
+    """Holds the graph's weights as parameters and evaluates neuron by neuron.
+
+    Learnable weights are parameters in ``self.weights`` (by name), fixed ones are
+    buffers, exactly as in compiled modules, so their state dicts are interchangeable.
+    """
+
+    def __init__(self, graph: Graph, dtype: torch.dtype = torch.float64):
+        super().__init__()
+        self.graph = graph
+        self.weights = nn.ParameterDict({
+            w.name: nn.Parameter(torch.tensor(w.value, dtype=dtype))
+            for w in graph.weights if w.learnable})
+        self.fixed = {w.name: torch.tensor(w.value, dtype=dtype) for w in graph.weights if not w.learnable}
+        self.dtype = dtype
+
+    def weight(self, index: int) -> torch.Tensor | None:
+        if index < 0:
+            return None
+        name = self.graph.weights[index].name
+        return self.weights[name] if name in self.weights else self.fixed[name]
+
+    def forward(self, facts: dict | None = None) -> torch.Tensor:
+        facts = facts or {}
+        values: list[list[torch.Tensor]] = []  # values[layer][ordinal]
+        for layer in self.graph.layers:
+            if isinstance(layer, FactLayer):
+                data = facts.get(layer.name)
+                data = torch.tensor(layer.values, dtype=self.dtype) if data is None else data
+                values.append([data[i] for i in range(layer.size)])
+                continue
+            ptr = layer.ptr.tolist()
+            src, ordinal = layer.input_layer.tolist(), layer.input_ordinal.tolist()
+            weight, bias = layer.input_weight.tolist(), layer.bias.tolist()
+            outputs = []
+            for j in range(layer.size):
+                terms = [apply_weight(self.weight(weight[e]), values[src[e]][ordinal[e]])
+                         for e in range(ptr[j], ptr[j + 1])]
+                value = _AGGREGATE[layer.aggregation](torch.stack(terms))
+                if bias[j] >= 0:
+                    value = value + self.weight(bias[j])
+                outputs.append(transform(layer.transformation, value.unsqueeze(0))[0])
+            values.append(outputs)
+        return torch.stack([values[l][o] for l, o in
+                            zip(self.graph.output_layer.tolist(), self.graph.output_ordinal.tolist())])
+
+
+def evaluate(graph: Graph, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """The graph's outputs under its initial weights, computed neuron by neuron."""
+    return ReferenceModule(graph, dtype)()
