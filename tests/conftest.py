@@ -1,0 +1,32 @@
+"""Shared test fixtures: where the datasets live, and hypothesis profiles."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+REPO = Path(__file__).resolve().parents[1]
+# Tests read the raw data next to the project (../shared/data), never a download.
+SHARED_DATA = Path(os.environ.get("NEUROVEC_SHARED_DATA", REPO.parent / "shared" / "data"))
+
+settings.register_profile("default", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("ci", deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True)
+settings.load_profile("ci" if os.environ.get("CI") else "default")
+
+
+@pytest.fixture(scope="session")
+def tu_dir() -> Path:
+    path = SHARED_DATA / "tu"
+    if not path.is_dir():
+        pytest.skip(f"TU data not found at {path} (set NEUROVEC_SHARED_DATA)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def mutagenesis_dir() -> Path:
+    path = SHARED_DATA / "mutagenesis"
+    if not path.is_dir():
+        pytest.skip(f"Mutagenesis CSVs not found at {path} (set NEUROVEC_SHARED_DATA)")
+    return path
