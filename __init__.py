@@ -4,9 +4,12 @@
     module = neurovec.compile(graph)                  # a torch.nn.Module
     print(module.program)                             # its forward, as readable Python
 """
+from .compiler import Program, Settings, compile
+from .engines.reference import ReferenceModule
 from .sources import FactLayer, Graph, GraphBuilder, GraphError, NeuronLayer, Ref, Weight, load_json, save_json
 
 __all__ = [
+    "Program", "ReferenceModule", "Settings", "compile",
     "FactLayer", "Graph", "GraphBuilder", "GraphError", "NeuronLayer", "Ref", "Weight",
     "load_json", "save_json",
 ]

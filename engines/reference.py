@@ -11,6 +11,7 @@ from torch import nn
 
 from ..sources.graph import FactLayer, Graph
 from .functions import apply_weight, transform
+from .weights import WeightStore
 
 __all__ = ["ReferenceModule", "evaluate"]
 
@@ -26,24 +27,18 @@ _AGGREGATE = {
 class ReferenceModule(nn.Module):
     """Holds the graph's weights as parameters and evaluates neuron by neuron.
 
-    Learnable weights are parameters in ``self.weights`` (by name), fixed ones are
-    buffers, exactly as in compiled modules, so their state dicts are interchangeable.
+    Weights live in ``self.weights`` (a :class:`WeightStore`) exactly as in compiled
+    modules, so their state dicts are interchangeable.
     """
 
     def __init__(self, graph: Graph, dtype: torch.dtype = torch.float64):
         super().__init__()
         self.graph = graph
-        self.weights = nn.ParameterDict({
-            w.name: nn.Parameter(torch.tensor(w.value, dtype=dtype))
-            for w in graph.weights if w.learnable})
-        self.fixed = {w.name: torch.tensor(w.value, dtype=dtype) for w in graph.weights if not w.learnable}
+        self.weights = WeightStore(graph.weights, dtype)
         self.dtype = dtype
 
     def weight(self, index: int) -> torch.Tensor | None:
-        if index < 0:
-            return None
-        name = self.graph.weights[index].name
-        return self.weights[name] if name in self.weights else self.fixed[name]
+        return None if index < 0 else self.weights[self.graph.weights[index].name]
 
     def forward(self, facts: dict | None = None) -> torch.Tensor:
         facts = facts or {}

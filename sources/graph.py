@@ -362,7 +362,13 @@ def _validate_neurons(index, layer, layers, sizes, shapes, weight_shapes, weight
     has_bias = layer.bias >= 0
     if has_bias.any():
         bias_cls = np.where(has_bias, wshape_ids[np.maximum(layer.bias, 0)], -1)
-        for cls in np.unique(bias_cls[has_bias]):
+        distinct = np.unique(bias_cls[has_bias])
+        if distinct.size > 1:
+            j = int(np.flatnonzero(bias_cls == distinct[1])[0])
+            raise GraphError(f"{where}, neuron {j}: bias {weight_names[layer.bias[j]]!r} has shape "
+                             f"{wshape_list[distinct[1]]}, but other biases of the layer have shape "
+                             f"{wshape_list[distinct[0]]}: a layer's biases must share one shape")
+        for cls in distinct:
             shape = wshape_list[cls]
             if shape != () and shape != out_shape:
                 j = int(np.flatnonzero(bias_cls == cls)[0])

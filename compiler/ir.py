@@ -1,0 +1,133 @@
+"""neurovec's intermediate representation: a straight-line program of tensor ops.
+
+Every value is a tensor of shape ``(count, *shape)``: ``count`` neurons (or
+edges) of one value shape. A :class:`Program` is a list of :class:`Node` in
+topological order; nodes name their inputs by node name. Large arrays (gather
+indices, segment counts, fact values) live in ``Program.constants`` and nodes
+refer to them by key, so nodes stay small and printable (the torch.fx
+``get_attr`` idea).
+
+Ops (``Node.attrs`` in brackets):
+
+==============  =====================================================================
+``FACT``        constant values [``const``; ``fact_layer``: the graph fact layer, if any]
+``WEIGHTS``     weights stacked along axis 0 [``names``: graph weight names]
+``CONCAT``      concatenation of ``srcs`` along axis 0
+``GATHER``      ``x[index]`` along axis 0 [``index``: const key]
+``LINEAR``      per-row product ``W_e . x_e`` [``kind``: ``"matmul"`` or ``"mul"``]
+``REDUCE``      segment reduction of consecutive rows [``aggregation``, ``counts``: const key]
+``ADD``         ``x + b`` row by row (``b`` broadcasts over the value shape)
+``TRANSFORM``   elementwise / per-row function [``fn``]
+==============  =====================================================================
+
+``Program.output`` names the node whose rows are the graph's outputs, in order.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+__all__ = ["Op", "Node", "Program", "IRError"]
+
+
+class Op(enum.Enum):
+    FACT = "fact"
+    WEIGHTS = "weights"
+    CONCAT = "concat"
+    GATHER = "gather"
+    LINEAR = "linear"
+    REDUCE = "reduce"
+    ADD = "add"
+    TRANSFORM = "transform"
+
+
+class IRError(RuntimeError):
+    """An internal inconsistency in a program (a compiler bug, not a user error)."""
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    op: Op
+    srcs: tuple[str, ...]
+    count: int
+    shape: tuple[int, ...]
+    attrs: dict = field(default_factory=dict, compare=False)
+    layer: str = ""  # the graph layer this node was built for (for messages and printing)
+
+    def with_(self, **changes) -> "Node":
+        return replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class Program:
+    nodes: tuple[Node, ...]
+    constants: dict[str, np.ndarray]
+    weights: tuple  # the graph's Weight objects (values are the initial values)
+    output: str
+
+    def node(self, name: str) -> Node:
+        return self.by_name()[name]
+
+    def by_name(self) -> dict[str, Node]:
+        return {n.name: n for n in self.nodes}
+
+    def users(self) -> dict[str, list[str]]:
+        """For every node, the names of the nodes that read it."""
+        result: dict[str, list[str]] = {n.name: [] for n in self.nodes}
+        for n in self.nodes:
+            for s in n.srcs:
+                result[s].append(n.name)
+        return result
+
+    def __str__(self) -> str:
+        lines = []
+        for n in self.nodes:
+            attrs = ", ".join(f"{k}={_short(v, self.constants)}" for k, v in n.attrs.items())
+            srcs = ", ".join(n.srcs)
+            lines.append(f"%{n.name} = {n.op.name}({srcs}{'; ' if srcs and attrs else ''}{attrs})"
+                         f" : ({n.count}, {', '.join(map(str, n.shape))})")
+        lines.append(f"return %{self.output}")
+        return "\n".join(lines)
+
+    def verify(self) -> None:
+        """Check shapes, ordering and index ranges; raises :class:`IRError`."""
+        seen: dict[str, Node] = {}
+        for n in self.nodes:
+            if n.name in seen:
+                raise IRError(f"%{n.name} defined twice")
+            for s in n.srcs:
+                if s not in seen:
+                    raise IRError(f"%{n.name} {n.op.name} reads %{s}, which is not defined before it")
+            srcs = [seen[s] for s in n.srcs]
+            if n.op is Op.CONCAT:
+                if any(s.shape != n.shape for s in srcs) or sum(s.count for s in srcs) != n.count:
+                    raise IRError(f"%{n.name} CONCAT of mismatched inputs")
+            elif n.op is Op.GATHER:
+                index = self.constants[n.attrs["index"]]
+                if index.shape != (n.count,) or (index.size and (index.min() < 0 or index.max() >= srcs[0].count)):
+                    raise IRError(f"%{n.name} GATHER index out of range for %{srcs[0].name} ({srcs[0].count} rows)")
+            elif n.op is Op.REDUCE:
+                counts = self.constants[n.attrs["counts"]]
+                if counts.shape != (n.count,) or int(counts.sum()) != srcs[0].count:
+                    raise IRError(f"%{n.name} REDUCE counts do not cover %{srcs[0].name}")
+            elif n.op in (Op.LINEAR, Op.ADD, Op.TRANSFORM):
+                if any(s.count != n.count for s in srcs):
+                    raise IRError(f"%{n.name} {n.op.name} inputs have row counts "
+                                  f"{[s.count for s in srcs]}, expected {n.count}")
+            seen[n.name] = n
+        if self.output not in seen:
+            raise IRError(f"output %{self.output} is not defined")
+
+
+def _short(value, constants) -> str:
+    if isinstance(value, str) and value in constants:
+        array = constants[value]
+        if array.size <= 8:
+            return f"{value}={array.tolist()}"
+        return f"{value}[{array.size}]"
+    if isinstance(value, tuple) and len(value) > 4:
+        return f"({value[0]!r}, ... {len(value)} names)"
+    return repr(value)

@@ -1,0 +1,26 @@
+"""The compile entry point: graph -> Vectorizer -> passes -> torch module."""
+from __future__ import annotations
+
+from ..engines.torch_module import CompiledModule
+from ..sources.graph import Graph
+from .ir import Program
+from .settings import Settings
+from .vectorizer import vectorize
+
+__all__ = ["compile", "build_program"]
+
+
+def build_program(graph: Graph, settings: Settings | None = None) -> Program:
+    """Vectorize ``graph`` and run the optimizer passes chosen by ``settings``."""
+    settings = settings or Settings()
+    program = vectorize(graph)
+    if settings.verify:
+        program.verify()
+    return program
+
+
+def compile(graph: Graph, settings: Settings | None = None) -> CompiledModule:  # noqa: A001
+    """Compile a neuron graph into a ``torch.nn.Module`` (float32; call ``.double()`` for float64)."""
+    if not isinstance(graph, Graph):
+        raise TypeError(f"neurovec.compile expects a neurovec.Graph (got {type(graph).__name__})")
+    return CompiledModule(build_program(graph, settings))

@@ -1,0 +1,173 @@
+"""The Vectorizer (thesis 5.1): one neuron layer becomes a handful of tensor ops.
+
+For a layer with neurons ``j`` and edges ``e`` (inputs, in neuron order)::
+
+    x   = GATHER(CONCAT(input layers), index)     # every edge's input value, edge order
+    w   = GATHER(WEIGHTS(shape class), index)      # every edge's weight
+    p   = LINEAR(w, x)                             # W_e . x_e
+    a   = REDUCE(p, counts, aggregation)           # one row per neuron
+    v   = TRANSFORM(ADD(a, GATHER(bias)), fn)
+
+Edges whose inputs or weights have different shapes cannot share one batched
+product (thesis 5.2.10 step 7), so they are split into groups by
+``(input shape, weight shape)``; the groups' products are concatenated and
+gathered back into edge order. Everything is computed on whole arrays: the
+only Python loops run over layers and shape groups, never over neurons or edges.
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from ..sources.graph import NO_WEIGHT, FactLayer, Graph
+from .ir import Node, Op, Program
+
+__all__ = ["vectorize"]
+
+
+class _Emitter:
+    """Appends nodes and constants under unique, readable names."""
+
+    def __init__(self):
+        self.nodes: list[Node] = []
+        self.constants: dict[str, np.ndarray] = {}
+        self._taken: set[str] = set()
+
+    def name(self, base: str) -> str:
+        base = re.sub(r"\W+", "_", base).strip("_") or "v"
+        if base[0].isdigit():
+            base = "_" + base
+        name, k = base, 1
+        while name in self._taken:
+            k += 1
+            name = f"{base}_{k}"
+        self._taken.add(name)
+        return name
+
+    def const(self, base: str, array: np.ndarray) -> str:
+        key = self.name(base)
+        self.constants[key] = array
+        return key
+
+    def add(self, base: str, op: Op, srcs, count: int, shape, layer: str = "", **attrs) -> Node:
+        node = Node(self.name(base), op, tuple(srcs), int(count), tuple(shape), attrs, layer)
+        self.nodes.append(node)
+        return node
+
+    def gather(self, base: str, src: Node, index: np.ndarray, layer: str) -> Node:
+        key = self.const(f"idx_{base}", np.ascontiguousarray(index, dtype=np.int64))
+        return self.add(base, Op.GATHER, [src.name], len(index), src.shape, layer, index=key)
+
+    def concat(self, base: str, srcs: list[Node], layer: str) -> Node:
+        if len(srcs) == 1:
+            return srcs[0]
+        return self.add(base, Op.CONCAT, [s.name for s in srcs], sum(s.count for s in srcs),
+                        srcs[0].shape, layer)
+
+
+def _concat_index(e: _Emitter, base: str, sources: list[Node], which: np.ndarray, ordinal: np.ndarray,
+                  layer: str) -> Node:
+    """GATHER(CONCAT(sources), offset[which] + ordinal): rows of several tensors, in any order."""
+    offsets = np.concatenate([[0], np.cumsum([s.count for s in sources])])[:-1]
+    joined = e.concat(f"{base}_cat", sources, layer)
+    return e.gather(base, joined, offsets[which] + ordinal, layer)
+
+
+def vectorize(graph: Graph) -> Program:
+    """Turn a validated :class:`Graph` into an unoptimized :class:`Program`."""
+    e = _Emitter()
+    values: list[Node] = []  # the value node of each graph layer
+    weight_stacks: dict[tuple, tuple[Node, np.ndarray]] = {}  # shape -> (WEIGHTS node, weight -> row)
+    weight_shapes = [w.shape for w in graph.weights]
+
+    def weights_of_shape(shape: tuple) -> tuple[Node, np.ndarray]:
+        if shape not in weight_stacks:
+            members = [i for i, s in enumerate(weight_shapes) if s == shape]
+            row = np.full(len(graph.weights), -1, dtype=np.int64)
+            row[members] = np.arange(len(members))
+            label = "x".join(map(str, shape)) or "scalar"
+            node = e.add(f"w_{label}", Op.WEIGHTS, [], len(members), shape,
+                         names=tuple(graph.weights[i].name for i in members))
+            weight_stacks[shape] = (node, row)
+        return weight_stacks[shape]
+
+    weight_shape_id = {s: k for k, s in enumerate(dict.fromkeys(weight_shapes))}
+    weight_cls = np.array([weight_shape_id[s] for s in weight_shapes] + [-1], dtype=np.int64)
+    shape_of_cls = list(weight_shape_id)
+
+    for index, layer in enumerate(graph.layers):
+        name = layer.name
+        if isinstance(layer, FactLayer):
+            key = e.const(f"facts_{name}", layer.values)
+            values.append(e.add(f"f_{name}", Op.FACT, [], layer.size, layer.value_shape, name,
+                                const=key, fact_layer=name, unit=layer.unit))
+            continue
+        out_shape = graph.layer_shapes[index]
+        src, ordinal, weight = layer.input_layer, layer.input_ordinal, layer.input_weight
+        value_shape_id = {s: k for k, s in enumerate(dict.fromkeys(graph.layer_shapes[:index]))}
+        value_cls = np.array([value_shape_id[s] for s in graph.layer_shapes[:index]], dtype=np.int64)[src]
+        edge_weight_cls = weight_cls[weight]  # NO_WEIGHT (-1) picks the trailing -1
+        groups, group_of_edge = np.unique(np.stack([value_cls, edge_weight_cls], 1), axis=0,
+                                          return_inverse=True)
+        group_of_edge = group_of_edge.reshape(-1)
+        products: list[Node] = []
+        order = []
+        for g, (_, w_cls) in enumerate(groups):
+            edges = np.flatnonzero(group_of_edge == g) if len(groups) > 1 else np.arange(layer.n_edges)
+            order.append(edges)
+            tag = name if len(groups) == 1 else f"{name}_g{g}"
+            g_src = src[edges]
+            used = np.unique(g_src)
+            local = np.full(index, -1, dtype=np.int64)
+            local[used] = np.arange(used.size)
+            x = _concat_index(e, f"{tag}_x", [values[i] for i in used], local[g_src], ordinal[edges], name)
+            if w_cls < 0:
+                products.append(x)
+                continue
+            w_shape = shape_of_cls[w_cls]
+            stack, row = weights_of_shape(w_shape)
+            w = e.gather(f"{tag}_w", stack, row[weight[edges]], name)
+            kind = "matmul" if len(w_shape) == 2 and x.shape != () else "mul"
+            products.append(e.add(f"{tag}_lin", Op.LINEAR, [w.name, x.name], edges.size, out_shape, name,
+                                  kind=kind))
+        if len(products) == 1:
+            edge_values = products[0]
+        else:
+            # Back to edge order: row k of the concatenated products is edge order[k].
+            position = np.empty(layer.n_edges, dtype=np.int64)
+            position[np.concatenate(order)] = np.arange(layer.n_edges)
+            joined = e.concat(f"{name}_products", products, name)
+            edge_values = e.gather(f"{name}_edges", joined, position, name)
+        counts = e.const(f"counts_{name}", layer.counts.copy())
+        value = e.add(f"{name}_agg", Op.REDUCE, [edge_values.name], layer.size, out_shape, name,
+                      aggregation=layer.aggregation, counts=counts)
+        if np.any(layer.bias != NO_WEIGHT):
+            value = _add_bias(e, name, value, layer.bias, graph, weights_of_shape)
+        if layer.transformation != "identity":
+            value = e.add(f"{name}_out", Op.TRANSFORM, [value.name], layer.size, out_shape, name,
+                          fn=layer.transformation)
+        values.append(value)
+
+    out = _concat_index(e, "output", [values[i] for i in np.unique(graph.output_layer)],
+                        _local(graph.output_layer), graph.output_ordinal, "output")
+    return Program(tuple(e.nodes), e.constants, graph.weights, out.name)
+
+
+def _add_bias(e: _Emitter, name: str, value: Node, bias: np.ndarray, graph: Graph, weights_of_shape) -> Node:
+    shape = graph.weights[int(bias[bias != NO_WEIGHT][0])].shape  # validated: one bias shape per layer
+    stack, row = weights_of_shape(shape)
+    if np.all(bias != NO_WEIGHT):
+        b = e.gather(f"{name}_bias", stack, row[bias], name)
+    else:
+        # Neurons without a bias read an appended zero row.
+        zero = e.add(f"{name}_nobias", Op.FACT, [], 1, shape, name,
+                     const=e.const(f"zeros_{name}", np.zeros((1,) + shape)), fact_layer=None, unit=False)
+        joined = e.concat(f"{name}_bias_cat", [stack, zero], name)
+        b = e.gather(f"{name}_bias", joined, np.where(bias == NO_WEIGHT, stack.count, row[bias]), name)
+    return e.add(f"{name}_biased", Op.ADD, [value.name, b.name], value.count, value.shape, name)
+
+
+def _local(layers: np.ndarray) -> np.ndarray:
+    """Rank of each entry among the distinct values (their position in a sorted CONCAT)."""
+    return np.unique(layers, return_inverse=True)[1].reshape(-1)

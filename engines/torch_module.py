@@ -1,0 +1,171 @@
+"""IR to ``torch.nn.Module``: generate readable Python for ``forward`` and run it.
+
+One statement per IR node, with the value's shape in a trailing comment, in
+the spirit of torch.fx's code generation and thesis Fig. 6.8::
+
+    def program(self, f_atoms):
+        w = self.weights
+        w_8x7 = torch.stack([w['conv1'], w['conv2']])            # (2, 8, 7)
+        h_x = f_atoms.index_select(0, self.idx_h_x)                # (7442, 7)
+        ...
+
+The source is registered with ``linecache`` so tracebacks and
+``inspect.getsource`` show the generated lines.
+"""
+from __future__ import annotations
+
+import itertools
+import linecache
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..compiler.ir import Node, Op, Program
+from ..sources.graph import GraphError
+from . import runtime
+from .functions import TRANSFORM_FUNCTIONS
+from .weights import WeightStore
+
+__all__ = ["CompiledModule", "generate_source"]
+
+_READABLE_TRANSFORMS = {
+    "sigmoid": "torch.sigmoid", "tanh": "torch.tanh", "relu": "torch.relu", "exp": "torch.exp",
+    "log": "torch.log", "sqrt": "torch.sqrt", "sign": "torch.sign", "inverse": "torch.reciprocal",
+    "reverse": "torch.neg",
+}
+_file_counter = itertools.count()
+
+
+def _rows(shape: tuple) -> str:
+    """A view that lets a per-row scalar broadcast over a value of ``shape``."""
+    return f".view(-1{', 1' * len(shape)})"
+
+
+def _expression(node: Node, nodes: dict[str, Node]) -> str:
+    srcs = [nodes[s] for s in node.srcs]
+    names = list(node.srcs)
+    if node.op is Op.FACT:
+        return f"self.{node.attrs['const']}"
+    if node.op is Op.WEIGHTS:
+        parts = ", ".join(f"w[{n!r}]" for n in node.attrs["names"])
+        return f"torch.stack([{parts}])"
+    if node.op is Op.CONCAT:
+        return f"torch.cat([{', '.join(names)}])"
+    if node.op is Op.GATHER:
+        return f"{names[0]}.index_select(0, self.{node.attrs['index']})"
+    if node.op is Op.LINEAR:
+        w, x = srcs
+        if node.attrs["kind"] == "matmul":
+            if len(x.shape) == 1:
+                return f"torch.bmm({w.name}, {x.name}.unsqueeze(-1)).squeeze(-1)"
+            return f"torch.bmm({w.name}, {x.name})"
+        if w.shape == () and x.shape != ():
+            return f"{w.name}{_rows(x.shape)} * {x.name}"
+        if x.shape == () and w.shape != ():
+            return f"{w.name} * {x.name}{_rows(w.shape)}"
+        return f"{w.name} * {x.name}"
+    if node.op is Op.REDUCE:
+        key = node.attrs["counts"]
+        return (f"segment_reduce({names[0]}, self.seg_{key}, self.cnt_{key}, {node.count}, "
+                f"{node.attrs['aggregation']!r})")
+    if node.op is Op.ADD:
+        x, b = srcs
+        if b.shape == () and x.shape != ():
+            return f"{x.name} + {b.name}{_rows(x.shape)}"
+        return f"{x.name} + {b.name}"
+    if node.op is Op.TRANSFORM:
+        fn = node.attrs["fn"]
+        if fn in _READABLE_TRANSFORMS:
+            return f"{_READABLE_TRANSFORMS[fn]}({names[0]})"
+        return f"T[{fn!r}]({names[0]})"
+    raise NotImplementedError(f"no code generation for {node.op}")
+
+
+def input_facts(program: Program) -> list[Node]:
+    """FACT nodes fed from graph fact layers: the generated function's arguments."""
+    return [n for n in program.nodes if n.op is Op.FACT and n.attrs.get("fact_layer")]
+
+
+def generate_source(program: Program) -> str:
+    nodes = program.by_name()
+    args = ", ".join(["self"] + [n.name for n in input_facts(program)])
+    lines = [f"def program({args}):", "    w = self.weights"]
+    for node in program.nodes:
+        if node.op is Op.FACT and node.attrs.get("fact_layer"):
+            continue
+        code = f"    {node.name} = {_expression(node, nodes)}"
+        shape = ", ".join(map(str, (node.count,) + node.shape))
+        lines.append(f"{code:<72}  # ({shape})")
+    lines.append(f"    return {program.output}")
+    return "\n".join(lines) + "\n"
+
+
+class CompiledModule(nn.Module):
+    """A compiled neuron graph.
+
+    ``module()`` returns the graph's outputs in declared order, one tensor of
+    shape ``(n_outputs, *output_shape)``. ``module(facts={"layer": tensor})``
+    replaces the values of a fact layer for this call (same shape; the layer must
+    be among ``Settings.dynamic_facts`` unless no pass touched it).
+    ``module.weights[name]`` is the parameter (or fixed buffer) of a graph weight.
+    ``print(module.code)`` shows the generated forward program.
+    """
+
+    def __init__(self, program: Program):
+        super().__init__()
+        program.verify()
+        self.program = program
+        self.weights = WeightStore(program.weights)
+        for key, array in program.constants.items():
+            self.register_buffer(key, _tensor(array), persistent=False)
+        for node in program.nodes:
+            if node.op is Op.REDUCE:
+                key = node.attrs["counts"]
+                counts = torch.from_numpy(np.ascontiguousarray(program.constants[key], dtype=np.int64))
+                self.register_buffer(f"seg_{key}", torch.repeat_interleave(torch.arange(counts.numel()), counts),
+                                     persistent=False)
+                self.register_buffer(f"cnt_{key}", counts.to(torch.get_default_dtype()), persistent=False)
+        self._inputs = {n.attrs["fact_layer"]: n for n in input_facts(program)}
+        self.code = generate_source(program)
+        self._program = _load(self.code)
+
+    def forward(self, facts: dict | None = None) -> torch.Tensor:
+        args = [getattr(self, n.attrs["const"]) for n in self._inputs.values()]
+        if facts:
+            args = self._replace_facts(args, facts)
+        return self._program(self, *args)
+
+    def _replace_facts(self, args: list, facts: dict) -> list:
+        args = list(args)
+        position = {layer: k for k, layer in enumerate(self._inputs)}
+        for layer, value in facts.items():
+            if layer not in position:
+                raise GraphError(f"fact layer {layer!r} cannot be replaced at call time: it is not an input "
+                                 "of the compiled program (unknown, or optimized using its values; list it "
+                                 "in Settings.dynamic_facts)")
+            current = args[position[layer]]
+            value = torch.as_tensor(value, dtype=current.dtype, device=current.device)
+            if value.shape != current.shape:
+                raise GraphError(f"fact layer {layer!r}: replacement has shape {tuple(value.shape)}, "
+                                 f"expected {tuple(current.shape)}")
+            args[position[layer]] = value
+        return args
+
+    def extra_repr(self) -> str:
+        n_ops = sum(1 for n in self.program.nodes if n.op not in (Op.FACT, Op.WEIGHTS))
+        return f"{n_ops} ops, {len(self.weights)} weights, {len(self._inputs)} fact inputs"
+
+
+def _tensor(array: np.ndarray) -> torch.Tensor:
+    if np.issubdtype(array.dtype, np.integer):
+        return torch.from_numpy(np.ascontiguousarray(array, dtype=np.int64))
+    return torch.tensor(array, dtype=torch.get_default_dtype())
+
+
+def _load(source: str):
+    filename = f"<neurovec-program-{next(_file_counter)}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    namespace = {"torch": torch, "segment_reduce": runtime.segment_reduce, "T": TRANSFORM_FUNCTIONS}
+    exec(compile(source, filename, "exec"), namespace)
+    return namespace["program"]

@@ -1,0 +1,70 @@
+"""Holding a graph's weights in a module under the user's own names."""
+from __future__ import annotations
+
+from typing import Iterator, Sequence
+
+import torch
+from torch import nn
+
+from ..sources.graph import GraphError, Weight
+
+__all__ = ["WeightStore"]
+
+
+class WeightStore(nn.Module):
+    """Learnable weights as ``nn.Parameter``, fixed ones as buffers, keyed by weight name.
+
+    Dotted names (``conv1.lin.weight``) become nested submodules, so state-dict
+    keys read ``weights.conv1.lin.weight``, just like a hand-written torch model.
+    ``store[name]`` returns the tensor; iteration yields every weight name.
+    """
+
+    def __init__(self, weights: Sequence[Weight], dtype: torch.dtype | None = None):
+        super().__init__()
+        self._names = [w.name for w in weights]
+        for w in weights:
+            *path, leaf = w.name.split(".")
+            if not leaf or any(not part for part in path):
+                raise GraphError(f"weight name {w.name!r} has an empty part between dots")
+            owner = self
+            for part in path:
+                child = owner._modules.get(part)
+                if child is None:
+                    if part in owner._parameters or part in owner._buffers:
+                        raise GraphError(f"weight name {w.name!r} clashes with weight {part!r}")
+                    child = nn.Module()
+                    owner.add_module(part, child)
+                owner = child
+            if leaf in owner._modules:
+                raise GraphError(f"weight name {w.name!r} clashes with weights named {w.name + '.*'!r}")
+            tensor = torch.tensor(w.value, dtype=dtype or torch.get_default_dtype())
+            if w.learnable:
+                owner.register_parameter(leaf, nn.Parameter(tensor))
+            else:
+                owner.register_buffer(leaf, tensor)
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        *path, leaf = name.split(".")
+        owner = self
+        for part in path:
+            owner = owner._modules[part]
+        found = owner._parameters.get(leaf)
+        return found if found is not None else owner._buffers[leaf]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._names
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def keys(self):
+        return list(self._names)
+
+    def items(self):
+        return [(name, self[name]) for name in self._names]
+
+    def forward(self):  # pragma: no cover - a container, never called
+        raise RuntimeError("WeightStore is a container")
