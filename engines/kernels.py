@@ -1,0 +1,609 @@
+"""Segment reductions and a fused gather + sum, with cheap, tie-exact backward passes.
+
+The compiled programs reduce the inputs of every neuron of a layer at once: the
+inputs are laid out edge by edge, *sorted by neuron*, so neuron ``j`` owns the
+contiguous rows ``ptr[j]:ptr[j+1]`` (a CSR "segment", thesis 3.4.3). This module
+provides those reductions as :class:`torch.autograd.Function` s whose backward is
+a plain gather (``index_select``) through an index precomputed at compile time,
+instead of torch-scatter's ``gather_csr`` (thesis 6.4: that backward is what made
+the compiled modules only tie PyG on forward + backward).
+
+Shapes: values ``x`` are ``(E, *shape)`` (``E`` edges), results are
+``(S, *shape)`` (``S`` segments). Every segment is non-empty.
+
+Contents
+
+* :class:`Segments` -- the precomputed indices (``ptr``, ``seg_id``, ``counts``)
+  of one layer, movable with ``.to(device)``.
+* :func:`segment_reduce` -- the functional form on plain tensors, dispatching to
+  :class:`SegmentSum`, :class:`SegmentMean`, :class:`SegmentMax`,
+  :class:`SegmentMin`, :class:`SegmentProd`.
+* :class:`GatherSum` / :func:`gather_segment_sum` -- ``y[j] = sum_{e in seg j}
+  c[e] * x[index[e]]`` as one CSR sparse-dense matmul, with the transposed matrix
+  (built once) for the backward.
+* :func:`scatter_reduce_native`, :func:`dense_reduce` -- the two other ways a
+  layer can reduce (plain torch autograd), and :func:`choose_kernel`, the cost
+  model that picks among all of them.
+
+Gradient semantics match the reference engine (``torch.stack(...).sum/mean/amax/
+amin/prod(0)`` per neuron): in particular max/min split the gradient *evenly
+among tied extrema* (like ``torch.amax`` and ``scatter_reduce(..., "amax")``),
+not to a single argmax.
+
+Which forward kernel? (measured by ``benchmarks/kernels.py`` on 2 CPU threads,
+PROTEINS GCN sizes; see :func:`choose_kernel` for the numbers)
+
+* sum / mean on CPU: a CSR sparse-dense matmul ``I_csr @ x`` with the segment
+  structure as the sparse matrix (columns ``0..E-1``, values 1) -- MKL's spmm
+  is 2-5x faster than ``index_add_``/``scatter_add_`` and 5-10x faster than
+  ``torch.segment_reduce`` or torch-scatter's ``segment_csr`` on CPU. For tiny
+  inputs the spmm setup dominates and ``torch.segment_reduce`` wins.
+* max / min / prod on CPU: ``scatter_reduce`` with an *expanded* index hits
+  PyTorch's sorted, feature-vectorized path and is fastest for wide features
+  (>= 16 columns); for narrow ones ``torch.segment_reduce`` is several times
+  faster. torch-scatter's ``segment_csr`` max is the slowest of all on CPU.
+* CUDA: torch-scatter's ``segment_csr`` when installed (the thesis measured it
+  faster than scatter on the GPU forward), else ``torch.segment_reduce``. Not
+  measured here (no GPU).
+
+torch-scatter is optional: ``HAS_TORCH_SCATTER`` says whether it imported, and
+every function takes ``impl=`` to force a forward kernel (tests force each).
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Sequence
+
+import numpy as np
+import torch
+
+try:  # optional: only a forward kernel, never required
+    import torch_scatter as _torch_scatter
+except (ImportError, OSError):  # OSError: a wheel built against another torch
+    _torch_scatter = None
+
+__all__ = [
+    "HAS_TORCH_SCATTER", "REDUCTIONS", "IMPLS",
+    "Segments", "segment_reduce", "segment_forward",
+    "SegmentSum", "SegmentMean", "SegmentMax", "SegmentMin", "SegmentProd",
+    "GatherSum", "gather_segment_sum",
+    "scatter_reduce_native", "dense_reduce", "choose_kernel",
+]
+
+HAS_TORCH_SCATTER: bool = _torch_scatter is not None
+
+REDUCTIONS = ("sum", "mean", "max", "min", "prod")
+
+#: Forward kernels ``impl=`` accepts. ``"auto"`` picks per device and size (see the
+#: module docstring), ``"native"`` is ``"auto"`` restricted to plain torch.
+IMPLS = ("auto", "native", "torch_scatter", "spmm", "segment_reduce", "scatter_reduce", "index_add")
+
+# Which reductions each forward kernel computes ("mean" is always sum / counts).
+_IMPL_REDUCTIONS = {
+    "torch_scatter": {"sum", "max", "min"},
+    "spmm": {"sum"},
+    "index_add": {"sum"},
+    "segment_reduce": {"sum", "max", "min", "prod"},
+    "scatter_reduce": {"sum", "max", "min", "prod"},
+}
+_SCATTER_NAMES = {"sum": "sum", "max": "amax", "min": "amin", "prod": "prod"}
+
+# Thresholds of the CPU "auto" choice, from benchmarks/kernels.py --sweep (2 threads).
+_SPMM_MIN_ELEMENTS = 8192    # E * F below which torch.segment_reduce's lower overhead wins
+_SCATTER_MIN_FEATURES = 16   # F from which scatter_reduce's vectorized path beats segment_reduce
+
+# Building a sparse CSR tensor warns once per process that the layout is "beta";
+# swallow that one warning here rather than at every call (catch_warnings costs µs).
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    torch.sparse_csr_tensor(torch.zeros(2, dtype=torch.long), torch.zeros(1, dtype=torch.long),
+                            torch.ones(1), (1, 1), check_invariants=False)
+
+
+# --------------------------------------------------------------------------- helpers
+
+# arange(E) and ones(E) for the spmm segment sum, per device / dtype. Kept in a
+# cache that only grows (slicing a prefix is free) so that neither the functional
+# API nor the compiled module has to carry them as extra buffers.
+_IOTA: dict[torch.device, torch.Tensor] = {}
+_ONES: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+
+
+def _iota(n: int, device: torch.device) -> torch.Tensor:
+    t = _IOTA.get(device)
+    if t is None or t.numel() < n:
+        t = _IOTA[device] = torch.arange(max(n, 1024), device=device)
+    return t[:n]
+
+
+def _ones(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    t = _ONES.get((device, dtype))
+    if t is None or t.numel() < n:
+        t = _ONES[(device, dtype)] = torch.ones(max(n, 1024), dtype=dtype, device=device)
+    return t[:n]
+
+
+def _csr(crow: torch.Tensor, col: torch.Tensor, values: torch.Tensor, shape) -> torch.Tensor:
+    # Invariants were checked once when the indices were built.
+    return torch.sparse_csr_tensor(crow, col, values, shape, check_invariants=False)
+
+
+def _per_row(v: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """View a per-segment vector ``(S,)`` so it broadcasts against ``(S, *shape)``."""
+    return v.view((-1,) + (1,) * (like.dim() - 1))
+
+
+def _spmm(a: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``a @ x`` for a sparse CSR ``a`` and ``x`` of shape ``(n, *shape)``."""
+    flat = x.reshape(x.shape[0], -1)
+    return (a @ flat).reshape((a.shape[0],) + tuple(x.shape[1:]))
+
+
+def _width(x: torch.Tensor) -> int:
+    return math.prod(x.shape[1:])
+
+
+def _auto_impl(x: torch.Tensor, reduce: str, allow_torch_scatter: bool) -> str:
+    if x.device.type != "cpu":
+        # Unmeasured here; the thesis found segment_csr fastest on the GPU forward.
+        if allow_torch_scatter and HAS_TORCH_SCATTER and reduce in _IMPL_REDUCTIONS["torch_scatter"]:
+            return "torch_scatter"
+        return "segment_reduce"
+    # CPU: torch-scatter never wins here, so it is never picked (module docstring).
+    width = _width(x)
+    if reduce == "sum":
+        return "spmm" if x.shape[0] * width >= _SPMM_MIN_ELEMENTS else "segment_reduce"
+    return "scatter_reduce" if width >= _SCATTER_MIN_FEATURES else "segment_reduce"
+
+
+def segment_forward(x: torch.Tensor, ptr: torch.Tensor, seg_id: torch.Tensor, reduce: str,
+                    impl: str = "auto") -> torch.Tensor:
+    """Forward value of a segment ``sum``/``max``/``min``/``prod``, no autograd.
+
+    ``x``: ``(E, *shape)``; ``ptr``: ``(S + 1,)`` int64 with ``ptr[0] = 0``,
+    ``ptr[S] = E``; ``seg_id``: ``(E,)`` int64, the segment of each row (sorted).
+    Returns ``(S, *shape)``. ``impl`` picks the kernel (see :data:`IMPLS`).
+    """
+    if impl in ("auto", "native"):
+        impl = _auto_impl(x, reduce, allow_torch_scatter=impl == "auto")
+    if reduce not in _IMPL_REDUCTIONS.get(impl, ()):
+        raise ValueError(f"forward kernel {impl!r} does not compute {reduce!r}")
+    n = ptr.numel() - 1
+    out_shape = (n,) + tuple(x.shape[1:])
+    if impl == "torch_scatter":
+        if _torch_scatter is None:
+            raise RuntimeError("impl='torch_scatter' but torch_scatter is not installed")
+        return _torch_scatter.segment_csr(x, ptr, reduce=reduce)
+    if impl == "spmm":
+        e = x.shape[0]
+        a = _csr(ptr, _iota(e, x.device), _ones(e, x.dtype, x.device), (n, e))
+        return _spmm(a, x)
+    if impl == "index_add":
+        return x.new_zeros(out_shape).index_add_(0, seg_id, x)
+    if impl == "segment_reduce":
+        # unsafe=True skips re-validating offsets on every call (validated at build).
+        return torch.segment_reduce(x, reduce, offsets=ptr, axis=0, unsafe=True)
+    if impl == "scatter_reduce":
+        # An *expanded* (stride-0) index is what selects PyTorch's fast sorted path.
+        flat = x.reshape(x.shape[0], -1)
+        index = seg_id.view(-1, 1).expand_as(flat)
+        out = flat.new_empty((n, flat.shape[1])).scatter_reduce_(0, index, flat, _SCATTER_NAMES[reduce],
+                                                                 include_self=False)
+        return out.reshape(out_shape)
+    raise ValueError(f"unknown forward kernel {impl!r}; expected one of {IMPLS}")
+
+
+# --------------------------------------------------------------------------- autograd
+
+def _same_family(impl: str, reduce: str) -> str:
+    """The kernel a backward uses for an auxiliary ``reduce``: the forward's own one
+    if it computes ``reduce`` (so a forced kernel is tested end to end), else auto."""
+    if impl in ("auto", "native") or reduce in _IMPL_REDUCTIONS.get(impl, ()):
+        return impl
+    return "native"
+
+
+class SegmentSum(torch.autograd.Function):
+    """``y[j] = sum(x[ptr[j]:ptr[j+1]])``; backward ``grad_x = grad_y[seg_id]``."""
+
+    @staticmethod
+    def forward(ctx, x, ptr, seg_id, impl="auto"):
+        ctx.save_for_backward(seg_id)
+        return segment_forward(x, ptr, seg_id, "sum", impl)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (seg_id,) = ctx.saved_tensors
+        return grad.index_select(0, seg_id), None, None, None
+
+
+class SegmentMean(torch.autograd.Function):
+    """``y[j] = sum(x[seg j]) / counts[j]``; backward ``(grad_y / counts)[seg_id]``.
+
+    Dividing before the gather touches ``S`` rows instead of ``E`` and gives the
+    same floats as ``torch.mean``'s backward (``grad / n`` per element).
+    """
+
+    @staticmethod
+    def forward(ctx, x, ptr, seg_id, counts, impl="auto"):
+        counts = counts.to(x.dtype)
+        ctx.save_for_backward(seg_id, counts)
+        total = segment_forward(x, ptr, seg_id, "sum", impl)
+        return total / _per_row(counts, total)
+
+    @staticmethod
+    def backward(ctx, grad):
+        seg_id, counts = ctx.saved_tensors
+        return (grad / _per_row(counts, grad)).index_select(0, seg_id), None, None, None, None
+
+
+class _SegmentExtremum(torch.autograd.Function):
+    """Shared max / min. Backward splits ``grad_y[j]`` evenly among the rows of
+    segment ``j`` that equal the extremum (per feature), exactly as ``torch.amax``:
+    ``grad_x = mask * (grad_y / ties)[seg_id]`` with ``mask = x == y[seg_id]`` and
+    ``ties[j] = sum(mask[seg j])``. A NaN extremum has no tie (``NaN != NaN``), so
+    its gradient is NaN -- as with ``torch.amax``.
+    """
+
+    reduce = ""
+
+    @classmethod
+    def forward(cls, ctx, x, ptr, seg_id, impl="auto"):
+        out = segment_forward(x, ptr, seg_id, cls.reduce, impl)
+        ctx.save_for_backward(x, out, ptr, seg_id)
+        ctx.impl = impl
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, out, ptr, seg_id = ctx.saved_tensors
+        # The mask is recomputed here, not kept from the forward: inference pays nothing.
+        mask = x == out.index_select(0, seg_id)
+        ties = segment_forward(mask.to(grad.dtype), ptr, seg_id, "sum", _same_family(ctx.impl, "sum"))
+        return (grad / ties).index_select(0, seg_id) * mask, None, None, None
+
+
+class SegmentMax(_SegmentExtremum):
+    """``y[j] = amax(x[seg j], 0)``; ties share the gradient evenly (see :class:`_SegmentExtremum`)."""
+
+    reduce = "max"
+
+
+class SegmentMin(_SegmentExtremum):
+    """``y[j] = amin(x[seg j], 0)``; ties share the gradient evenly (see :class:`_SegmentExtremum`)."""
+
+    reduce = "min"
+
+
+class SegmentProd(torch.autograd.Function):
+    """``y[j] = prod(x[seg j], 0)``, with the exact gradient also where ``x`` has zeros.
+
+    Per segment and feature, with ``z`` the number of zero rows:
+    ``z = 0``: ``grad_x = grad_y * (y / x)`` (``torch.prod``'s own formula);
+    ``z = 1``: the zero row gets ``grad_y * prod(nonzero rows)``, the others 0;
+    ``z >= 2``: all 0. Only first derivatives are supported.
+    """
+
+    @staticmethod
+    def forward(ctx, x, ptr, seg_id, impl="auto"):
+        out = segment_forward(x, ptr, seg_id, "prod", impl)
+        ctx.save_for_backward(x, out, ptr, seg_id)
+        ctx.impl = impl
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        x, out, ptr, seg_id = ctx.saved_tensors
+        g = grad.index_select(0, seg_id)
+        grad_x = g * (out.index_select(0, seg_id) / x)
+        zero = x == 0
+        if bool(zero.any()):  # rare: only then pay for the zero-aware terms
+            n_zero = segment_forward(zero.to(x.dtype), ptr, seg_id, "sum", _same_family(ctx.impl, "sum"))
+            others = segment_forward(torch.where(zero, torch.ones_like(x), x), ptr, seg_id, "prod", ctx.impl)
+            lone = (n_zero == 1).index_select(0, seg_id)
+            grad_x = torch.where(zero, torch.where(lone, g * others.index_select(0, seg_id),
+                                                   torch.zeros_like(x)), grad_x)
+        return grad_x, None, None, None
+
+
+def segment_reduce(x: torch.Tensor, ptr: torch.Tensor, seg_id: torch.Tensor, counts: torch.Tensor | None,
+                   reduce: str, *, impl: str = "auto") -> torch.Tensor:
+    """Reduce the rows of each CSR segment: ``y[j] = reduce(x[ptr[j]:ptr[j+1]], 0)``.
+
+    Args:
+        x: ``(E, *shape)`` float values, rows sorted by segment.
+        ptr: ``(S + 1,)`` int64 segment bounds (``ptr[0] = 0``, ``ptr[S] = E``, all
+            segments non-empty).
+        seg_id: ``(E,)`` int64, the segment of each row (``repeat_interleave`` of
+            ``arange(S)`` by the counts) -- the backward's gather index.
+        counts: ``(S,)`` float segment sizes; only ``"mean"`` reads it (may be None
+            otherwise). Cast to ``x.dtype`` if needed.
+        reduce: one of :data:`REDUCTIONS`.
+        impl: forward kernel (:data:`IMPLS`); the backward is the same for all.
+    Returns:
+        ``(S, *shape)``.
+    """
+    if reduce == "sum":
+        return SegmentSum.apply(x, ptr, seg_id, impl)
+    if reduce == "mean":
+        if counts is None:
+            raise ValueError("reduce='mean' needs counts")
+        return SegmentMean.apply(x, ptr, seg_id, counts, impl)
+    if reduce == "max":
+        return SegmentMax.apply(x, ptr, seg_id, impl)
+    if reduce == "min":
+        return SegmentMin.apply(x, ptr, seg_id, impl)
+    if reduce == "prod":
+        return SegmentProd.apply(x, ptr, seg_id, impl)
+    raise ValueError(f"unknown reduction {reduce!r}; expected one of {REDUCTIONS}")
+
+
+# --------------------------------------------------------------------------- indices
+
+def _as_numpy_int(a, what: str) -> np.ndarray:
+    if isinstance(a, torch.Tensor):
+        a = a.detach().cpu().numpy()
+    a = np.asarray(a)
+    if a.ndim != 1 or (a.size and not np.issubdtype(a.dtype, np.integer)):
+        raise ValueError(f"{what} must be a 1-D integer array, got shape {a.shape} dtype {a.dtype}")
+    return a.astype(np.int64, copy=False)
+
+
+class Segments:
+    """The precomputed indices of one segment reduction (built once, at compile time).
+
+    Attributes (tensors; the compiled module registers them as buffers):
+        ptr: ``(S + 1,)`` int64 CSR bounds.
+        seg_id: ``(E,)`` int64 segment of each row, the backward's gather index.
+        counts: ``(S,)`` float segment sizes (for ``mean``); being floating point it
+            follows ``module.to(dtype)`` along with the weights.
+    """
+
+    __slots__ = ("ptr", "seg_id", "counts")
+
+    def __init__(self, ptr: torch.Tensor, seg_id: torch.Tensor, counts: torch.Tensor):
+        self.ptr, self.seg_id, self.counts = ptr, seg_id, counts
+
+    @classmethod
+    def from_counts(cls, counts: np.ndarray | torch.Tensor | Sequence[int], *, dtype: torch.dtype | None = None,
+                    device: torch.device | str | None = None) -> "Segments":
+        """Segments of the given sizes, in order: segment ``j`` owns the next ``counts[j]`` rows.
+
+        Raises ``ValueError`` for an empty segment (no reduction has a value there).
+        """
+        c = _as_numpy_int(counts, "counts")
+        if c.size and c.min() < 1:
+            raise ValueError(f"every segment must be non-empty; segment {int(np.argmin(c))} has {int(c.min())} rows")
+        ptr = np.zeros(c.size + 1, dtype=np.int64)
+        np.cumsum(c, out=ptr[1:])
+        seg_id = np.repeat(np.arange(c.size, dtype=np.int64), c)
+        dtype = dtype or torch.get_default_dtype()
+        return cls(torch.from_numpy(ptr).to(device), torch.from_numpy(seg_id).to(device),
+                   torch.from_numpy(c).to(device=device, dtype=dtype))
+
+    @classmethod
+    def from_ptr(cls, ptr: np.ndarray | torch.Tensor | Sequence[int], **kwargs) -> "Segments":
+        """Segments from CSR bounds ``ptr`` (``ptr[0] = 0``, strictly increasing)."""
+        p = _as_numpy_int(ptr, "ptr")
+        if p.size == 0 or p[0] != 0:
+            raise ValueError("ptr must start with 0")
+        return cls.from_counts(np.diff(p), **kwargs)
+
+    @property
+    def n_segments(self) -> int:
+        return self.ptr.numel() - 1
+
+    @property
+    def n_edges(self) -> int:
+        return self.seg_id.numel()
+
+    def equal_count(self) -> int | None:
+        """The common segment size if all segments have the same one, else None
+        (then a reshape + dense reduce does the job, see :func:`dense_reduce`)."""
+        if self.n_segments == 0 or self.n_edges % self.n_segments:
+            return None
+        k = self.n_edges // self.n_segments
+        return k if bool((self.ptr.diff() == k).all()) else None
+
+    def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> "Segments":
+        """A copy on ``device``; ``dtype`` (floating) applies to ``counts`` only."""
+        return Segments(self.ptr.to(device), self.seg_id.to(device), self.counts.to(device=device, dtype=dtype))
+
+    def buffers(self) -> dict[str, torch.Tensor]:
+        """``{"ptr": ..., "seg_id": ..., "counts": ...}``, e.g. to register as module buffers."""
+        return {"ptr": self.ptr, "seg_id": self.seg_id, "counts": self.counts}
+
+    def reduce(self, x: torch.Tensor, reduce: str, *, impl: str = "auto") -> torch.Tensor:
+        """:func:`segment_reduce` with these indices."""
+        return segment_reduce(x, self.ptr, self.seg_id, self.counts, reduce, impl=impl)
+
+    def __repr__(self) -> str:
+        return f"Segments(n_segments={self.n_segments}, n_edges={self.n_edges}, device={self.ptr.device})"
+
+
+# --------------------------------------------------------------------------- gather + sum
+
+class _GatherSumCSR(torch.autograd.Function):
+    """``y = A @ x`` with ``A[j, index[e]] += coef[e]`` for the edges ``e`` of segment ``j``.
+
+    Backward: ``grad_x = A^T @ grad_y`` with ``A^T``'s structure prebuilt, and, if
+    ``coef`` needs a gradient, ``grad_coef[e] = <grad_y[seg_id[e]], x[index[e]]>``.
+    """
+
+    @staticmethod
+    def forward(ctx, x, coef, ptr, index, seg_id, t_ptr, t_col, t_perm):
+        e, n_src = index.numel(), x.shape[0]
+        values = _ones(e, x.dtype, x.device) if coef is None else coef.to(x.dtype)
+        ctx.save_for_backward(x if coef is not None and coef.requires_grad else None,
+                              coef, index, seg_id, t_ptr, t_col, t_perm)
+        ctx.n_src = n_src
+        return _spmm(_csr(ptr, index, values, (ptr.numel() - 1, n_src)), x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, coef, index, seg_id, t_ptr, t_col, t_perm = ctx.saved_tensors
+        grad_x = grad_coef = None
+        if ctx.needs_input_grad[0]:
+            e = index.numel()
+            t_values = _ones(e, grad.dtype, grad.device) if coef is None else coef.to(grad.dtype)[t_perm]
+            grad_x = _spmm(_csr(t_ptr, t_col, t_values, (ctx.n_src, grad.shape[0])), grad)
+        if ctx.needs_input_grad[1]:
+            prod = grad.index_select(0, seg_id) * x.index_select(0, index)
+            grad_coef = prod.reshape(prod.shape[0], -1).sum(1).to(coef.dtype)
+        return grad_x, grad_coef, None, None, None, None, None, None
+
+
+def gather_segment_sum(x: torch.Tensor, ptr: torch.Tensor, index: torch.Tensor, seg_id: torch.Tensor,
+                       t_ptr: torch.Tensor, t_col: torch.Tensor, t_perm: torch.Tensor,
+                       coef: torch.Tensor | None = None) -> torch.Tensor:
+    """``y[j] = sum_{e in ptr[j]:ptr[j+1]} coef[e] * x[index[e]]`` as one sparse CSR matmul.
+
+    Same value as ``segment_reduce(coef * x.index_select(0, index), ptr, ...,
+    "sum")`` without materializing the ``(E, *shape)`` gathered rows.
+
+    Args:
+        x: ``(N, *shape)`` source rows.
+        ptr, index, seg_id: ``(S + 1,)``, ``(E,)``, ``(E,)`` int64 -- the CSR of ``A``
+            (columns ``index``) and the segment of each edge.
+        t_ptr, t_col, t_perm: ``(N + 1,)``, ``(E,)``, ``(E,)`` int64 -- the CSR of
+            ``A^T`` and which edge each of its entries is (see :meth:`GatherSum.from_index`).
+        coef: optional ``(E,)`` per-edge scalars (default 1); may require grad.
+    Returns:
+        ``(S, *shape)``.
+    """
+    return _GatherSumCSR.apply(x, coef, ptr, index, seg_id, t_ptr, t_col, t_perm)
+
+
+class GatherSum:
+    """Precomputed CSR indices of a fused gather + segment sum (and of its transpose).
+
+    Attributes (int64 tensors): ``ptr`` ``(S+1,)``, ``index`` ``(E,)`` (the source row
+    of each edge), ``seg_id`` ``(E,)``, ``t_ptr`` ``(N+1,)``, ``t_col`` ``(E,)``,
+    ``t_perm`` ``(E,)``; ``n_sources`` is ``N``.
+    """
+
+    __slots__ = ("ptr", "index", "seg_id", "t_ptr", "t_col", "t_perm")
+
+    def __init__(self, ptr, index, seg_id, t_ptr, t_col, t_perm):
+        self.ptr, self.index, self.seg_id = ptr, index, seg_id
+        self.t_ptr, self.t_col, self.t_perm = t_ptr, t_col, t_perm
+
+    @classmethod
+    def from_index(cls, index: np.ndarray | torch.Tensor | Sequence[int],
+                   counts: np.ndarray | torch.Tensor | Sequence[int], n_sources: int, *,
+                   device: torch.device | str | None = None) -> "GatherSum":
+        """Edge ``e`` reads source row ``index[e]``; segment ``j`` owns the next
+        ``counts[j]`` edges (non-empty). Sources may be read any number of times."""
+        idx = _as_numpy_int(index, "index")
+        seg = Segments.from_counts(counts)
+        if idx.size != seg.n_edges:
+            raise ValueError(f"index has {idx.size} edges but counts sum to {seg.n_edges}")
+        if idx.size and (idx.min() < 0 or idx.max() >= n_sources):
+            raise ValueError(f"index out of range for {n_sources} sources")
+        seg_id = seg.seg_id.numpy()
+        # A^T in CSR: edges grouped by source; the stable sort keeps each source's
+        # segments ascending, t_perm says which edge (hence which coef) each entry is.
+        t_perm = np.argsort(idx, kind="stable")
+        t_ptr = np.zeros(n_sources + 1, dtype=np.int64)
+        np.cumsum(np.bincount(idx, minlength=n_sources), out=t_ptr[1:])
+        t = lambda a: torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(device)  # noqa: E731
+        return cls(seg.ptr.to(device), t(idx), seg.seg_id.to(device), t(t_ptr), t(seg_id[t_perm]), t(t_perm))
+
+    @property
+    def n_sources(self) -> int:
+        return self.t_ptr.numel() - 1
+
+    @property
+    def n_segments(self) -> int:
+        return self.ptr.numel() - 1
+
+    def to(self, device: torch.device | str | None = None) -> "GatherSum":
+        return GatherSum(*(getattr(self, k).to(device) for k in self.__slots__))
+
+    def buffers(self) -> dict[str, torch.Tensor]:
+        return {k: getattr(self, k) for k in self.__slots__}
+
+    def __call__(self, x: torch.Tensor, coef: torch.Tensor | None = None) -> torch.Tensor:
+        """:func:`gather_segment_sum` with these indices."""
+        return gather_segment_sum(x, self.ptr, self.index, self.seg_id, self.t_ptr, self.t_col, self.t_perm, coef)
+
+    def __repr__(self) -> str:
+        return f"GatherSum(n_segments={self.n_segments}, n_edges={self.index.numel()}, n_sources={self.n_sources})"
+
+
+# --------------------------------------------------------------------------- alternatives
+
+def scatter_reduce_native(x: torch.Tensor, seg_id: torch.Tensor, n_segments: int, reduce: str,
+                          counts: torch.Tensor | None = None) -> torch.Tensor:
+    """The ``"scatter"`` kernel: PyTorch ``scatter_reduce`` with PyTorch's own backward.
+
+    ``x`` ``(E, *shape)`` -> ``(n_segments, *shape)``; rows need not be sorted.
+    ``mean`` divides the sum by ``counts`` (``(S,)`` float) like the segment version.
+    """
+    flat = x.reshape(x.shape[0], -1)
+    index = seg_id.view(-1, 1).expand_as(flat)
+    name = "sum" if reduce == "mean" else _SCATTER_NAMES[reduce]
+    out = flat.new_zeros((n_segments, flat.shape[1])).scatter_reduce(0, index, flat, name, include_self=False)
+    out = out.reshape((n_segments,) + tuple(x.shape[1:]))
+    if reduce == "mean":
+        out = out / _per_row(counts.to(out.dtype), out)
+    return out
+
+
+def dense_reduce(x: torch.Tensor, k: int, reduce: str) -> torch.Tensor:
+    """The ``"dense"`` kernel, for segments that all have ``k`` rows: reshape ``x``
+    ``(S * k, *shape)`` to ``(S, k, *shape)`` and reduce axis 1 (torch's own backward,
+    ties split evenly by ``amax``/``amin``)."""
+    v = x.reshape((-1, k) + tuple(x.shape[1:]))
+    if reduce == "sum":
+        return v.sum(1)
+    if reduce == "mean":
+        return v.mean(1)
+    if reduce == "max":
+        return v.amax(1)
+    if reduce == "min":
+        return v.amin(1)
+    if reduce == "prod":
+        return v.prod(1)
+    raise ValueError(f"unknown reduction {reduce!r}; expected one of {REDUCTIONS}")
+
+
+# --------------------------------------------------------------------------- cost model
+
+def choose_kernel(n_edges: int, n_segments: int, counts, feature_size: int, device: torch.device | str,
+                  has_torch_scatter: bool = HAS_TORCH_SCATTER, *, reduce: str = "sum",
+                  after_gather: bool = False) -> str:
+    """Pick how a layer reduces its edge values into its ``n_segments`` neurons.
+
+    Returns one of ``"dense"`` (:func:`dense_reduce`), ``"sparse_mm"``
+    (:class:`GatherSum`, only for a sum right after a gather), ``"segment"``
+    (:func:`segment_reduce`, which itself picks a forward kernel per device and
+    size) or ``"scatter"`` (:func:`scatter_reduce_native`).
+
+    ``counts`` are the segment sizes (array-like, or None if unknown);
+    ``feature_size`` is the number of values per row (``prod(shape)``).
+
+    Rules, from ``benchmarks/kernels.py`` (2 CPU threads; see its output):
+
+    1. equal counts -> ``"dense"``: a view + one dense reduction over axis 1 needs no
+       index at all and its backward is an ``expand``; fastest whenever it applies.
+    2. sum right after a gather -> ``"sparse_mm"``: one MKL spmm reads each source
+       row instead of writing and re-reading ``E`` gathered rows; on PROTEINS
+       (E = 205k, F = 32/64) ~7-25x faster forward and ~5x faster backward than
+       ``index_select`` + segment sum.
+    3. otherwise ``"segment"``: its forward is never slower than scatter_reduce (it
+       *is* scatter_reduce where that is fastest, spmm for sums) and its backward
+       (one ``index_select``) beats scatter's ``gather`` backward on CPU.
+       ``"scatter"`` would only be chosen for unsorted rows, which compiled layers
+       never have; it is kept as the plain-torch fallback (e.g. for tracing).
+    """
+    del n_segments, device, has_torch_scatter  # the per-device choice is inside "segment"
+    if counts is not None:
+        c = _as_numpy_int(counts, "counts")
+        if c.size and (c == c[0]).all() and c[0] * c.size == n_edges:
+            return "dense"
+    if after_gather and reduce == "sum" and feature_size > 0:
+        return "sparse_mm"
+    return "segment"
