@@ -41,6 +41,12 @@ class ReferenceModule(nn.Module):
         return None if index < 0 else self.weights[self.graph.weights[index].name]
 
     def forward(self, facts: dict | None = None) -> torch.Tensor:
+        values = self.neuron_values(facts)
+        return torch.stack([values[l][o] for l, o in
+                            zip(self.graph.output_layer.tolist(), self.graph.output_ordinal.tolist())])
+
+    def neuron_values(self, facts: dict | None = None) -> list[list[torch.Tensor]]:
+        """The value of every neuron: ``values[layer][ordinal]``."""
         facts = facts or {}
         values: list[list[torch.Tensor]] = []  # values[layer][ordinal]
         for layer in self.graph.layers:
@@ -61,8 +67,7 @@ class ReferenceModule(nn.Module):
                     value = value + self.weight(bias[j])
                 outputs.append(transform(layer.transformation, value.unsqueeze(0))[0])
             values.append(outputs)
-        return torch.stack([values[l][o] for l, o in
-                            zip(self.graph.output_layer.tolist(), self.graph.output_ordinal.tolist())])
+        return values
 
 
 def evaluate(graph: Graph, dtype: torch.dtype = torch.float64) -> torch.Tensor:

@@ -112,20 +112,21 @@ class CompiledModule(nn.Module):
     ``print(module.code)`` shows the generated forward program.
     """
 
-    def __init__(self, program: Program):
+    def __init__(self, program: Program, dtype: torch.dtype | None = None):
         super().__init__()
         program.verify()
+        dtype = dtype or torch.get_default_dtype()
         self.program = program
-        self.weights = WeightStore(program.weights)
+        self.weights = WeightStore(program.weights, dtype)
         for key, array in program.constants.items():
-            self.register_buffer(key, _tensor(array), persistent=False)
+            self.register_buffer(key, _tensor(array, dtype), persistent=False)
         for node in program.nodes:
             if node.op is Op.REDUCE:
                 key = node.attrs["counts"]
                 counts = torch.from_numpy(np.ascontiguousarray(program.constants[key], dtype=np.int64))
                 self.register_buffer(f"seg_{key}", torch.repeat_interleave(torch.arange(counts.numel()), counts),
                                      persistent=False)
-                self.register_buffer(f"cnt_{key}", counts.to(torch.get_default_dtype()), persistent=False)
+                self.register_buffer(f"cnt_{key}", counts.to(dtype), persistent=False)
         self._inputs = {n.attrs["fact_layer"]: n for n in input_facts(program)}
         self.code = generate_source(program)
         self._program = _load(self.code)
@@ -152,15 +153,25 @@ class CompiledModule(nn.Module):
             args[position[layer]] = value
         return args
 
+    def _apply(self, fn, recurse=True):
+        # Constants are kept exact: after a dtype change (e.g. `.double()`), re-create
+        # them from the program's float64 arrays instead of upcasting rounded values.
+        super()._apply(fn, recurse)
+        for key, array in self.program.constants.items():
+            current = getattr(self, key)
+            if current.is_floating_point():
+                setattr(self, key, _tensor(array, current.dtype).to(current.device))
+        return self
+
     def extra_repr(self) -> str:
         n_ops = sum(1 for n in self.program.nodes if n.op not in (Op.FACT, Op.WEIGHTS))
         return f"{n_ops} ops, {len(self.weights)} weights, {len(self._inputs)} fact inputs"
 
 
-def _tensor(array: np.ndarray) -> torch.Tensor:
+def _tensor(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
     if np.issubdtype(array.dtype, np.integer):
         return torch.from_numpy(np.ascontiguousarray(array, dtype=np.int64))
-    return torch.tensor(array, dtype=torch.get_default_dtype())
+    return torch.tensor(array, dtype=dtype)
 
 
 def _load(source: str):

@@ -22,6 +22,7 @@ class WeightStore(nn.Module):
     def __init__(self, weights: Sequence[Weight], dtype: torch.dtype | None = None):
         super().__init__()
         self._names = [w.name for w in weights]
+        self._fixed = {w.name: w.value for w in weights if not w.learnable}
         for w in weights:
             *path, leaf = w.name.split(".")
             if not leaf or any(not part for part in path):
@@ -65,6 +66,18 @@ class WeightStore(nn.Module):
 
     def items(self):
         return [(name, self[name]) for name in self._names]
+
+    def _apply(self, fn, recurse=True):
+        # Fixed weights are constants: re-create them exactly after a dtype change.
+        super()._apply(fn, recurse)
+        for name, value in self._fixed.items():
+            *path, leaf = name.split(".")
+            owner = self
+            for part in path:
+                owner = owner._modules[part]
+            current = owner._buffers[leaf]
+            owner._buffers[leaf] = torch.tensor(value, dtype=current.dtype, device=current.device)
+        return self
 
     def forward(self):  # pragma: no cover - a container, never called
         raise RuntimeError("WeightStore is a container")
