@@ -545,7 +545,13 @@ def scatter_reduce_native(x: torch.Tensor, seg_id: torch.Tensor, n_segments: int
     flat = x.reshape(x.shape[0], -1)
     index = seg_id.view(-1, 1).expand_as(flat)
     name = "sum" if reduce == "mean" else _SCATTER_NAMES[reduce]
-    out = flat.new_zeros((n_segments, flat.shape[1])).scatter_reduce(0, index, flat, name, include_self=False)
+    # The initial values are excluded from the result (include_self=False) but NOT
+    # from PyTorch's amax/amin backward, which counts an initial value equal to the
+    # extremum as one more tie (torch 2.13: a max of 0 over a zero-initialized output
+    # gets 1/(k+1) of the gradient per tied row instead of 1/k). NaN equals nothing.
+    init = float("nan") if name in ("amax", "amin") else 0.0
+    out = flat.new_full((n_segments, flat.shape[1]), init).scatter_reduce(0, index, flat, name,
+                                                                         include_self=False)
     out = out.reshape((n_segments,) + tuple(x.shape[1:]))
     if reduce == "mean":
         out = out / _per_row(counts.to(out.dtype), out)

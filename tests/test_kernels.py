@@ -1,0 +1,321 @@
+"""Segment reductions and fused gather + sum (``neurovec.engines.kernels``).
+
+The oracle is what the reference engine does per neuron: stack the neuron's inputs
+and reduce with ``sum/mean/amax/amin/prod`` over axis 0 -- so gradients of tied
+maxima are split evenly. Every forward kernel is checked against it, in float64
+to ~1e-12, including ties, zeros (prod) and trailing feature shapes.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from neurovec.engines import kernels as K
+
+F64 = torch.float64
+_STACK_REDUCE = {
+    "sum": lambda t: t.sum(0),
+    "mean": lambda t: t.mean(0),
+    "max": lambda t: t.amax(0),
+    "min": lambda t: t.amin(0),
+    "prod": lambda t: t.prod(0),
+}
+
+
+def reference(x: torch.Tensor, counts, reduce: str) -> torch.Tensor:
+    """Per-segment stack + dense reduce, as the reference engine does it."""
+    return torch.stack([_STACK_REDUCE[reduce](part) for part in torch.split(x, list(counts))])
+
+
+def impls_for(reduce: str) -> list[str]:
+    base = "sum" if reduce == "mean" else reduce
+    out = ["auto", "native"]
+    for impl, reductions in K._IMPL_REDUCTIONS.items():
+        if base in reductions and (impl != "torch_scatter" or K.HAS_TORCH_SCATTER):
+            out.append(impl)
+    return out
+
+
+CASES = [(r, impl) for r in K.REDUCTIONS for impl in impls_for(r)]
+
+
+def forward_backward(fn, x: torch.Tensor, grad: torch.Tensor | None = None, seed: int = 0):
+    x = x.detach().clone().requires_grad_()
+    y = fn(x)
+    if grad is None:
+        grad = torch.randn(y.shape, dtype=y.dtype, generator=torch.Generator().manual_seed(seed))
+    (gx,) = torch.autograd.grad(y, x, grad)
+    return y.detach(), gx, grad
+
+
+def check_against_reference(x, counts, reduce, impl, atol=1e-12, rtol=1e-12):
+    seg = K.Segments.from_counts(counts, dtype=x.dtype)
+    y, gx, g = forward_backward(lambda t: seg.reduce(t, reduce, impl=impl), x)
+    y_ref, gx_ref, _ = forward_backward(lambda t: reference(t, counts, reduce), x, g)
+    torch.testing.assert_close(y, y_ref, atol=atol, rtol=rtol)
+    torch.testing.assert_close(gx, gx_ref, atol=atol, rtol=rtol)
+
+
+# --------------------------------------------------------------------------- exactness
+
+@pytest.mark.parametrize("reduce,impl", CASES)
+@pytest.mark.parametrize("shape", [(), (3,), (2, 3)])
+def test_matches_reference(reduce, impl, shape):
+    gen = torch.Generator().manual_seed(1)
+    counts = [3, 1, 2, 5, 1, 4]
+    x = torch.randn((sum(counts),) + shape, dtype=F64, generator=gen)
+    check_against_reference(x, counts, reduce, impl)
+
+
+@pytest.mark.parametrize("reduce,impl", CASES)
+def test_ties_split_evenly(reduce, impl):
+    """Repeated inputs (x, x), whole segments of equal values, and per-feature ties."""
+    counts = [2, 3, 1, 4]
+    x = torch.tensor([[1.0, 2.0], [1.0, 2.0],                 # x, x
+                      [5.0, -1.0], [5.0, 3.0], [5.0, 3.0],    # three-way tie / two-way min tie
+                      [7.0, 7.0],
+                      [0.5, 2.0], [0.5, 2.0], [-3.0, 2.0], [0.5, 2.0]], dtype=F64)
+    check_against_reference(x, counts, reduce, impl, atol=0, rtol=0) if reduce in ("max", "min", "sum") \
+        else check_against_reference(x, counts, reduce, impl)
+
+
+@pytest.mark.parametrize("impl", impls_for("max"))
+@pytest.mark.parametrize("reduce", ["max", "min"])
+def test_extremum_backward_equals_scatter_reduce(reduce, impl):
+    """Same tie rule as PyTorch's scatter_reduce(amax/amin, include_self=False) backward."""
+    gen = torch.Generator().manual_seed(2)
+    counts = np.array([4, 2, 6, 1, 3])
+    x = torch.randint(0, 3, (int(counts.sum()), 5), generator=gen).to(F64)  # many ties
+    seg = K.Segments.from_counts(counts, dtype=F64)
+    y, gx, g = forward_backward(lambda t: seg.reduce(t, reduce, impl=impl), x)
+    y2, gx2, _ = forward_backward(lambda t: K.scatter_reduce_native(t, seg.seg_id, seg.n_segments, reduce), x, g)
+    assert torch.equal(y, y2)
+    torch.testing.assert_close(gx, gx2, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("impl", impls_for("prod"))
+def test_prod_with_zeros(impl):
+    """Segments with no, one and several zeros (per feature): torch.prod's gradient."""
+    counts = [3, 3, 3, 1, 2]
+    x = torch.tensor([[2.0, 0.0], [3.0, 4.0], [0.5, 0.0],    # feature 1: two zeros
+                      [0.0, 1.5], [2.0, -2.0], [3.0, 0.5],   # feature 0: one zero
+                      [1.5, 2.0], [-1.0, 3.0], [2.0, 0.25],  # no zeros
+                      [0.0, 0.0],
+                      [0.0, 2.0], [4.0, 0.0]], dtype=F64)
+    check_against_reference(x, counts, "prod", impl)
+
+
+@settings(max_examples=40)
+@given(counts=st.lists(st.integers(1, 5), min_size=1, max_size=12),
+       width=st.sampled_from([(), (1,), (3,), (2, 2)]),
+       reduce=st.sampled_from(K.REDUCTIONS),
+       native=st.booleans(),
+       seed=st.integers(0, 2**16),
+       small_ints=st.booleans())
+def test_random_counts_and_values(counts, width, reduce, native, seed, small_ints):
+    gen = torch.Generator().manual_seed(seed)
+    shape = (sum(counts),) + width
+    # Small integers give ties (and zeros for prod); gaussians give the generic case.
+    x = (torch.randint(-2, 3, shape, generator=gen).to(F64) if small_ints
+         else torch.randn(shape, dtype=F64, generator=gen))
+    check_against_reference(x, counts, reduce, "native" if native else "auto")
+
+
+@pytest.mark.parametrize("reduce,impl", CASES)
+def test_float32(reduce, impl):
+    gen = torch.Generator().manual_seed(3)
+    counts = [2, 7, 1, 3]
+    x = (torch.rand((sum(counts), 4), generator=gen) + 0.5).float()
+    check_against_reference(x, counts, reduce, impl, atol=1e-5, rtol=1e-5)
+
+
+# --------------------------------------------------------------------------- gradcheck
+
+@pytest.mark.parametrize("reduce,impl", CASES)
+def test_gradcheck(reduce, impl):
+    gen = torch.Generator().manual_seed(4)
+    counts = [2, 1, 3]
+    seg = K.Segments.from_counts(counts, dtype=F64)
+    # Distinct, non-zero values: max/min and prod are differentiable there.
+    x = (torch.randperm(12, generator=gen).to(F64).view(6, 2) + 1) / 7
+    x.requires_grad_()
+    assert torch.autograd.gradcheck(lambda t: seg.reduce(t, reduce, impl=impl), (x,))
+
+
+@pytest.mark.parametrize("reduce", ["sum", "mean", "max", "min"])
+def test_gradgradcheck(reduce):
+    """sum/mean/max/min backwards are built from differentiable ops (double backward)."""
+    seg = K.Segments.from_counts([2, 1, 3], dtype=F64)
+    x = (torch.arange(12, dtype=F64).view(6, 2) * 0.37 % 1.3).requires_grad_()
+    assert torch.autograd.gradgradcheck(lambda t: seg.reduce(t, reduce), (x,))
+
+
+# --------------------------------------------------------------------------- Segments
+
+def test_segments_from_counts_and_ptr():
+    seg = K.Segments.from_counts(np.array([2, 1, 3]))
+    assert seg.ptr.tolist() == [0, 2, 3, 6]
+    assert seg.seg_id.tolist() == [0, 0, 1, 2, 2, 2]
+    assert seg.counts.dtype == torch.get_default_dtype() and seg.counts.tolist() == [2, 1, 3]
+    assert (seg.n_segments, seg.n_edges) == (3, 6)
+    again = K.Segments.from_ptr(torch.tensor([0, 2, 3, 6]), dtype=F64)
+    assert torch.equal(again.seg_id, seg.seg_id) and again.counts.dtype == F64
+    assert set(seg.buffers()) == {"ptr", "seg_id", "counts"}
+
+
+def test_segments_rejects_empty_segment():
+    with pytest.raises(ValueError, match="non-empty"):
+        K.Segments.from_counts([2, 0, 1])
+    with pytest.raises(ValueError):
+        K.Segments.from_counts([[1, 2]])
+
+
+def test_segments_to_and_equal_count():
+    seg = K.Segments.from_counts(torch.tensor([3, 3, 3]))
+    moved = seg.to(dtype=F64)
+    assert moved.counts.dtype == F64 and moved.ptr.dtype == torch.long
+    assert seg.equal_count() == 3
+    assert K.Segments.from_counts([3, 2]).equal_count() is None
+
+
+def test_mean_casts_counts_to_values_dtype():
+    seg = K.Segments.from_counts([2, 2], dtype=F64)
+    y = seg.reduce(torch.ones(4, 2), "mean")
+    assert y.dtype == torch.float32 and torch.equal(y, torch.ones(2, 2))
+
+
+def test_noncontiguous_input():
+    counts = [2, 3]
+    base = torch.randn(3, 5, dtype=F64)
+    for reduce in K.REDUCTIONS:
+        for impl in impls_for(reduce):
+            check_against_reference(base.t(), counts, reduce, impl)
+
+
+def test_unsupported_and_missing_kernels(monkeypatch):
+    seg = K.Segments.from_counts([1, 2])
+    x = torch.randn(3, 2)
+    with pytest.raises(ValueError, match="does not compute"):
+        seg.reduce(x, "max", impl="spmm")
+    with pytest.raises(ValueError, match="unknown reduction"):
+        seg.reduce(x, "median")
+    monkeypatch.setattr(K, "_torch_scatter", None)
+    with pytest.raises(RuntimeError, match="not installed"):
+        seg.reduce(x, "sum", impl="torch_scatter")
+
+
+def test_auto_choice(monkeypatch):
+    """CPU never picks torch-scatter; other devices use it if (and only if) installed."""
+    cpu_wide, cpu_narrow = torch.empty(100_000, 32), torch.empty(10, 1)
+    assert K._auto_impl(cpu_wide, "sum", True) == "spmm"
+    assert K._auto_impl(cpu_narrow, "sum", True) == "segment_reduce"
+    assert K._auto_impl(cpu_wide, "max", True) == "scatter_reduce"
+    assert K._auto_impl(cpu_narrow, "max", True) == "segment_reduce"
+    gpu_like = torch.empty(10, 4, device="meta")
+    monkeypatch.setattr(K, "HAS_TORCH_SCATTER", True)
+    assert K._auto_impl(gpu_like, "max", True) == "torch_scatter"
+    assert K._auto_impl(gpu_like, "max", False) == "segment_reduce"
+    assert K._auto_impl(gpu_like, "prod", True) == "segment_reduce"
+    monkeypatch.setattr(K, "HAS_TORCH_SCATTER", False)
+    assert K._auto_impl(gpu_like, "sum", True) == "segment_reduce"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("reduce", K.REDUCTIONS)
+def test_cuda_matches_cpu(reduce):
+    counts = [3, 1, 4, 2]
+    x = torch.randint(-2, 3, (10, 3)).to(F64)
+    seg = K.Segments.from_counts(counts, dtype=F64)
+    y, gx, g = forward_backward(lambda t: seg.reduce(t, reduce), x)
+    segc = seg.to("cuda")
+    yc, gxc, _ = forward_backward(lambda t: segc.reduce(t, reduce), x.cuda(), g.cuda())
+    torch.testing.assert_close(yc.cpu(), y, atol=1e-12, rtol=1e-12)
+    torch.testing.assert_close(gxc.cpu(), gx, atol=1e-12, rtol=1e-12)
+
+
+# --------------------------------------------------------------------------- gather + sum
+
+def _gather_case(seed=5, n_sources=7, counts=(2, 4, 1, 3), shape=(3,)):
+    gen = torch.Generator().manual_seed(seed)
+    e = sum(counts)
+    index = torch.randint(0, n_sources - 1, (e,), generator=gen)  # last source never read
+    index[1] = index[0]                                              # a source read twice by one segment
+    x = torch.randn((n_sources,) + shape, dtype=F64, generator=gen)
+    coef = torch.rand(e, dtype=F64, generator=gen) + 0.1
+    return K.GatherSum.from_index(index, counts, n_sources), x, coef, list(counts)
+
+
+@pytest.mark.parametrize("shape", [(), (3,), (2, 2)])
+@pytest.mark.parametrize("with_coef", [False, True])
+def test_gather_sum_matches_index_select_segment_sum(shape, with_coef):
+    gs, x, coef, counts = _gather_case(shape=shape)
+    seg = K.Segments.from_counts(counts, dtype=F64)
+
+    def fused(t):
+        return gs(t, coef if with_coef else None)
+
+    def unfused(t):
+        rows = t.index_select(0, gs.index)
+        if with_coef:
+            rows = rows * coef.view((-1,) + (1,) * len(shape))
+        return reference(rows, counts, "sum")
+
+    y, gx, g = forward_backward(fused, x)
+    y_ref, gx_ref, _ = forward_backward(unfused, x, g)
+    torch.testing.assert_close(y, y_ref, atol=1e-12, rtol=1e-12)
+    torch.testing.assert_close(gx, gx_ref, atol=1e-12, rtol=1e-12)
+    assert gx[-1].abs().max() == 0  # the unread source gets no gradient
+    y2, _, _ = forward_backward(lambda t: seg.reduce(t.index_select(0, gs.index) * (
+        coef.view((-1,) + (1,) * len(shape)) if with_coef else 1), "sum"), x, g)
+    torch.testing.assert_close(y, y2, atol=1e-12, rtol=1e-12)
+
+
+def test_gather_sum_gradcheck_with_learnable_coef():
+    gs, x, coef, _ = _gather_case(shape=(2,))
+    assert torch.autograd.gradcheck(gs, (x.requires_grad_(), coef.requires_grad_()))
+    assert torch.autograd.gradcheck(lambda t: gs(t), (x,))
+
+
+def test_gather_sum_float32_coef_float64():
+    gs, x, coef, counts = _gather_case()
+    y = gs(x.float(), coef)  # coef is cast to the values' dtype
+    assert y.dtype == torch.float32
+    torch.testing.assert_close(y.double(), gs(x, coef), atol=1e-5, rtol=1e-5)
+
+
+def test_gather_sum_validation():
+    with pytest.raises(ValueError, match="edges"):
+        K.GatherSum.from_index([0, 1], [3], 2)
+    with pytest.raises(ValueError, match="out of range"):
+        K.GatherSum.from_index([0, 5], [2], 2)
+    gs = K.GatherSum.from_index([1, 0, 1], [2, 1], 3).to("cpu")
+    assert (gs.n_segments, gs.n_sources) == (2, 3)
+    assert gs.t_ptr.tolist() == [0, 1, 3, 3] and gs.t_col.tolist() == [0, 0, 1] and gs.t_perm.tolist() == [1, 0, 2]
+
+
+# --------------------------------------------------------------------------- other kernels
+
+@pytest.mark.parametrize("reduce", K.REDUCTIONS)
+def test_dense_and_scatter_kernels(reduce):
+    gen = torch.Generator().manual_seed(6)
+    counts = [3] * 4
+    x = torch.randint(-2, 3, (12, 2), generator=gen).to(F64)
+    seg = K.Segments.from_counts(counts, dtype=F64)
+    y_ref, gx_ref, g = forward_backward(lambda t: reference(t, counts, reduce), x)
+    for fn in (lambda t: K.dense_reduce(t, 3, reduce),
+               lambda t: K.scatter_reduce_native(t, seg.seg_id, 4, reduce, seg.counts)):
+        y, gx, _ = forward_backward(fn, x, g)
+        torch.testing.assert_close(y, y_ref, atol=1e-12, rtol=1e-12)
+        torch.testing.assert_close(gx, gx_ref, atol=1e-12, rtol=1e-12)
+
+
+def test_choose_kernel_rules():
+    cpu = torch.device("cpu")
+    assert K.choose_kernel(12, 4, [3, 3, 3, 3], 8, cpu, False) == "dense"
+    assert K.choose_kernel(12, 4, [3, 3, 3, 3], 8, cpu, False, reduce="max") == "dense"
+    assert K.choose_kernel(10, 4, [3, 3, 3, 1], 8, cpu, False, reduce="sum", after_gather=True) == "sparse_mm"
+    assert K.choose_kernel(10, 4, [3, 3, 3, 1], 8, cpu, False, reduce="max", after_gather=True) == "segment"
+    assert K.choose_kernel(10, 4, None, 8, cpu, True) == "segment"
