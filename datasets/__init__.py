@@ -1,0 +1,22 @@
+"""Benchmark datasets and the model templates that turn them into neuron graphs.
+
+* :func:`load_tu` (TU graph classification: MUTAG, ENZYMES, PROTEINS, ...),
+  templates :func:`gcn`, :func:`sage`, :func:`gin`;
+* :func:`create_database` / :func:`load_mutagenesis` (relational Mutagenesis via
+  SQL), templates :func:`mutagenesis_simple`, :func:`mutagenesis_dims`;
+* :mod:`neurovec.datasets.pyg_twins`: PyTorch Geometric models equal to the GNN
+  templates (needs ``torch_geometric``).
+
+``python -m neurovec.datasets`` times loading and building the graphs.
+"""
+from ._common import DatasetError
+from .gnn import GNNSpec, TUBatch, build_gnn, gcn, gin, sage, tu_batch
+from .mutagenesis import Mutagenesis, MutagenesisError, create_database, load_mutagenesis
+from .relational import mutagenesis_dims, mutagenesis_simple, mutagenesis_template
+from .tu import TUDataset, TUFormatError, load_tu
+
+__all__ = [
+    "DatasetError", "GNNSpec", "Mutagenesis", "MutagenesisError", "TUBatch", "TUDataset", "TUFormatError",
+    "build_gnn", "create_database", "gcn", "gin", "load_mutagenesis", "load_tu", "mutagenesis_dims",
+    "mutagenesis_simple", "mutagenesis_template", "sage", "tu_batch",
+]

@@ -29,12 +29,12 @@ def as_samples(samples, n_samples: int, ids: Sequence[str] | None = None) -> np.
     if samples is None:
         return np.arange(n_samples, dtype=np.int64)
     items = list(samples) if not isinstance(samples, np.ndarray) else samples
-    if ids is not None and len(items) and isinstance(items[0], str):
+    if ids is not None and any(isinstance(s, str) for s in items):
         index = {name: i for i, name in enumerate(ids)}
-        unknown = [s for s in items if s not in index]
+        unknown = [s for s in items if isinstance(s, str) and s not in index]
         if unknown:
             raise DatasetError(f"unknown sample id {unknown[0]!r}")
-        items = [index[s] for s in items]
+        items = [index[s] if isinstance(s, str) else s for s in items]
     array = np.asarray(items)
     if array.ndim != 1 or array.size == 0:
         raise DatasetError(f"samples must be a non-empty 1-D list of sample indices (got shape {array.shape})")

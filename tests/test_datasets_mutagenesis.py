@@ -1,0 +1,135 @@
+"""Mutagenesis through a real SQL database: counts, round trips and bad databases."""
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+
+sqlalchemy = pytest.importorskip("sqlalchemy")
+from sqlalchemy import create_engine, text  # noqa: E402
+
+from neurovec.datasets import MutagenesisError, create_database, load_mutagenesis  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def database(mutagenesis_dir, tmp_path_factory):
+    path = tmp_path_factory.mktemp("db") / "mutagenesis.db"
+    url = create_database(mutagenesis_dir, path)
+    return path, url
+
+
+def test_published_counts(database):
+    path, url = database
+    assert url.startswith("sqlite:///") and path.is_file()
+    ds = load_mutagenesis(path)
+    assert (ds.n_molecules, ds.n_atoms, ds.n_bonds, ds.n_mutagenic) == (188, 4893, 5243, 125)
+    assert sorted(ds.element_names) == ["br", "c", "cl", "f", "h", "i", "n", "o"]
+    assert ds.bond_type_values.tolist() == [1, 2, 3, 4, 5, 7]
+    x, y, bond = ds.directed
+    assert x.size == 2 * 5243 and np.array_equal(np.sort(bond), np.repeat(np.arange(5243), 2))
+
+
+def test_schema_has_keys(database):
+    path, _ = database
+    inspector = sqlalchemy.inspect(create_engine(f"sqlite:///{path}"))
+    assert inspector.get_pk_constraint("molecule")["constrained_columns"] == ["molecule_id"]
+    assert inspector.get_pk_constraint("bond")["constrained_columns"] == ["atom1_id", "atom2_id"]
+    atom_fk = inspector.get_foreign_keys("atom")
+    assert atom_fk[0]["referred_table"] == "molecule"
+    bond_fk = {(fk["constrained_columns"][0], fk["referred_table"]) for fk in inspector.get_foreign_keys("bond")}
+    assert bond_fk == {("atom1_id", "atom"), ("atom2_id", "atom")}
+
+
+def test_sql_matches_the_csvs(database, mutagenesis_dir):
+    """Every bond read back through the joins is the CSV bond, and atoms keep their molecules."""
+    import csv
+    ds = load_mutagenesis(database[0])
+    atoms = {row["atom_id"]: row for row in csv.DictReader(open(mutagenesis_dir / "atom.csv"))}
+    for i in range(0, ds.n_atoms, 97):
+        row = atoms[ds.atom_ids[i]]
+        assert ds.molecule_ids[ds.atom_molecule[i]] == row["molecule_id"]
+        assert int(ds.type_values[ds.atom_type[i]]) == int(row["type"])
+    bonds = {(r["atom1_id"], r["atom2_id"]): int(r["type"]) for r in csv.DictReader(open(mutagenesis_dir / "bond.csv"))}
+    read = {(ds.atom_ids[a], ds.atom_ids[b]): int(ds.bond_type_values[t])
+            for (a, b), t in zip(ds.bond_atoms.tolist(), ds.bond_type.tolist())}
+    assert read == bonds
+    labels = {r["molecule_id"]: r["mutagenic"] == "yes" for r in csv.DictReader(open(mutagenesis_dir / "molecule.csv"))}
+    assert all(labels[m] == bool(l) for m, l in zip(ds.molecule_ids, ds.labels))
+
+
+def test_csv_folder_and_env_vars(mutagenesis_dir, tmp_path, monkeypatch):
+    assert load_mutagenesis(mutagenesis_dir).n_atoms == 4893
+    monkeypatch.setenv("NEUROVEC_MUTAGENESIS", str(mutagenesis_dir))
+    assert load_mutagenesis().n_bonds == 5243
+    monkeypatch.delenv("NEUROVEC_MUTAGENESIS")
+    shutil.copytree(mutagenesis_dir, tmp_path / "mutagenesis")
+    monkeypatch.setenv("NEUROVEC_DATA", str(tmp_path))
+    assert load_mutagenesis().n_molecules == 188
+
+
+def test_url_and_refusing_to_overwrite(database, mutagenesis_dir):
+    path, url = database
+    assert load_mutagenesis(url).n_molecules == 188
+    with pytest.raises(MutagenesisError, match="already has table"):
+        create_database(mutagenesis_dir, path)
+
+
+@pytest.fixture
+def copy_db(database, tmp_path):
+    target = tmp_path / "copy.db"
+    shutil.copy(database[0], target)
+    return target
+
+
+def _execute(path, *statements):
+    engine = create_engine(f"sqlite:///{path}")
+    with engine.begin() as conn:
+        for statement in statements:
+            conn.execute(text(statement))
+    engine.dispose()
+
+
+def test_missing_table(copy_db):
+    _execute(copy_db, "DROP TABLE bond")
+    with pytest.raises(MutagenesisError, match="no table 'bond'"):
+        load_mutagenesis(copy_db)
+
+
+def test_missing_column(copy_db):
+    _execute(copy_db, "ALTER TABLE atom DROP COLUMN element")
+    with pytest.raises(MutagenesisError, match="table 'atom' has no column 'element'"):
+        load_mutagenesis(copy_db)
+
+
+def test_dangling_bond(copy_db):
+    # SQLite does not enforce foreign keys unless asked, so such a database can exist.
+    _execute(copy_db, "INSERT INTO bond (atom1_id, atom2_id, type) VALUES ('d1_1', 'd999_1', 1)")
+    with pytest.raises(MutagenesisError, match=r"unknown atom 'd999_1' \(column bond.atom2_id\)"):
+        load_mutagenesis(copy_db)
+
+
+def test_atom_of_unknown_molecule(copy_db):
+    _execute(copy_db, "UPDATE atom SET molecule_id = 'nope' WHERE atom_id = 'd1_1'")
+    with pytest.raises(MutagenesisError, match="atom 'd1_1' references unknown molecule 'nope'"):
+        load_mutagenesis(copy_db)
+
+
+def test_dangling_bond_in_csv_is_rejected_at_creation(mutagenesis_dir, tmp_path):
+    csvs = tmp_path / "csv"
+    shutil.copytree(mutagenesis_dir, csvs)
+    with open(csvs / "bond.csv", "a") as handle:
+        handle.write("d1_1,ghost_7,1\n")
+    with pytest.raises(MutagenesisError, match="ghost_7"):
+        create_database(csvs, tmp_path / "bad.db")
+
+
+def test_malformed_csv(mutagenesis_dir, tmp_path):
+    csvs = tmp_path / "csv"
+    shutil.copytree(mutagenesis_dir, csvs)
+    (csvs / "atom.csv").write_text("atom_id,molecule_id,element,charge\nd1_1,d1,c,0.1\n")
+    with pytest.raises(MutagenesisError, match="atom.csv: missing column 'type'"):
+        create_database(csvs, tmp_path / "bad.db")
+    (csvs / "atom.csv").write_text("atom_id,molecule_id,element,type,charge\nd1_1,d1,c,twenty,0.1\n")
+    with pytest.raises(MutagenesisError, match="atom.csv, line 2: bad value 'twenty' in column 'type'"):
+        create_database(csvs, tmp_path / "bad2.db")
