@@ -4,12 +4,12 @@
     module = neurovec.compile(graph)                  # a torch.nn.Module
     print(module.program)                             # its forward, as readable Python
 """
-from .compiler import Program, Settings, compile
+from .compiler import Program, Settings, compile, iter_presets, list_presets
 from .engines.reference import ReferenceModule
 from .sources import FactLayer, Graph, GraphBuilder, GraphError, NeuronLayer, Ref, Weight, load_json, save_json
 
 __all__ = [
-    "Program", "ReferenceModule", "Settings", "compile",
+    "Program", "ReferenceModule", "Settings", "compile", "iter_presets", "list_presets",
     "FactLayer", "Graph", "GraphBuilder", "GraphError", "NeuronLayer", "Ref", "Weight",
     "load_json", "save_json",
 ]

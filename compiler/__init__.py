@@ -1,7 +1,8 @@
 """The compiler: IR, Vectorizer, optimizer passes, pipeline and settings."""
 from .ir import Node, Op, Program
-from .pipeline import build_program, compile
-from .settings import Settings
+from .pipeline import PIPELINE, build_program, compile, enabled_passes
+from .settings import PRESETS, Settings, iter_presets, list_presets
 from .vectorizer import vectorize
 
-__all__ = ["Node", "Op", "Program", "Settings", "build_program", "compile", "vectorize"]
+__all__ = ["Node", "Op", "PIPELINE", "PRESETS", "Program", "Settings", "build_program", "compile",
+           "enabled_passes", "iter_presets", "list_presets", "vectorize"]

@@ -14,13 +14,32 @@ Ops (``Node.attrs`` in brackets):
 ``WEIGHTS``     weights stacked along axis 0 [``names``: graph weight names]
 ``CONCAT``      concatenation of ``srcs`` along axis 0
 ``GATHER``      ``x[index]`` along axis 0 [``index``: const key]
-``LINEAR``      per-row product ``W_e . x_e`` [``kind``: ``"matmul"`` or ``"mul"``]
-``REDUCE``      segment reduction of consecutive rows [``aggregation``, ``counts``: const key]
+``SLICE``       ``x[start:stop:step]`` [``start``, ``stop``, ``step``]
+``TILE``        the whole of ``x`` repeated ``times`` times: ``[a, b, a, b]`` [``times``]
+``INTERLEAVE``  every row of ``x`` repeated ``times`` times: ``[a, a, b, b]`` [``times``]
+``LINEAR``      per-row product ``W_e . x_e`` [``kind``: ``"matmul"`` or ``"mul"``;
+                ``w_layout``, ``x_layout``: see below]
+``REDUCE``      segment reduction of consecutive rows [``aggregation``, ``counts``: const key,
+                ``kernel``: ``"scatter"``, ``"segment"``, ``"dense"`` or ``"strided"``]
 ``ADD``         ``x + b`` row by row (``b`` broadcasts over the value shape)
 ``TRANSFORM``   elementwise / per-row function [``fn``]
 ==============  =====================================================================
 
 ``Program.output`` names the node whose rows are the graph's outputs, in order.
+
+NOTE: [LINEAR broadcasting] A LINEAR node has ``count`` rows; each side has a
+layout. ``"full"``: the side has ``count`` rows, row e pairs with row e.
+``"tile"``: the side has ``c`` rows and row e uses row ``e % c`` (a repeated
+sequence, thesis 5.2.3 "dimension 1"). ``"interleave"``: the side has ``c`` rows
+and row e uses row ``e // (count / c)`` ("dimension 2"). Both sides may be
+short at once (one tiled, one interleaved, ``c_w * c_x == count``): then the
+product is an outer product over a ``(G1, G2)`` grid, ``count = G1 * G2``.
+
+NOTE: [REDUCE kernels] ``scatter`` and ``segment`` reduce consecutive segments
+of ``counts[j]`` rows (scatter_reduce vs. CSR kernels with a gather backward);
+``dense`` needs equal counts ``k`` and reduces a ``(n, k, ...)`` view;
+``strided`` also needs equal counts but its segment j is rows ``j, j + n,
+j + 2n, ...``: a ``(k, n, ...)`` view reduced over axis 0 (thesis 5.2.9).
 """
 from __future__ import annotations
 
@@ -29,7 +48,10 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-__all__ = ["Op", "Node", "Program", "IRError"]
+__all__ = ["Op", "Node", "Program", "IRError", "INDEXING", "REDUCE_KERNELS", "LAYOUTS", "linear_grid"]
+
+REDUCE_KERNELS = ("scatter", "segment", "dense", "strided")
+LAYOUTS = ("full", "tile", "interleave")
 
 
 class Op(enum.Enum):
@@ -37,10 +59,17 @@ class Op(enum.Enum):
     WEIGHTS = "weights"
     CONCAT = "concat"
     GATHER = "gather"
+    SLICE = "slice"
+    TILE = "tile"
+    INTERLEAVE = "interleave"
     LINEAR = "linear"
     REDUCE = "reduce"
     ADD = "add"
     TRANSFORM = "transform"
+
+
+# Ops that only move rows around (no arithmetic).
+INDEXING = frozenset({Op.GATHER, Op.SLICE, Op.TILE, Op.INTERLEAVE, Op.CONCAT})
 
 
 class IRError(RuntimeError):
@@ -67,6 +96,9 @@ class Program:
     constants: dict[str, np.ndarray]
     weights: tuple  # the graph's Weight objects (values are the initial values)
     output: str
+
+    def replace(self, **changes) -> "Program":
+        return replace(self, **changes)
 
     def node(self, name: str) -> Node:
         return self.by_name()[name]
@@ -109,17 +141,56 @@ class Program:
                 index = self.constants[n.attrs["index"]]
                 if index.shape != (n.count,) or (index.size and (index.min() < 0 or index.max() >= srcs[0].count)):
                     raise IRError(f"%{n.name} GATHER index out of range for %{srcs[0].name} ({srcs[0].count} rows)")
+            elif n.op is Op.SLICE:
+                length = len(range(n.attrs["start"], n.attrs["stop"], n.attrs["step"]))
+                if length != n.count or n.attrs["stop"] > srcs[0].count or n.attrs["start"] < 0:
+                    raise IRError(f"%{n.name} SLICE out of range for %{srcs[0].name}")
+            elif n.op in (Op.TILE, Op.INTERLEAVE):
+                if srcs[0].count * n.attrs["times"] != n.count:
+                    raise IRError(f"%{n.name} {n.op.name} count mismatch")
             elif n.op is Op.REDUCE:
                 counts = self.constants[n.attrs["counts"]]
                 if counts.shape != (n.count,) or int(counts.sum()) != srcs[0].count:
                     raise IRError(f"%{n.name} REDUCE counts do not cover %{srcs[0].name}")
-            elif n.op in (Op.LINEAR, Op.ADD, Op.TRANSFORM):
+                kernel = n.attrs.get("kernel", "scatter")
+                if kernel not in REDUCE_KERNELS:
+                    raise IRError(f"%{n.name} REDUCE has unknown kernel {kernel!r}")
+                if kernel in ("dense", "strided") and np.any(counts != counts[0]):
+                    raise IRError(f"%{n.name} REDUCE kernel {kernel!r} needs equal counts")
+            elif n.op is Op.LINEAR:
+                linear_grid(n, srcs[0], srcs[1])  # raises on inconsistent layouts
+            elif n.op in (Op.ADD, Op.TRANSFORM):
                 if any(s.count != n.count for s in srcs):
                     raise IRError(f"%{n.name} {n.op.name} inputs have row counts "
                                   f"{[s.count for s in srcs]}, expected {n.count}")
             seen[n.name] = n
         if self.output not in seen:
             raise IRError(f"output %{self.output} is not defined")
+
+
+def linear_grid(node: Node, w: Node, x: Node) -> tuple[int, int]:
+    """The ``(G1, G2)`` grid of a LINEAR node (see NOTE: [LINEAR broadcasting])."""
+    n = node.count
+    layouts = {"w": (node.attrs.get("w_layout", "full"), w.count), "x": (node.attrs.get("x_layout", "full"), x.count)}
+    g1 = g2 = None
+    for layout, count in layouts.values():
+        if layout not in LAYOUTS:
+            raise IRError(f"%{node.name} LINEAR has unknown layout {layout!r}")
+        if layout == "interleave":
+            g1 = count
+        elif layout == "tile":
+            g2 = count
+    if g1 is None and g2 is None:
+        g1, g2 = n, 1
+    elif g1 is None:
+        g1 = n // g2 if g2 else 0
+    elif g2 is None:
+        g2 = n // g1 if g1 else 0
+    for side, (layout, count) in layouts.items():
+        expected = {"full": n, "tile": g2, "interleave": g1}[layout]
+        if count != expected or g1 * g2 != n:
+            raise IRError(f"%{node.name} LINEAR {side} side ({layout}, {count} rows) does not fit {n} rows")
+    return g1, g2
 
 
 def _short(value, constants) -> str:

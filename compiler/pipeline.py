@@ -1,34 +1,111 @@
-"""The compile entry point: graph -> Vectorizer -> passes -> torch module."""
+"""The compile entry point: graph -> Vectorizer -> optimizer passes -> torch module.
+
+The passes run in the order of thesis 5.2.10. Each line names the switch in
+:class:`Settings` that enables it and says why it sits where it does. Passes
+are functions ``(Program, Settings) -> Program``; with ``settings.verify`` the
+program is checked after each one, and a failure names the pass.
+"""
 from __future__ import annotations
+
+import time
+from typing import Callable
 
 import torch
 
 from ..engines.torch_module import CompiledModule
 from ..sources.graph import Graph
-from .ir import Program
+from .ir import IRError, Program
+from .passes import (cleanup, dedup, dedup_facts, iso_compression, kernels, linear_broadcast, padding, segments,
+                     simplify_gathers, unit_facts, upward)
 from .settings import Settings
 from .vectorizer import vectorize
 
-__all__ = ["compile", "build_program"]
+__all__ = ["compile", "build_program", "PIPELINE", "enabled_passes"]
+
+Pass = Callable[[Program, Settings], Program]
 
 
-def build_program(graph: Graph, settings: Settings | None = None) -> Program:
-    """Vectorize ``graph`` and run the optimizer passes chosen by ``settings``."""
+def _upward_first(s: Settings) -> bool:
+    return s.upward and s.upward_before_linear
+
+
+def _upward_last(s: Settings) -> bool:
+    return s.upward and not s.upward_before_linear
+
+
+PIPELINE: list[tuple[str, Callable[[Settings], bool], Pass]] = [
+    # One unit row first, so every later pass sees all unit references as the same value.
+    ("merge_unit_facts", lambda s: s.merge_unit_facts, unit_facts.merge_unit_facts),
+    # Shrink the input facts before anything is computed from them.
+    ("dedup_facts", lambda s: s.dedup_facts, dedup_facts.dedup_facts),
+    # W . 1 = W: drops whole products over unit facts (embeddings).
+    ("simplify_unit_linear", lambda s: s.simplify_unit_linear, unit_facts.simplify_unit_linear),
+    # Merge equal values layer by layer, before dedup makes use of the smaller layers.
+    ("iso_compression", lambda s: s.iso_compression, iso_compression.iso_compress),
+    # Compute each distinct (weight, value) pair once, then each distinct aggregation group.
+    ("dedup_linear", lambda s: s.dedup_linear, dedup.dedup_linear),
+    ("dedup_aggregations", lambda s: s.dedup_aggregations, dedup.dedup_aggregations),
+    # Optionally move gathers up before the linear symmetries (it disrupts padding).
+    ("upward (before linear)", _upward_first, upward.propagate_gathers_up),
+    # Reorder/pad linear ops so that their sides repeat, then exploit the repetition.
+    ("linear_padding", lambda s: s.linear_padding != "off", padding.reorder_and_pad),
+    ("linear_broadcasting", lambda s: s.linear_broadcasting, linear_broadcast.broadcast_linear),
+    ("upward", _upward_last, upward.propagate_gathers_up),
+    # Whatever gathers remain: identity -> nothing, ranges -> slices, repeats -> tile/interleave.
+    ("simplify_gathers", lambda s: s.simplify_gathers, simplify_gathers.simplify_gathers),
+    ("remove_identity", lambda s: s.remove_identity, cleanup.remove_identity),
+    # Reductions last: the gathers before them are final now.
+    ("segment_reductions", lambda s: s.segment_reductions or s.dense_reductions, segments.scatter_to_segment),
+    ("materialize_units", lambda s: s.merge_unit_facts or s.simplify_unit_linear, unit_facts.materialize_units),
+    ("preconcatenate", lambda s: s.preconcatenate, cleanup.preconcatenate),
+    ("remove_unused", lambda s: s.remove_unused, cleanup.remove_unused),
+    ("choose_kernels", lambda s: True, kernels.choose_kernels),
+]
+
+
+def enabled_passes(settings: Settings) -> list[str]:
+    return [name for name, enabled, _ in PIPELINE if enabled(settings)]
+
+
+def build_program(graph: Graph, settings: Settings | None = None, timings: dict | None = None) -> Program:
+    """Vectorize ``graph`` and run the optimizer passes chosen by ``settings``.
+
+    ``timings``, if given, receives the seconds spent in each pass.
+    """
     settings = settings or Settings()
+    start = time.perf_counter()
     program = vectorize(graph)
-    if settings.verify:
-        program.verify()
+    if timings is not None:
+        timings["vectorize"] = time.perf_counter() - start
+    ran: list[str] = []
+    for name, enabled, run in PIPELINE:
+        if not enabled(settings):
+            continue
+        start = time.perf_counter()
+        program = run(program, settings)
+        if timings is not None:
+            timings[name] = timings.get(name, 0.0) + time.perf_counter() - start
+        ran.append(name)
+        if settings.verify:
+            try:
+                program.verify()
+            except IRError as error:
+                raise IRError(f"after pass {name!r} (ran: {', '.join(ran)}): {error}\n{program}") from error
     return program
 
 
-def compile(graph: Graph, settings: Settings | None = None, dtype: torch.dtype | None = None
+def compile(graph: Graph, settings: Settings | str | None = None, dtype: torch.dtype | None = None
             ) -> CompiledModule:  # noqa: A001
     """Compile a neuron graph into a ``torch.nn.Module``.
 
-    ``dtype`` defaults to torch's default (float32). Pass ``torch.float64`` to
-    start from the graph's exact initial weights; ``.double()`` later keeps
-    facts and fixed weights exact but upcasts the learnable weights as they are.
+    ``settings`` is a :class:`Settings`, a preset name (see ``list_presets()``) or
+    None for the ``default`` preset. ``dtype`` defaults to torch's default
+    (float32); pass ``torch.float64`` to start from the graph's exact initial
+    weights (``.double()`` later keeps facts and fixed weights exact but upcasts
+    the learnable weights as they are).
     """
     if not isinstance(graph, Graph):
         raise TypeError(f"neurovec.compile expects a neurovec.Graph (got {type(graph).__name__})")
+    if isinstance(settings, str):
+        settings = Settings.preset(settings)
     return CompiledModule(build_program(graph, settings), dtype)

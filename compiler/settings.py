@@ -1,17 +1,138 @@
-"""Compiler settings: one pydantic model with every knob."""
+"""Compiler settings: one pydantic model with every knob, and the named presets.
+
+    Settings()                         # the `default` preset
+    Settings.preset("unoptimized")     # the Vectorizer's output, as is
+    Settings.preset("upward-17-aggressive")
+    list_presets()                     # every preset name, in order
+
+The presets `upward-00-free` ... `upward-17-aggressive` are the 18 strengths of
+upward gather propagation (thesis 5.2.7, 6.2.1): from "only propagate gathers
+that duplicate nothing" to "remove every gather, whatever the memory".
+"""
 from __future__ import annotations
+
+from typing import Iterator, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["Settings"]
+__all__ = ["Settings", "list_presets", "iter_presets", "PRESETS"]
 
 
 class Settings(BaseModel):
-    """How to compile a graph. Every field is documented; unknown fields are an error."""
+    """How to compile a graph. Unknown fields are an error; instances are immutable.
+
+    Every optimization can be switched off on its own; passes keep the module's
+    function under any combination (tested against the reference engine).
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    # -- inputs and checking -----------------------------------------------------------
     dynamic_facts: tuple[str, ...] = Field(
         (), description="Fact layers whose values may be replaced at call time "
-                        "(`module(facts={name: tensor})`); passes never optimize using their values.")
+                        "(`module(facts={name: tensor})`); no pass optimizes using their values.")
     verify: bool = Field(True, description="Check the program's shapes and indices after every pass.")
+
+    # -- unit facts (5.2.8) ----------------------------------------------------------------
+    merge_unit_facts: bool = Field(True, description="Merge all unit facts into one single-row unit fact.")
+    simplify_unit_linear: bool = Field(
+        True, description="Drop the product in linear ops whose value side is all unit: W . 1 = W.")
+
+    # -- deduplication (5.2.6) --------------------------------------------------------------
+    dedup_facts: bool = Field(True, description="Keep one row per distinct fact value (static facts only).")
+    iso_compression: bool = Field(
+        True, description="Isomorphic compression: merge the values of one layer that agree under "
+                          "`iso_draws` random weight draws. Probabilistic (exact unless two different "
+                          "functions agree on every draw, which has probability ~0 in float64).")
+    iso_draws: int = Field(3, ge=1, description="Random weight draws for isomorphic compression.")
+    iso_seed: int = Field(0, description="Seed of those draws (compilation is deterministic).")
+    dedup_linear: bool = Field(True, description="Compute each distinct (weight, value) pair of a linear op once.")
+    dedup_aggregations: bool = Field(
+        True, description="Compute each distinct group of aggregated inputs once (downward gather propagation).")
+
+    # -- linear layers (5.2.3 - 5.2.5) ----------------------------------------------------------
+    linear_padding: Literal["off", "none", "left", "right", "both", "advanced", "auto"] = Field(
+        "auto", description="Reordering/padding of linear ops so their sides repeat: a fixed strategy, or "
+                            "'auto' to pick the one with the smallest summed gather length (thesis cost proxy).")
+    linear_broadcasting: bool = Field(
+        True, description="Where a side of a linear op repeats, gather only its period and broadcast.")
+
+    # -- upward gather propagation (5.2.7) --------------------------------------------------------
+    upward: bool = Field(True, description="Move gathers into preceding layers.")
+    upward_growth_abs: int | None = Field(
+        0, ge=0, description="Rows a layer may grow by when a gather moves into it (None: unlimited).")
+    upward_growth_rel: float | None = Field(
+        0.0, ge=0, description="Relative growth allowed on top of `upward_growth_abs` (None: unlimited).")
+    upward_max_depth: int | None = Field(
+        None, ge=0, description="How many layers up one gather may travel (None: unlimited).")
+    upward_before_linear: bool = Field(
+        False, description="Run upward propagation before the linear symmetry passes (padding and "
+                           "broadcasting), instead of after them.")
+
+    # -- gathers, reductions, clean-up (5.2.1, 5.2.2, 5.2.9, 5.2.10) ---------------------------
+    simplify_gathers: bool = Field(
+        True, description="Replace gathers by nothing, slices, tiles or interleaves where possible.")
+    segment_reductions: bool = Field(True, description="Ordered scatters become CSR segment reductions.")
+    dense_reductions: bool = Field(True, description="Equal counts: reshape + dense reduction.")
+    transposed_reductions: bool = Field(
+        True, description="Reduce along axis 0 of a (k, n) view where that removes a gather (5.2.9).")
+    remove_identity: bool = Field(True, description="Remove identity ops and merge chains of indexing ops.")
+    preconcatenate: bool = Field(
+        True, description="Pre-concatenate facts or weights that are always used together.")
+    remove_unused: bool = Field(True, description="Drop values nothing reads.")
+
+    # -- kernels ------------------------------------------------------------------------------------
+    reduce_kernel: Literal["auto", "scatter", "segment", "dense", "sparse_mm"] = Field(
+        "auto", description="Kernel for segment reductions: chosen per layer by a cost model, or forced.")
+
+    @classmethod
+    def preset(cls, name: str, **overrides) -> "Settings":
+        if name not in PRESETS:
+            raise ValueError(f"unknown preset {name!r}; expected one of {list_presets()}")
+        return cls(**{**PRESETS[name], **overrides})
+
+
+_ALL_OFF = dict(
+    merge_unit_facts=False, simplify_unit_linear=False, dedup_facts=False, iso_compression=False,
+    dedup_linear=False, dedup_aggregations=False, linear_padding="off", linear_broadcasting=False,
+    upward=False, simplify_gathers=False, segment_reductions=False, dense_reductions=False,
+    transposed_reductions=False, remove_identity=False, preconcatenate=False, remove_unused=False,
+    reduce_kernel="scatter",
+)
+
+# The 18 upward-propagation strengths: (name, absolute margin, relative margin, depth, before linear).
+_UPWARD = [
+    ("free", 0, 0.0, None, False),
+    ("rel-0.01", 0, 0.01, None, False),
+    ("rel-0.05", 0, 0.05, None, False),
+    ("rel-0.1", 0, 0.1, None, False),
+    ("rel-0.25", 0, 0.25, None, False),
+    ("rel-0.5", 0, 0.5, None, False),
+    ("rel-1", 0, 1.0, None, False),
+    ("rel-2", 0, 2.0, None, False),
+    ("rel-4", 0, 4.0, None, False),
+    ("abs-1k", 1000, 0.0, None, False),
+    ("abs-10k", 10000, 0.0, None, False),
+    ("abs-100k", 100000, 0.0, None, False),
+    ("depth-1", None, None, 1, False),
+    ("depth-2", None, None, 2, False),
+    ("depth-3", None, None, 3, False),
+    ("before-linear-rel-1", 0, 1.0, None, True),
+    ("before-linear-unlimited", None, None, None, True),
+    ("aggressive", None, None, None, False),
+]
+
+PRESETS: dict[str, dict] = {"unoptimized": _ALL_OFF, "default": {}}
+for _k, (_name, _abs, _rel, _depth, _before) in enumerate(_UPWARD):
+    PRESETS[f"upward-{_k:02d}-{_name}"] = dict(
+        upward_growth_abs=_abs, upward_growth_rel=_rel, upward_max_depth=_depth, upward_before_linear=_before)
+
+
+def list_presets() -> list[str]:
+    """Every preset name: `unoptimized`, `default`, then the 18 upward strengths, weakest first."""
+    return list(PRESETS)
+
+
+def iter_presets() -> Iterator[tuple[str, Settings]]:
+    for name in PRESETS:
+        yield name, Settings.preset(name)

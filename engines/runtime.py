@@ -1,25 +1,26 @@
-"""Functions the generated programs call, besides plain torch."""
+"""Functions the generated programs call, besides plain torch and ``kernels``."""
 from __future__ import annotations
 
 import torch
 
-__all__ = ["segment_reduce"]
-
-_SCATTER_REDUCE = {"max": "amax", "min": "amin", "prod": "prod"}
+__all__ = ["strided_reduce"]
 
 
-def segment_reduce(x: torch.Tensor, seg_id: torch.Tensor, counts: torch.Tensor, n: int,
-                   aggregation: str) -> torch.Tensor:
-    """Reduce consecutive rows of ``x`` into ``n`` segments; row ``e`` belongs to ``seg_id[e]``.
+def strided_reduce(x: torch.Tensor, k: int, aggregation: str) -> torch.Tensor:
+    """Segment j is rows ``j, j + n, ..., j + (k - 1) n``: reduce a ``(k, n, ...)`` view over axis 0.
 
-    ``counts`` (float) are the segment sizes, used by ``mean``. Every segment is
-    non-empty. Ties in max/min split the gradient evenly, like ``torch.amax``.
+    The transposed dense reduction of thesis 5.2.9; ties in max/min split the
+    gradient evenly, like ``torch.amax``.
     """
-    shape = (n,) + tuple(x.shape[1:])
-    if aggregation in ("sum", "mean"):
-        out = x.new_zeros(shape).index_add_(0, seg_id, x)
-        if aggregation == "mean":
-            out = out / counts.view((-1,) + (1,) * (x.dim() - 1))
-        return out
-    index = seg_id.view((-1,) + (1,) * (x.dim() - 1)).expand_as(x)
-    return x.new_empty(shape).scatter_reduce(0, index, x, _SCATTER_REDUCE[aggregation], include_self=False)
+    v = x.reshape((k, -1) + tuple(x.shape[1:]))
+    if aggregation == "sum":
+        return v.sum(0)
+    if aggregation == "mean":
+        return v.mean(0)
+    if aggregation == "max":
+        return v.amax(0)
+    if aggregation == "min":
+        return v.amin(0)
+    if aggregation == "prod":
+        return v.prod(0)
+    raise ValueError(f"unknown aggregation {aggregation!r}")

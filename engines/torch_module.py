@@ -21,9 +21,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..compiler.ir import Node, Op, Program
+from ..compiler.ir import Node, Op, Program, linear_grid
 from ..sources.graph import GraphError
-from . import runtime
+from . import kernels, runtime
 from .functions import TRANSFORM_FUNCTIONS
 from .weights import WeightStore
 
@@ -54,21 +54,27 @@ def _expression(node: Node, nodes: dict[str, Node]) -> str:
         return f"torch.cat([{', '.join(names)}])"
     if node.op is Op.GATHER:
         return f"{names[0]}.index_select(0, self.{node.attrs['index']})"
+    if node.op is Op.SLICE:
+        a = node.attrs
+        step = "" if a["step"] == 1 else f":{a['step']}"
+        return f"{names[0]}[{a['start']}:{a['stop']}{step}]"
+    if node.op is Op.TILE:
+        ones = ", 1" * len(node.shape)
+        return f"{names[0]}.repeat({node.attrs['times']}{ones})"
+    if node.op is Op.INTERLEAVE:
+        return f"{names[0]}.repeat_interleave({node.attrs['times']}, dim=0)"
     if node.op is Op.LINEAR:
-        w, x = srcs
-        if node.attrs["kind"] == "matmul":
-            if len(x.shape) == 1:
-                return f"torch.bmm({w.name}, {x.name}.unsqueeze(-1)).squeeze(-1)"
-            return f"torch.bmm({w.name}, {x.name})"
-        if w.shape == () and x.shape != ():
-            return f"{w.name}{_rows(x.shape)} * {x.name}"
-        if x.shape == () and w.shape != ():
-            return f"{w.name} * {x.name}{_rows(w.shape)}"
-        return f"{w.name} * {x.name}"
+        return _linear(node, *srcs)
     if node.op is Op.REDUCE:
-        key = node.attrs["counts"]
-        return (f"segment_reduce({names[0]}, self.seg_{key}, self.cnt_{key}, {node.count}, "
-                f"{node.attrs['aggregation']!r})")
+        key, agg = node.attrs["counts"], node.attrs["aggregation"]
+        kernel = node.attrs.get("kernel", "scatter")
+        if kernel == "segment":
+            return f"segment_reduce({names[0]}, self.ptr_{key}, self.seg_{key}, self.cnt_{key}, {agg!r})"
+        if kernel == "dense":
+            return f"dense_reduce({names[0]}, {int(srcs[0].count // max(node.count, 1))}, {agg!r})"
+        if kernel == "strided":
+            return f"strided_reduce({names[0]}, {int(srcs[0].count // max(node.count, 1))}, {agg!r})"
+        return f"scatter_reduce({names[0]}, self.seg_{key}, {node.count}, {agg!r}, self.cnt_{key})"
     if node.op is Op.ADD:
         x, b = srcs
         if b.shape == () and x.shape != ():
@@ -80,6 +86,54 @@ def _expression(node: Node, nodes: dict[str, Node]) -> str:
             return f"{_READABLE_TRANSFORMS[fn]}({names[0]})"
         return f"T[{fn!r}]({names[0]})"
     raise NotImplementedError(f"no code generation for {node.op}")
+
+
+def _product(kind: str, w: str, w_shape: tuple, x: str, x_shape: tuple, lead: int) -> str:
+    """``W . x`` on tensors with ``lead`` leading batch axes before the value shapes."""
+    if kind == "matmul":
+        if len(x_shape) == 1:
+            return f"torch.matmul({w}, {x}.unsqueeze(-1)).squeeze(-1)"
+        return f"torch.matmul({w}, {x})"
+    if w_shape == () and x_shape != ():
+        return f"{w}{_trailing(lead, len(x_shape))} * {x}"
+    if x_shape == () and w_shape != ():
+        return f"{w} * {x}{_trailing(lead, len(w_shape))}"
+    return f"{w} * {x}"
+
+
+def _trailing(lead: int, extra: int) -> str:
+    return "" if extra == 0 else f"[{', '.join([':'] * lead + ['None'] * extra)}]"
+
+
+def _linear(node: Node, w: Node, x: Node) -> str:
+    kind, out = node.attrs["kind"], node.count
+    w_layout, x_layout = node.attrs.get("w_layout", "full"), node.attrs.get("x_layout", "full")
+    if w_layout == x_layout == "full":
+        if kind == "matmul":
+            if len(x.shape) == 1:
+                return f"torch.bmm({w.name}, {x.name}.unsqueeze(-1)).squeeze(-1)"
+            return f"torch.bmm({w.name}, {x.name})"
+        return _product(kind, w.name, w.shape, x.name, x.shape, 1)
+    # One shared weight (the common GNN case): a single GEMM against all rows.
+    # A single row on one side broadcasts along axis 0 by itself.
+    if w.count == 1 and x_layout == "full":
+        if kind == "matmul":
+            return f"{x.name} @ {w.name}[0].T" if len(x.shape) == 1 else f"torch.matmul({w.name}[0], {x.name})"
+        return _product(kind, w.name, w.shape, x.name, x.shape, 1)
+    if x.count == 1 and w_layout == "full":
+        if kind == "matmul" and len(x.shape) == 1:
+            return f"{w.name} @ {x.name}[0]"
+        return _product(kind, w.name, w.shape, x.name, x.shape, 1)
+    g1, g2 = linear_grid(node, w, x)
+    views = {"full": f"{g1}, {g2}", "tile": f"1, {g2}", "interleave": f"{g1}, 1"}
+
+    def view(side: Node, layout: str) -> str:
+        rest = "".join(f", {d}" for d in side.shape)
+        return f"{side.name}.view({views[layout]}{rest})"
+
+    product = _product(kind, view(w, w_layout), w.shape, view(x, x_layout), x.shape, 2)
+    shape = "".join(f", {d}" for d in node.shape)
+    return f"({product}).reshape({out}{shape})"
 
 
 def input_facts(program: Program) -> list[Node]:
@@ -121,10 +175,12 @@ class CompiledModule(nn.Module):
         for key, array in program.constants.items():
             self.register_buffer(key, _tensor(array, dtype), persistent=False)
         for node in program.nodes:
-            if node.op is Op.REDUCE:
+            if node.op is Op.REDUCE and not hasattr(self, f"seg_{node.attrs['counts']}"):
                 key = node.attrs["counts"]
                 counts = torch.from_numpy(np.ascontiguousarray(program.constants[key], dtype=np.int64))
                 self.register_buffer(f"seg_{key}", torch.repeat_interleave(torch.arange(counts.numel()), counts),
+                                     persistent=False)
+                self.register_buffer(f"ptr_{key}", torch.cat([counts.new_zeros(1), counts.cumsum(0)]),
                                      persistent=False)
                 self.register_buffer(f"cnt_{key}", counts.to(dtype), persistent=False)
         self._inputs = {n.attrs["fact_layer"]: n for n in input_facts(program)}
@@ -177,6 +233,8 @@ def _tensor(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
 def _load(source: str):
     filename = f"<neurovec-program-{next(_file_counter)}>"
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    namespace = {"torch": torch, "segment_reduce": runtime.segment_reduce, "T": TRANSFORM_FUNCTIONS}
+    namespace = {"torch": torch, "T": TRANSFORM_FUNCTIONS, "segment_reduce": kernels.segment_reduce,
+                 "scatter_reduce": kernels.scatter_reduce_native, "dense_reduce": kernels.dense_reduce,
+                 "strided_reduce": runtime.strided_reduce}
     exec(compile(source, filename, "exec"), namespace)
     return namespace["program"]

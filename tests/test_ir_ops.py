@@ -1,0 +1,85 @@
+"""Every IR op, layout and reduce kernel, generated and run, against numpy."""
+import numpy as np
+import pytest
+import torch
+
+from neurovec.compiler.ir import IRError, Node, Op, Program
+from neurovec.engines.torch_module import CompiledModule
+from neurovec.sources.graph import Weight
+
+RNG = np.random.default_rng(0)
+
+
+def run(nodes, constants, weights=(), output=None):
+    program = Program(tuple(nodes), constants, tuple(weights), output or nodes[-1].name)
+    return CompiledModule(program, torch.float64)().detach().numpy()
+
+
+def fact(name, values):
+    return Node(name, Op.FACT, (), values.shape[0], values.shape[1:], {"const": f"c_{name}"})
+
+
+def test_slice_tile_interleave():
+    x = RNG.normal(size=(6, 2))
+    c = {"c_x": x}
+    f = fact("x", x)
+    np.testing.assert_array_equal(run([f, Node("s", Op.SLICE, ("x",), 2, (2,), {"start": 1, "stop": 6, "step": 3})],
+                                      c), x[1:6:3])
+    np.testing.assert_array_equal(run([f, Node("t", Op.TILE, ("x",), 12, (2,), {"times": 2})], c), np.tile(x, (2, 1)))
+    np.testing.assert_array_equal(run([f, Node("i", Op.INTERLEAVE, ("x",), 18, (2,), {"times": 3})], c),
+                                  np.repeat(x, 3, axis=0))
+
+
+@pytest.mark.parametrize("w_layout,x_layout,cw,cx,n", [
+    ("full", "full", 6, 6, 6), ("tile", "full", 1, 6, 6), ("tile", "full", 2, 6, 6),
+    ("interleave", "full", 3, 6, 6), ("full", "tile", 6, 2, 6), ("full", "interleave", 6, 1, 6),
+    ("tile", "interleave", 2, 3, 6), ("interleave", "tile", 3, 2, 6)])
+@pytest.mark.parametrize("kind,w_shape,x_shape", [
+    ("matmul", (4, 3), (3,)), ("matmul", (4, 3), (3, 2)), ("mul", (), (3,)), ("mul", (3,), ()), ("mul", (3,), (3,))])
+def test_linear_layouts(w_layout, x_layout, cw, cx, n, kind, w_shape, x_shape):
+    w, x = RNG.normal(size=(cw,) + w_shape), RNG.normal(size=(cx,) + x_shape)
+    nodes = [fact("w", w), fact("x", x)]
+    out_shape = (w[0] @ x[0]).shape if kind == "matmul" else np.broadcast(w[0], x[0]).shape
+    nodes.append(Node("y", Op.LINEAR, ("w", "x"), n, out_shape,
+                      {"kind": kind, "w_layout": w_layout, "x_layout": x_layout}))
+    g1 = cw if w_layout == "interleave" else cx if x_layout == "interleave" else None
+    g2 = cw if w_layout == "tile" else cx if x_layout == "tile" else None
+    g1 = g1 or (n // g2 if g2 else n)
+    g2 = g2 or n // g1
+
+    def row(layout, count, e):
+        return {"full": e, "tile": e % g2, "interleave": e // g2}[layout]
+
+    expected = []
+    for e in range(n):
+        we, xe = w[row(w_layout, cw, e)], x[row(x_layout, cx, e)]
+        expected.append(we @ xe if kind == "matmul" else we * xe)
+    np.testing.assert_allclose(run(nodes, {"c_w": w, "c_x": x}), np.stack(expected), rtol=1e-12)
+
+
+@pytest.mark.parametrize("kernel", ["scatter", "segment", "dense", "strided"])
+@pytest.mark.parametrize("aggregation", ["sum", "mean", "max", "min", "prod"])
+def test_reduce_kernels(kernel, aggregation):
+    counts = np.array([3, 3, 3, 3]) if kernel in ("dense", "strided") else np.array([1, 4, 2, 3])
+    x = RNG.normal(size=(counts.sum(), 2))
+    nodes = [fact("x", x), Node("r", Op.REDUCE, ("x",), len(counts), (2,),
+                                {"aggregation": aggregation, "counts": "cnt", "kernel": kernel})]
+    fn = {"sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min, "prod": np.prod}[aggregation]
+    if kernel == "strided":
+        expected = fn(x.reshape(3, 4, 2), axis=0)
+    else:
+        expected = np.stack([fn(part, axis=0) for part in np.split(x, np.cumsum(counts)[:-1])])
+    np.testing.assert_allclose(run(nodes, {"c_x": x, "cnt": counts}), expected, rtol=1e-12)
+
+
+def test_weights_stack_and_verify_errors():
+    w = [Weight("a", [1.0, 2.0]), Weight("b", [3.0, 4.0], learnable=False)]
+    nodes = [Node("w", Op.WEIGHTS, (), 2, (2,), {"names": ("a", "b")})]
+    np.testing.assert_array_equal(run(nodes, {}, w), [[1, 2], [3, 4]])
+    bad = [fact("x", np.ones((2, 2))), Node("g", Op.GATHER, ("x",), 1, (2,), {"index": "i"})]
+    with pytest.raises(IRError, match="GATHER index out of range"):
+        Program(tuple(bad), {"c_x": np.ones((2, 2)), "i": np.array([2])}, (), "g").verify()
+    bad = [fact("x", np.ones((5, 2))), fact("w", np.ones((2, 2))),
+           Node("y", Op.LINEAR, ("w", "x"), 5, (2,), {"kind": "mul", "w_layout": "tile"})]
+    with pytest.raises(IRError, match="does not fit 5 rows"):
+        Program(tuple(bad), {"c_x": np.ones((5, 2)), "c_w": np.ones((2, 2))}, (), "y").verify()

@@ -1,0 +1,53 @@
+"""Every preset, and random combinations of pass switches, keep the function exactly."""
+import pytest
+import torch
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+import neurovec
+from neurovec.compiler.settings import Settings
+
+from .equivalence import assert_equivalent
+from .strategies import graphs
+from .test_equivalence import all_finite
+
+PRESETS = neurovec.list_presets()
+
+
+def test_presets_listed_and_complete():
+    assert PRESETS[:2] == ["unoptimized", "default"]
+    assert len([p for p in PRESETS if p.startswith("upward-")]) == 18
+    assert dict(neurovec.iter_presets())["default"] == Settings()
+    with pytest.raises(ValueError, match="unknown preset 'fast'"):
+        Settings.preset("fast")
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+@settings(max_examples=25, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+          deadline=None)
+@given(graph=graphs())
+def test_preset_equals_reference(preset, graph):
+    assume(all_finite(graph))
+    assert_equivalent(graph, neurovec.compile(graph, preset, dtype=torch.float64))
+
+
+SWITCHES = [name for name, field in Settings.model_fields.items() if field.annotation is bool
+            and name not in ("verify",)]
+
+
+@st.composite
+def random_settings(draw):
+    values = {name: draw(st.booleans()) for name in SWITCHES}
+    values["linear_padding"] = draw(st.sampled_from(["off", "none", "left", "right", "both", "advanced", "auto"]))
+    values["upward_growth_abs"] = draw(st.sampled_from([0, 10, None]))
+    values["upward_growth_rel"] = draw(st.sampled_from([0.0, 0.5, None]))
+    values["upward_max_depth"] = draw(st.sampled_from([None, 1, 2]))
+    values["reduce_kernel"] = draw(st.sampled_from(["auto", "scatter", "segment", "dense", "sparse_mm"]))
+    return Settings(**values)
+
+
+@settings(max_examples=200, deadline=None)
+@given(graph=graphs(), options=random_settings())
+def test_random_pass_combinations_equal_reference(graph, options):
+    assume(all_finite(graph))
+    assert_equivalent(graph, neurovec.compile(graph, options, dtype=torch.float64))
