@@ -209,7 +209,7 @@ def create_database(csv_dir: str | os.PathLike | None = None, url_or_path: str |
     meta = _schema()
     existing = set(inspect(engine).get_table_names()) & set(meta.tables)
     if existing and not replace:
-        raise MutagenesisError(f"database {engine.url!r} already has table(s) {sorted(existing)}; "
+        raise MutagenesisError(f"database {str(engine.url)!r} already has table(s) {sorted(existing)}; "
                                "pass replace=True to overwrite them")
     try:
         with engine.begin() as conn:
@@ -350,10 +350,13 @@ def load_mutagenesis(source: str | os.PathLike | None = None) -> Mutagenesis:
     else:
         folder = find_csv_dir(source)
         engine = _engine("sqlite://")
-        # An in-memory SQLite database lives as long as its one pooled connection.
-        with engine.connect() as conn:
-            _fill(conn, folder, _schema())
-            return _read(conn)
+        # An in-memory SQLite database lives as long as its connection: fill and read on one.
+        try:
+            with engine.connect() as conn:
+                _fill(conn, folder, _schema())
+                return _read(conn)
+        finally:
+            engine.dispose()
     try:
         with engine.connect() as conn:
             return _read(conn)
