@@ -36,7 +36,7 @@ def main(argv=None) -> None:
     for name in ("MUTAG", "ENZYMES", "PROTEINS"):
         ds = _timed(f"load {name}", lambda: load_tu(name, data / "tu"))
         for template in (gcn, sage, gin):
-            graphs.append(_timed(f"  build {name} {template.__name__}", lambda: template(ds)))
+            graphs.append((f"{name} {template.__name__}", _timed(f"  build {name} {template.__name__}", lambda: template(ds))))
         if name == "PROTEINS":
             _timed("PROTEINS GCN from raw files (load + build)", lambda: gcn(load_tu(name, data / "tu")))
     with tempfile.TemporaryDirectory() as tmp:
@@ -44,11 +44,11 @@ def main(argv=None) -> None:
         _timed("create Mutagenesis SQLite database", lambda: create_database(data / "mutagenesis", db))
         mut = _timed("load Mutagenesis via SQL", lambda: load_mutagenesis(db))
     for template in (mutagenesis_simple, mutagenesis_dims):
-        graphs.append(_timed(f"  build {template.__name__}", lambda: template(mut)))
+        graphs.append((template.__name__, _timed(f"  build {template.__name__}", lambda: template(mut))))
     if args.compile:
         import neurovec
-        for graph in graphs:
-            _timed("compile", lambda: type(neurovec.compile(graph)).__name__)
+        for label, graph in graphs:
+            _timed(f"compile {label}", lambda: type(neurovec.compile(graph)).__name__)
 
 
 if __name__ == "__main__":
