@@ -89,9 +89,15 @@ _IMPL_REDUCTIONS = {
 }
 _SCATTER_NAMES = {"sum": "sum", "max": "amax", "min": "amin", "prod": "prod"}
 
-# Thresholds of the CPU "auto" choice, from benchmarks/kernels.py --sweep (2 threads).
-_SPMM_MIN_ELEMENTS = 8192    # E * F below which torch.segment_reduce's lower overhead wins
-_SCATTER_MIN_FEATURES = 16   # F from which scatter_reduce's vectorized path beats segment_reduce
+# Thresholds of the CPU "auto" choice, from `benchmarks/kernels.py --sweep` (2 threads):
+# spmm has ~20 µs of fixed cost, so below ~16k values (E * F) torch.segment_reduce is
+# faster (E=1159: F=8 14 vs 24 µs, F=16 tie, F=32 35 vs 27 µs); above, spmm is 1.5-3x
+# faster than everything else. scatter_reduce's vectorized path needs F >= 16 rows
+# wide *and* enough rows to pay off (F=16: E=1.1k 31 vs 21 µs, E=29k 391 vs 502 µs);
+# at F <= 8 it is 4-6x slower than torch.segment_reduce.
+_SPMM_MIN_ELEMENTS = 16384
+_SCATTER_MIN_FEATURES = 16
+_SCATTER_MIN_ELEMENTS = 65536
 
 # Building a sparse CSR tensor warns once per process that the layout is "beta";
 # swallow that one warning here rather than at every call (catch_warnings costs µs).
@@ -154,7 +160,9 @@ def _auto_impl(x: torch.Tensor, reduce: str, allow_torch_scatter: bool) -> str:
     width = _width(x)
     if reduce == "sum":
         return "spmm" if x.shape[0] * width >= _SPMM_MIN_ELEMENTS else "segment_reduce"
-    return "scatter_reduce" if width >= _SCATTER_MIN_FEATURES else "segment_reduce"
+    wide = width >= 2 * _SCATTER_MIN_FEATURES or (
+        width >= _SCATTER_MIN_FEATURES and x.shape[0] * width >= _SCATTER_MIN_ELEMENTS)
+    return "scatter_reduce" if wide else "segment_reduce"
 
 
 def segment_forward(x: torch.Tensor, ptr: torch.Tensor, seg_id: torch.Tensor, reduce: str,
@@ -259,9 +267,14 @@ class _SegmentExtremum(torch.autograd.Function):
     def backward(ctx, grad):
         x, out, ptr, seg_id = ctx.saved_tensors
         # The mask is recomputed here, not kept from the forward: inference pays nothing.
-        mask = x == out.index_select(0, seg_id)
-        ties = segment_forward(mask.to(grad.dtype), ptr, seg_id, "sum", _same_family(ctx.impl, "sum"))
-        return (grad / ties).index_select(0, seg_id) * mask, None, None, None
+        # It is written as 1.0 / 0.0 into the gathered extrema, in place: two (E, F)
+        # allocations in all (mask, result) instead of five, which on CPU matters as
+        # much as the arithmetic (every big fresh block costs page faults).
+        # detach(): under create_graph the mask must stay a constant (it was a bool).
+        mask = out.detach().index_select(0, seg_id)
+        torch.eq(x.detach(), mask, out=mask)
+        ties = segment_forward(mask, ptr, seg_id, "sum", _same_family(ctx.impl, "sum"))
+        return (grad / ties).index_select(0, seg_id).mul_(mask), None, None, None
 
 
 class SegmentMax(_SegmentExtremum):
@@ -282,7 +295,8 @@ class SegmentProd(torch.autograd.Function):
     Per segment and feature, with ``z`` the number of zero rows:
     ``z = 0``: ``grad_x = grad_y * (y / x)`` (``torch.prod``'s own formula);
     ``z = 1``: the zero row gets ``grad_y * prod(nonzero rows)``, the others 0;
-    ``z >= 2``: all 0. Only first derivatives are supported.
+    ``z >= 2``: all 0. Only first derivatives are supported; with infinite inputs
+    next to zeros the gradient is unspecified (NaN where torch.prod may give 0).
     """
 
     @staticmethod
@@ -297,14 +311,17 @@ class SegmentProd(torch.autograd.Function):
     def backward(ctx, grad):
         x, out, ptr, seg_id = ctx.saved_tensors
         g = grad.index_select(0, seg_id)
-        grad_x = g * (out.index_select(0, seg_id) / x)
+        # A zero row makes its segment's product 0 (or NaN next to an inf), so the
+        # (S, F) output tells cheaply whether the zero-aware terms are needed at all.
+        if not bool(((out == 0) | out.isnan()).any()):
+            return g.mul_(out.index_select(0, seg_id).div_(x)), None, None, None
         zero = x == 0
-        if bool(zero.any()):  # rare: only then pay for the zero-aware terms
-            n_zero = segment_forward(zero.to(x.dtype), ptr, seg_id, "sum", _same_family(ctx.impl, "sum"))
-            others = segment_forward(torch.where(zero, torch.ones_like(x), x), ptr, seg_id, "prod", ctx.impl)
-            lone = (n_zero == 1).index_select(0, seg_id)
-            grad_x = torch.where(zero, torch.where(lone, g * others.index_select(0, seg_id),
-                                                   torch.zeros_like(x)), grad_x)
+        grad_x = g * (out.index_select(0, seg_id) / x)
+        n_zero = segment_forward(zero.to(x.dtype), ptr, seg_id, "sum", _same_family(ctx.impl, "sum"))
+        others = segment_forward(torch.where(zero, torch.ones_like(x), x), ptr, seg_id, "prod", ctx.impl)
+        lone = (n_zero == 1).index_select(0, seg_id)
+        grad_x = torch.where(zero, torch.where(lone, g * others.index_select(0, seg_id), torch.zeros_like(x)),
+                             grad_x)
         return grad_x, None, None, None
 
 

@@ -210,6 +210,8 @@ def test_unsupported_and_missing_kernels(monkeypatch):
 def test_auto_choice(monkeypatch):
     """CPU never picks torch-scatter; other devices use it if (and only if) installed."""
     cpu_wide, cpu_narrow = torch.empty(100_000, 32), torch.empty(10, 1)
+    assert K._auto_impl(torch.empty(10_000, 16), "max", True) == "scatter_reduce"
+    assert K._auto_impl(torch.empty(1_000, 16), "max", True) == "segment_reduce"
     assert K._auto_impl(cpu_wide, "sum", True) == "spmm"
     assert K._auto_impl(cpu_narrow, "sum", True) == "segment_reduce"
     assert K._auto_impl(cpu_wide, "max", True) == "scatter_reduce"
