@@ -1,0 +1,634 @@
+"""Import NeuraLogic (PyNeuraLogic 0.9.2) built samples as a pre-grouped neurovec graph.
+
+    model.build(Settings(chain_pruning=False))          # see "Settings" below
+    built = model.build_dataset(dataset)
+    graph = from_neuralogic(model, built)                # a neurovec.Graph
+    module = neurovec.compile(graph, dtype=torch.float64)
+    module()                                             # == model.test(built), sample by sample
+    ... train module ...
+    weights_to_neuralogic(module, model)                 # NeuraLogic now computes the same
+
+How NeuraLogic computes a neuron (pinned down by experiment on 0.9.2, see
+``docs/neuralogic.md``)::
+
+    value = T( C( offset, W_1 . x_1, ..., W_n . x_n ) )
+
+The offset is the *first input* of the combination ``C`` (so it counts in an
+average, a max or a product), ``W . x`` is NeuraLogic's ``Value.times``: a scalar
+broadcasts, a matrix multiplies a column vector or a matrix. neurovec computes
+``T(A_i(W_i . x_i) + b)``, so a sum's offset becomes the bias ``b`` and any other
+combination's offset becomes an extra first input from a unit fact carrying the
+offset weight. NeuraLogic functions neurovec has no name for are composed:
+``reverse`` (``1 - x``) is neurovec's ``-x`` after a bias of -1, ``signum`` (``x >
+0``) is ``relu(sign(x))``, the Lukasiewicz "sigmoid" is ``sigmoid(6 x + 0.5)``;
+the second step of those is an extra single-input layer.
+
+Grouping (thesis 5.1.8, plus the merge it left out): a neuron's layer is set by
+its depth (longest path from the facts) and its signature: aggregation,
+transformation and value shape. Neurons of one depth never feed each other, so
+all groups of one depth with equal signatures (whatever their head predicate
+or neuron kind) are merged into one layer; layer names list the predicates in
+them.
+"""
+from __future__ import annotations
+
+import re
+import shutil
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+
+from .graph import NO_WEIGHT, FactLayer, Graph, NeuronLayer, Weight
+
+__all__ = ["from_neuralogic", "weights_to_neuralogic", "neuralogic_outputs", "NeuraLogicImportError",
+           "weight_names"]
+
+
+class NeuraLogicImportError(ValueError):
+    """A NeuraLogic construct neurovec cannot import; the message names the neuron, its index and class."""
+
+
+# Java class (simple name) -> neurovec aggregation. "" (no combination) is a single input passed through.
+_AGGREGATION = {"": "sum", "Sum": "sum", "Average": "mean", "Maximum": "max", "Minimum": "min",
+                "Product": "prod", "ElementProduct": "prod", "Count": "count"}
+_NEEDS_EXTENSION = {  # what neurovec's graph would need for the rest
+    "Softmax": "a softmax over a neuron's inputs (a 'concat' aggregation followed by softmax)",
+    "Sparsemax": "a sparsemax over a neuron's inputs", "Concatenation": "a 'concat' aggregation",
+    "CrossSum": "a cross-sum combination", "CosineSim": "a cosine-similarity combination",
+    "FunctionGraph": "nested function graphs inside a rule",
+}
+
+
+@dataclass(frozen=True)
+class _Step:
+    """One neurovec layer step of a NeuraLogic transformation: ``T(W . x + b)`` with fixed W, b."""
+
+    transformation: str
+    weight: float | None = None
+    bias: float | None = None
+
+
+# Java transformation -> (transformation of the neuron's own layer, its fixed bias, follow-up steps).
+_TRANSFORMATION = {
+    "": ("identity", None, ()), "Identity": ("identity", None, ()), "Sigmoid": ("sigmoid", None, ()),
+    "Tanh": ("tanh", None, ()), "ReLu": ("relu", None, ()), "LeakyReLu": ("leaky_relu", None, ()),
+    "Exponentiation": ("exp", None, ()), "Logarithm": ("log", None, ()), "SquareRoot": ("sqrt", None, ()),
+    "Inverse": ("inverse", None, ()), "Softmax": ("softmax", None, ()),
+    # NeuraLogic's reverse is 1 - x: neurovec's reverse (-x) of x - 1.
+    "Reverse": ("reverse", -1.0, ()),
+    # NeuraLogic's signum is 1 for x > 0, else 0 (a step, not torch.sign).
+    "Signum": ("sign", None, (_Step("relu"),)),
+    # LukasiewiczSigmoid computes 1 / (1 + exp(-6 x - 0.5)).
+    "LukasiewiczSigmoid": ("identity", None, (_Step("sigmoid", 6.0, 0.5),)),
+}
+
+_FACT = "FactNeuron"
+_KINDS = {"FactNeuron", "WeightedAtomNeuron", "WeightedRuleNeuron", "AtomNeuron", "RuleNeuron",
+          "AggregationNeuron", "SplittableAggregationNeuron", "NegationNeuron"}
+_ZERO_WEIGHT, _UNIT_WEIGHT = -2, -1  # NeuraLogic's constant weights
+
+
+def _require_neuralogic():
+    try:
+        import neuralogic  # noqa: F401
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise ImportError("from_neuralogic needs PyNeuraLogic: pip install 'neurovec[neuralogic]'") from e
+    if shutil.which("java") is None:  # pragma: no cover
+        raise RuntimeError("PyNeuraLogic needs a Java runtime (java >= 11) on the PATH")
+
+
+_READER = None
+
+
+def _reader():
+    global _READER
+    if _READER is None:
+        from .neuralogic_java import JavaReader
+        _READER = JavaReader()
+    return _READER
+
+
+def _samples(built) -> list:
+    """NeuralSample objects of a BuiltDataset, a list of them, or one."""
+    if hasattr(built, "_java_sample"):
+        return [built]
+    samples = list(built)
+    if not samples or not all(hasattr(s, "_java_sample") for s in samples):
+        raise TypeError("Expected the samples built by model.build_dataset(...) (got "
+                        f"{type(built).__name__} with {len(samples)} items)")
+    return samples
+
+
+# -- weights --------------------------------------------------------------------------------------------------
+def _value_shape(java_class: str, size: list, where: str, weight: bool = False) -> tuple:
+    if java_class in ("ScalarValue", "Zero", "One"):
+        return ()
+    if java_class == "VectorValue":
+        rows, cols = size
+        if rows == 1 and cols != 1 and weight:
+            # A row-vector weight (e.g. {1, 8}) takes a dot product with a column vector. neurovec has no row
+            # vectors: a (1, n) matrix computes the same number, as a vector of length 1.
+            return (1, cols)
+        if rows == 1 and cols != 1:
+            raise NeuraLogicImportError(f"{where}: row vectors are not supported (neurovec has no row/column "
+                                        "vector distinction; use a (1, n) matrix)")
+        return (rows,)
+    if java_class == "MatrixValue":
+        return tuple(size)
+    raise NeuraLogicImportError(f"{where}: values of class {java_class} are not supported")
+
+
+def weight_names(java_weights) -> dict:
+    """NeuraLogic weight index -> the neurovec weight name (NeuraLogic's name, made unique)."""
+    names, used = {}, set()
+    for w in java_weights:
+        index = int(w.index)
+        if index < 0:
+            continue
+        name = str(w.name)
+        if name in used or name.startswith("neuralogic:"):
+            name = f"{name}#{index}"
+        used.add(name)
+        names[index] = name
+    return names
+
+
+def _template_weights(model) -> tuple[list, dict]:
+    """neurovec Weights for every template weight, and NeuraLogic index -> position."""
+    java_weights = list(model._neural_model.getAllWeights())
+    names = weight_names(java_weights)
+    weights, position = [], {}
+    for w in java_weights:
+        index = int(w.index)
+        if index < 0:
+            continue
+        value = w.value
+        where = f"weight {names[index]!r} (index {index})"
+        shape = _value_shape(value.getClass().getSimpleName(), list(value.size()), where, weight=True)
+        data = np.asarray(memoryview(value.getAsArray()), dtype=np.float64).reshape(shape)
+        position[index] = len(weights)
+        weights.append(Weight(names[index], data.copy(), bool(w.isLearnable())))
+    return weights, position
+
+
+class _Constants:
+    """Fixed weights the importer adds (zero, one, broadcast ones, ...), created on first use."""
+
+    def __init__(self, weights: list):
+        self.weights, self.index = weights, {}
+
+    def get(self, label: str, value) -> int:
+        if label not in self.index:
+            self.index[label] = len(self.weights)
+            self.weights.append(Weight(f"neuralogic:{label}", np.asarray(value, dtype=np.float64), learnable=False))
+        return self.index[label]
+
+
+# -- reading ---------------------------------------------------------------------------------------------------
+@dataclass
+class _Neurons:
+    """All distinct neurons of all samples, topologically ordered, as flat arrays."""
+
+    index: np.ndarray
+    kind: np.ndarray
+    transformation: np.ndarray
+    combination: np.ndarray
+    name: np.ndarray
+    ptr: np.ndarray
+    inputs: np.ndarray        # positions (into these arrays), per edge
+    edge_weight: np.ndarray   # NeuraLogic weight index per edge (-1: none)
+    offset: np.ndarray        # NeuraLogic weight index per neuron (-2: none)
+    fact_value: dict          # position -> np.ndarray value
+    queries: np.ndarray       # position of each sample's output neuron
+
+    def describe(self, position: int) -> str:
+        return f"neuron {int(self.index[position])} ({self.kind[position]} {self.name[position]!r})"
+
+
+def _read(samples) -> _Neurons:
+    reader = _reader()
+    parts = [reader.read([sample._java_sample for sample in samples])]
+    queries = parts[0].query
+    index = np.concatenate([p.index for p in parts])
+    count = np.concatenate([p.count for p in parts])
+    kind = np.concatenate([np.asarray(p.kind, dtype=object) for p in parts])
+    weighted = np.concatenate([p.weighted for p in parts])
+    edge_owner = np.repeat(np.arange(index.size), count)
+    inputs = np.concatenate([p.inputs for p in parts])
+    edge_weight = np.full(inputs.size, NO_WEIGHT, dtype=np.int64)
+    weights = np.concatenate([p.weights for p in parts])
+    weighted_edges = weighted[edge_owner]
+    if int(weighted_edges.sum()) != weights.size:
+        raise NeuraLogicImportError("weights and inputs of weighted neurons do not align "
+                                    f"({weights.size} weights for {int(weighted_edges.sum())} inputs)")
+    edge_weight[weighted_edges] = weights
+    offset = np.full(index.size, _ZERO_WEIGHT, dtype=np.int64)
+    offset[weighted] = np.concatenate([p.offset for p in parts])
+    is_fact = kind == _FACT
+
+    # Samples built from one example share neurons: keep each index once, at its first (topological) place.
+    _, first = np.unique(index, return_index=True)
+    keep = np.zeros(index.size, dtype=bool)
+    keep[first] = True
+    kept = np.flatnonzero(keep)
+    sorted_index = index[first]  # np.unique sorts: index -> position via searchsorted
+    position_of_sorted = np.empty(first.size, dtype=np.int64)
+    position_of_sorted[np.argsort(first, kind="stable")] = np.arange(first.size)
+    # position_of_sorted[k] is the kept position of the k-th smallest index
+    def position(indices: np.ndarray) -> np.ndarray:
+        k = np.searchsorted(sorted_index, indices)
+        k = np.minimum(k, sorted_index.size - 1)
+        missing = sorted_index[k] != indices
+        if missing.any():
+            raise NeuraLogicImportError(f"an input neuron {int(indices[missing][0])} is not among the samples' "
+                                        "neurons (is the network complete?)")
+        return position_of_sorted[k]
+
+    edge_keep = keep[edge_owner]
+    kept_count = count[kept]
+    ptr = np.concatenate([[0], np.cumsum(kept_count)])
+
+    fact_value = {}
+    fact_rows = np.flatnonzero(is_fact)  # fact neurons in concatenated order
+    values = np.concatenate([p.fact_values for p in parts])
+    lengths = np.concatenate([p.fact_lengths for p in parts])
+    sizes = [s for p in parts for s in p.fact_sizes]
+    classes = [c for p in parts for c in p.fact_classes]
+    learnable = np.concatenate([p.fact_learnable for p in parts])
+    starts = np.concatenate([[0], np.cumsum(lengths)])
+    pos_of_row = np.full(index.size, -1, dtype=np.int64)
+    pos_of_row[kept] = np.arange(kept.size)
+    names = np.asarray([n for p in parts for n in p.name], dtype=object)
+    for k, row in enumerate(fact_rows):
+        if not keep[row]:
+            continue
+        where = f"neuron {int(index[row])} (FactNeuron {names[row]!r})"
+        if learnable[k]:
+            raise NeuraLogicImportError(f"{where}: learnable fact values (learnable_facts=True) are not "
+                                        "supported yet")
+        size = [int(x) for x in re.findall(r"\d+", sizes[k])]
+        shape = _value_shape(classes[k], size, where)
+        fact_value[int(pos_of_row[row])] = values[starts[k]:starts[k + 1]].reshape(shape)
+
+    queries = position(np.array(queries, dtype=np.int64))
+    return _Neurons(
+        index=index[kept], kind=kind[kept],
+        transformation=np.concatenate([np.asarray(p.transformation, dtype=object) for p in parts])[kept],
+        combination=np.concatenate([np.asarray(p.combination, dtype=object) for p in parts])[kept],
+        name=names[kept], ptr=ptr, inputs=position(inputs[edge_keep]), edge_weight=edge_weight[edge_keep],
+        offset=offset[kept], fact_value=fact_value, queries=queries)
+
+
+# -- the graph --------------------------------------------------------------------------------------------------
+def _check_settings(model) -> None:
+    """Warn about build settings that cost neurovec its layer structure."""
+    settings = getattr(model, "_settings", None)
+    if settings is None:
+        raise ValueError("the model is not built: call model.build(Settings(...)) first")
+    if bool(getattr(settings, "iso_value_compression", False)):
+        warnings.warn("the model was built with iso_value_compression=True: NeuraLogic merges neurons that compute "
+                      "equal values across what would be layers, so the import splits layers by depth more often "
+                      "(outputs are unaffected). Build with Settings(iso_value_compression=False) for the best "
+                      "grouping.", stacklevel=3)
+
+
+class _Shapes:
+    """Interns value shapes as small integers; () is always 0."""
+
+    def __init__(self):
+        self.shapes, self.ids = [()], {(): 0}
+
+    def id(self, shape: tuple) -> int:
+        shape = tuple(int(d) for d in shape)
+        if shape not in self.ids:
+            self.ids[shape] = len(self.shapes)
+            self.shapes.append(shape)
+        return self.ids[shape]
+
+
+def _predicate(kind: str, name: str) -> str:
+    """The head predicate of a neuron, for layer names only."""
+    head = name.split(":-", 1)[0]
+    head = re.sub(r"^\s*(\{[^}]*\}|\[[^\]]*\]|<[^>]*>|-?[\d.eE+-]+)\s*", "", head.strip())
+    return re.split(r"[(\s\[]", head.strip(), 1)[0] or kind
+
+
+def _per_neuron(values: np.ndarray, table: dict, what: str, nr: _Neurons, extension: dict) -> np.ndarray:
+    out = np.empty(values.size, dtype=object)
+    for java_name in np.unique(values.astype(str)):
+        rows = np.flatnonzero(values == java_name)
+        if java_name not in table:
+            need = extension.get(java_name)
+            hint = f"; neurovec would need {need}" if need else ""
+            raise NeuraLogicImportError(f"{nr.describe(rows[0])}: {what} {java_name!r} is not supported{hint}")
+        out[rows] = [table[java_name]] * rows.size
+    return out
+
+
+def _depths(nr: _Neurons, owner: np.ndarray, computed: np.ndarray) -> np.ndarray:
+    """Longest path from a fact, by relaxation (as many numpy passes as the network is deep)."""
+    depth = np.zeros(nr.index.size, dtype=np.int64)
+    starts = nr.ptr[:-1][computed]
+    while True:
+        edge_depth = depth[nr.inputs] + 1
+        new = depth.copy()
+        new[computed] = np.maximum.reduceat(edge_depth, starts) if starts.size else new[computed]
+        if np.array_equal(new, depth):
+            return depth
+        depth = new
+
+
+def from_neuralogic(model, built, *, warn: bool = True) -> Graph:
+    """The computation graphs of NeuraLogic's built samples, as one pre-grouped neurovec graph.
+
+    Args:
+        model: the built ``neuralogic.core.Model`` (its weights are read; nothing is changed).
+        built: what ``model.build_dataset(...)`` returned, a list of its samples, or one sample.
+        warn: warn about build settings that hurt the grouping (see ``docs/neuralogic.md``).
+
+    Returns:
+        A validated :class:`~neurovec.Graph` whose k-th output is sample k's output neuron. Template
+        weights keep NeuraLogic's names (``w0``, ...) and values; learnable ones are learnable.
+
+    Raises:
+        NeuraLogicImportError: for a construct neurovec cannot express, naming the neuron and its class.
+    """
+    _require_neuralogic()
+    samples = _samples(built)
+    if warn:
+        _check_settings(model)
+    nr = _read(samples)
+    weights, weight_position = _template_weights(model)
+    constants = _Constants(weights)
+    n = nr.index.size
+    counts = np.diff(nr.ptr)
+    owner = np.repeat(np.arange(n), counts)
+    is_fact = nr.kind == _FACT
+    computed = ~is_fact
+
+    for kind in set(nr.kind.tolist()) - _KINDS:
+        raise NeuraLogicImportError(f"{nr.describe(int(np.flatnonzero(nr.kind == kind)[0]))}: neuron class "
+                                    f"{kind} is not supported")
+    backward = np.flatnonzero(nr.inputs >= owner)
+    if backward.size:
+        raise NeuraLogicImportError(f"{nr.describe(int(owner[backward[0]]))}: its inputs do not come before it "
+                                    "(the samples' neuron lists are not topological)")
+    no_inputs = np.flatnonzero(computed & (counts == 0))
+    if no_inputs.size:
+        raise NeuraLogicImportError(f"{nr.describe(int(no_inputs[0]))}: a computed neuron without inputs")
+
+    aggregation = np.full(n, "", dtype=object)
+    aggregation[computed] = _per_neuron(nr.combination[computed], _AGGREGATION, "combination", _sub(nr, computed),
+                                        _NEEDS_EXTENSION)
+    plan = np.full(n, None, dtype=object)
+    plan[computed] = _per_neuron(nr.transformation[computed], _TRANSFORMATION, "transformation",
+                                 _sub(nr, computed), _NEEDS_EXTENSION)
+    passthrough = computed & (nr.combination == "") & (counts > 1)
+    if passthrough.any():
+        raise NeuraLogicImportError(f"{nr.describe(int(np.flatnonzero(passthrough)[0]))}: several inputs but no "
+                                    "combination function")
+
+    # NeuraLogic weight index -> neurovec weight index, per edge and per offset.
+    def to_neurovec(java: np.ndarray, rows: np.ndarray, what: str) -> np.ndarray:
+        out = np.full(java.size, NO_WEIGHT, dtype=np.int64)
+        for index in np.unique(java):
+            hit = java == index
+            if index == _UNIT_WEIGHT:
+                out[hit] = NO_WEIGHT if what == "input" else constants.get("one", 1.0)
+            elif index == _ZERO_WEIGHT:
+                out[hit] = constants.get("zero", 0.0) if what == "input" else NO_WEIGHT
+            elif int(index) in weight_position:
+                out[hit] = weight_position[int(index)]
+            else:
+                raise NeuraLogicImportError(f"{nr.describe(int(rows[np.flatnonzero(hit)[0]]))}: {what} weight "
+                                            f"index {int(index)} is not among the model's weights")
+        return out
+
+    edge_weight = to_neurovec(nr.edge_weight, owner, "input")
+    offset = np.full(n, NO_WEIGHT, dtype=np.int64)
+    offset[computed] = to_neurovec(nr.offset[computed], np.flatnonzero(computed), "offset")
+
+    # Value shapes, depth by depth (all inputs of a depth are shallower).
+    depth = _depths(nr, owner, computed)
+    shapes = _Shapes()
+    shape = np.full(n, -1, dtype=np.int64)
+    for position, value in nr.fact_value.items():
+        shape[position] = shapes.id(value.shape)
+    weight_shape = np.array([shapes.id(w.shape) for w in weights] + [-1], dtype=np.int64)  # [-1]: no weight
+    edge_shape = np.full(owner.size, -1, dtype=np.int64)
+    edge_depth = depth[owner]
+    is_prod = aggregation == "prod"
+    for level in range(1, int(depth.max()) + 1):
+        edges = np.flatnonzero(edge_depth == level)
+        pairs = np.stack([weight_shape[edge_weight[edges]], shape[nr.inputs[edges]]], 1)
+        unique, inverse = np.unique(pairs, axis=0, return_inverse=True)
+        result = np.empty(unique.shape[0], dtype=np.int64)
+        for k, (w_id, x_id) in enumerate(unique):
+            product = _product_shape(None if w_id < 0 else shapes.shapes[w_id], shapes.shapes[x_id])
+            if product is None:
+                e = edges[np.flatnonzero(inverse.reshape(-1) == k)[0]]
+                raise NeuraLogicImportError(
+                    f"{nr.describe(int(owner[e]))}: input {int(e - nr.ptr[owner[e]])} has a weight of shape "
+                    f"{shapes.shapes[w_id]} that does not fit its value of shape {shapes.shapes[x_id]}")
+            result[k] = shapes.id(product)
+        edge_shape[edges] = result[inverse.reshape(-1)]
+        neurons = np.flatnonzero(depth == level)
+        high = _segment(np.maximum, edge_shape, nr.ptr, neurons)
+        # A product broadcasts scalars, so only its non-scalar inputs must agree.
+        low_source = np.where(is_prod[owner] & (edge_shape == 0), np.iinfo(np.int64).max, edge_shape)
+        low = _segment(np.minimum, low_source, nr.ptr, neurons)
+        low = np.where(low == np.iinfo(np.int64).max, 0, low)
+        mismatch = np.flatnonzero(high != low)
+        if mismatch.size:
+            j = int(neurons[mismatch[0]])
+            found = sorted({shapes.shapes[s] for s in edge_shape[nr.ptr[j]:nr.ptr[j + 1]]})
+            raise NeuraLogicImportError(f"{nr.describe(j)}: its weighted inputs have different shapes {found}")
+        shape[neurons] = np.where(aggregation[neurons] == "count", 0, high)
+
+    return _assemble(nr, weights, constants, shapes, shape, depth, aggregation, plan, edge_weight, edge_shape,
+                     offset, owner)
+
+
+def _segment(ufunc, values: np.ndarray, ptr: np.ndarray, neurons: np.ndarray) -> np.ndarray:
+    """``ufunc`` over each neuron's edges (every computed neuron has at least one)."""
+    starts, ends = ptr[neurons], ptr[neurons + 1]
+    order = np.argsort(starts, kind="stable")
+    # reduceat needs increasing, non-empty, contiguous slices: gather the edges of these neurons first.
+    lengths = (ends - starts)[order]
+    gather = np.repeat(starts[order] - np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths) + \
+        np.arange(int(lengths.sum()))
+    reduced = ufunc.reduceat(values[gather], np.concatenate([[0], np.cumsum(lengths)[:-1]]))
+    out = np.empty(neurons.size, dtype=values.dtype)
+    out[order] = reduced
+    return out
+
+
+def _product_shape(weight, value):
+    from .graph import product_shape
+    return product_shape(weight, value)
+
+
+def _sub(nr: _Neurons, mask: np.ndarray) -> _Neurons:
+    """A view of ``nr`` restricted to ``mask`` for error messages."""
+    view = _Neurons.__new__(_Neurons)
+    view.index, view.kind, view.name = nr.index[mask], nr.kind[mask], nr.name[mask]
+    return view
+
+
+def _assemble(nr, weights, constants, shapes, shape, depth, aggregation, plan, edge_weight, edge_shape,
+              offset, owner) -> Graph:
+    """Group the neurons into layers and write the CSR arrays of each layer."""
+    n = nr.index.size
+    is_fact = nr.kind == _FACT
+    layers: list = []
+    layer_of = np.full(n, -1, dtype=np.int64)   # the layer other neurons read a neuron from
+    ordinal_of = np.full(n, -1, dtype=np.int64)
+
+    # Facts: scalar ones are unit facts (W . 1 = W), the rest grouped by shape.
+    fact_positions = np.flatnonzero(is_fact)
+    unit = np.array([nr.fact_value[p].shape == () and float(nr.fact_value[p]) == 1.0 for p in fact_positions],
+                    dtype=bool)
+    unit_positions = fact_positions[unit]
+    needs_unit = bool(np.any(offset[~is_fact] != NO_WEIGHT) or np.any(aggregation == "count"))
+    if unit_positions.size or needs_unit:
+        layer_of[unit_positions] = len(layers)
+        ordinal_of[unit_positions] = np.arange(unit_positions.size)
+        layers.append(FactLayer.units("facts:unit", unit_positions.size + 1))  # the last one is the importer's
+    unit_ref = (0, unit_positions.size) if layers else None
+    rest = fact_positions[~unit]
+    for shape_id in np.unique(shape[rest]) if rest.size else []:
+        members = rest[shape[rest] == shape_id]
+        layer_of[members] = len(layers)
+        ordinal_of[members] = np.arange(members.size)
+        dims = "x".join(map(str, shapes.shapes[shape_id])) or "scalar"
+        layers.append(FactLayer(f"facts:{dims}", np.stack([nr.fact_value[p] for p in members])))
+
+    # Computed neurons: one layer per (depth, aggregation, transformation, shape).
+    computed = np.flatnonzero(~is_fact)
+    keys = np.array([f"{aggregation[p]}|{nr.transformation[p]}" for p in computed], dtype=object)
+    key_ids = np.unique(keys.astype(str), return_inverse=True)[1].reshape(-1)
+    group = np.stack([depth[computed], key_ids, shape[computed]], 1)
+    unique_groups, group_of = np.unique(group, axis=0, return_inverse=True)
+    group_of = group_of.reshape(-1)
+    predicate_cache: dict = {}
+    for g, (level, _, shape_id) in enumerate(unique_groups):
+        members = computed[group_of == g]  # position order = topological order
+        first = int(members[0])
+        agg, (transformation, fixed_bias, steps) = aggregation[first], plan[first]
+        predicates = sorted({predicate_cache.setdefault((nr.kind[p], nr.name[p]),
+                                                       _predicate(nr.kind[p], nr.name[p])) for p in members[:4096]})
+        label = "+".join(predicates[:3]) + ("+..." if len(predicates) > 3 else "")
+        name = f"d{level}:{label}:{nr.transformation[first] or 'identity'}"
+        name = _unique(name, layers)
+        layers.append(_neuron_layer(name, nr, members, agg, transformation, fixed_bias, shapes.shapes[shape_id],
+                                    edge_weight, edge_shape, offset, layer_of, ordinal_of, unit_ref, constants))
+        layer_of[members] = len(layers) - 1
+        ordinal_of[members] = np.arange(members.size)
+        for k, step in enumerate(steps):  # e.g. signum's relu: one single-input layer per step
+            weight = NO_WEIGHT if step.weight is None else constants.get(repr(step.weight), step.weight)
+            bias = NO_WEIGHT if step.bias is None else constants.get(repr(step.bias), step.bias)
+            layers.append(NeuronLayer(
+                _unique(f"{name}/{k + 1}", layers), counts=np.ones(members.size, np.int64),
+                input_layer=np.full(members.size, len(layers) - 1), input_ordinal=np.arange(members.size),
+                input_weight=np.full(members.size, weight), bias=np.full(members.size, bias),
+                aggregation="sum", transformation=step.transformation))
+            layer_of[members] = len(layers) - 1
+    return Graph(layers, weights, layer_of[nr.queries], ordinal_of[nr.queries])
+
+
+def _unique(name: str, layers: list) -> str:
+    taken = {layer.name for layer in layers}
+    candidate, k = name, 1
+    while candidate in taken:
+        k += 1
+        candidate = f"{name}#{k}"
+    return candidate
+
+
+def _neuron_layer(name, nr, members, agg, transformation, fixed_bias, out_shape, edge_weight, edge_shape,
+                  offset, layer_of, ordinal_of, unit_ref, constants) -> NeuronLayer:
+    """One layer's CSR arrays; offsets become biases (sums) or a first input from the unit fact (others)."""
+    starts, ends = nr.ptr[members], nr.ptr[members + 1]
+    lengths = ends - starts
+    edges = np.repeat(starts - np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths) + np.arange(lengths.sum())
+    src = nr.inputs[edges]
+    in_layer, in_ordinal, in_weight = layer_of[src], ordinal_of[src], edge_weight[edges].copy()
+    neuron_offset = offset[members]
+    bias = np.full(members.size, NO_WEIGHT, dtype=np.int64)
+    if agg == "count":
+        # count(x_1..x_n) is n: a sum of unit facts, one per input (NeuraLogic counts the offset too).
+        lengths = lengths + (neuron_offset != NO_WEIGHT)
+        total = int(lengths.sum())
+        return NeuronLayer(name, counts=lengths, input_layer=np.full(total, unit_ref[0]),
+                           input_ordinal=np.full(total, unit_ref[1]), bias=bias, aggregation="sum",
+                           transformation=transformation) if fixed_bias is None else \
+            NeuronLayer(name, counts=lengths, input_layer=np.full(total, unit_ref[0]),
+                        input_ordinal=np.full(total, unit_ref[1]),
+                        bias=np.full(members.size, constants.get(repr(fixed_bias), fixed_bias)),
+                        aggregation="sum", transformation=transformation)
+    elif agg == "prod" and out_shape != ():
+        # NeuraLogic's product broadcasts a scalar factor; neurovec's multiplies equal shapes: widen by ones.
+        scalar = edge_shape[edges] == 0
+        weighted_scalar = scalar & (in_weight != NO_WEIGHT)
+        if weighted_scalar.any():
+            j = int(members[np.searchsorted(np.cumsum(lengths), np.flatnonzero(weighted_scalar)[0], "right")])
+            raise NeuraLogicImportError(f"{nr.describe(j)}: a weighted scalar factor in a product of "
+                                        f"{out_shape} values is not supported")
+        in_weight[scalar] = constants.get(f"ones{out_shape}", np.ones(out_shape))
+    if fixed_bias is not None:
+        bias[:] = constants.get(repr(fixed_bias), fixed_bias)
+    has_offset = neuron_offset != NO_WEIGHT
+    if agg == "sum" and fixed_bias is None:
+        bias[has_offset] = neuron_offset[has_offset]
+    elif has_offset.any():
+        if agg == "prod" and out_shape != ():
+            j = int(members[np.flatnonzero(has_offset)[0]])
+            raise NeuraLogicImportError(f"{nr.describe(j)}: an offset in a product of {out_shape} values is not "
+                                        "supported")
+        # The offset is NeuraLogic's first input: unit fact times the offset weight.
+        new_lengths = lengths + has_offset
+        new_ptr = np.concatenate([[0], np.cumsum(new_lengths)])
+        regular = np.ones(int(new_ptr[-1]), dtype=bool)
+        regular[new_ptr[:-1][has_offset]] = False
+        grown = []
+        for old, extra in ((in_layer, unit_ref[0]), (in_ordinal, unit_ref[1]), (in_weight, None)):
+            new = np.empty(regular.size, dtype=np.int64)
+            new[regular] = old
+            new[~regular] = extra if extra is not None else neuron_offset[has_offset]
+            grown.append(new)
+        in_layer, in_ordinal, in_weight = grown
+        lengths = new_lengths
+    return NeuronLayer(name, counts=lengths, input_layer=in_layer, input_ordinal=in_ordinal,
+                       input_weight=in_weight, bias=bias, aggregation=agg, transformation=transformation)
+
+
+# -- outputs and weights back -------------------------------------------------------------------------------------
+def neuralogic_outputs(model, built) -> np.ndarray:
+    """NeuraLogic's own evaluation (``model.test``) as an array ``(n_samples, *shape)``, float64."""
+    return np.asarray(model.test(built), dtype=np.float64)
+
+
+def weights_to_neuralogic(module, model) -> None:
+    """Copy a neurovec module's learnable weights into the NeuraLogic model (by weight name).
+
+    ``module`` is anything with a ``weights`` mapping name -> tensor (a compiled module or the reference
+    engine built from :func:`from_neuralogic`'s graph). Afterwards NeuraLogic's evaluation of the same
+    samples gives the module's outputs.
+    """
+    java_weights = list(model._neural_model.getAllWeights())
+    names = weight_names(java_weights)
+    state = model.state_dict()
+    missing = []
+    for w in java_weights:
+        index = int(w.index)
+        if index < 0 or not w.isLearnable():
+            continue
+        if names[index] not in module.weights:
+            missing.append(names[index])
+            continue
+        value = module.weights[names[index]].detach().to("cpu").double().numpy()
+        state["weights"][index] = float(value) if value.ndim == 0 else value.tolist()
+    if missing:
+        raise KeyError(f"the module has no weights named {missing[:5]} (was it imported from this model?)")
+    model.load_state_dict(state)
