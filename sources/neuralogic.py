@@ -188,96 +188,78 @@ class _Constants:
 # -- reading ---------------------------------------------------------------------------------------------------
 @dataclass
 class _Neurons:
-    """All distinct neurons of all samples, topologically ordered, as flat arrays."""
+    """All distinct neurons of all samples, topologically ordered, as flat arrays (position = order)."""
 
     index: np.ndarray
     kind: np.ndarray
     transformation: np.ndarray
     combination: np.ndarray
-    name: np.ndarray
     ptr: np.ndarray
     inputs: np.ndarray        # positions (into these arrays), per edge
     edge_weight: np.ndarray   # NeuraLogic weight index per edge (-1: none)
     offset: np.ndarray        # NeuraLogic weight index per neuron (-2: none)
-    fact_value: dict          # position -> np.ndarray value
+    facts: np.ndarray         # positions of the fact neurons
+    fact_shape: list          # per fact: value shape
+    fact_start: np.ndarray    # per fact: where its value starts in fact_values
+    fact_values: np.ndarray
     queries: np.ndarray       # position of each sample's output neuron
+    java: object              # SampleArrays, for names on demand
+
+    def names(self, positions) -> list:
+        return self.java.names(positions)
 
     def describe(self, position: int) -> str:
-        return f"neuron {int(self.index[position])} ({self.kind[position]} {self.name[position]!r})"
+        position = int(position)
+        return f"neuron {int(self.index[position])} ({self.kind[position]} {self.names([position])[0]!r})"
+
+    def fact_block(self, members: np.ndarray, shape: tuple) -> np.ndarray:
+        """The values of facts ``members`` (indices into ``facts``), all of ``shape``, stacked."""
+        size = int(np.prod(shape, dtype=np.int64))
+        gather = self.fact_start[members][:, None] + np.arange(size)
+        return self.fact_values[gather].reshape((members.size,) + tuple(shape))
 
 
 def _read(samples) -> _Neurons:
-    reader = _reader()
-    parts = [reader.read([sample._java_sample for sample in samples])]
-    queries = parts[0].query
-    index = np.concatenate([p.index for p in parts])
-    count = np.concatenate([p.count for p in parts])
-    kind = np.concatenate([np.asarray(p.kind, dtype=object) for p in parts])
-    weighted = np.concatenate([p.weighted for p in parts])
-    edge_owner = np.repeat(np.arange(index.size), count)
-    inputs = np.concatenate([p.inputs for p in parts])
-    edge_weight = np.full(inputs.size, NO_WEIGHT, dtype=np.int64)
-    weights = np.concatenate([p.weights for p in parts])
-    weighted_edges = weighted[edge_owner]
-    if int(weighted_edges.sum()) != weights.size:
-        raise NeuraLogicImportError("weights and inputs of weighted neurons do not align "
-                                    f"({weights.size} weights for {int(weighted_edges.sum())} inputs)")
-    edge_weight[weighted_edges] = weights
-    offset = np.full(index.size, _ZERO_WEIGHT, dtype=np.int64)
-    offset[weighted] = np.concatenate([p.offset for p in parts])
-    is_fact = kind == _FACT
+    """Read all samples (the Java side keeps each shared neuron once, at its first, topological place)."""
+    arrays = _reader().read([sample._java_sample for sample in samples])
+    n = arrays.index.size
+    order = np.argsort(arrays.index, kind="stable")
+    sorted_index = arrays.index[order]
 
-    # Samples built from one example share neurons: keep each index once, at its first (topological) place.
-    _, first = np.unique(index, return_index=True)
-    keep = np.zeros(index.size, dtype=bool)
-    keep[first] = True
-    kept = np.flatnonzero(keep)
-    sorted_index = index[first]  # np.unique sorts: index -> position via searchsorted
-    position_of_sorted = np.empty(first.size, dtype=np.int64)
-    position_of_sorted[np.argsort(first, kind="stable")] = np.arange(first.size)
-    # position_of_sorted[k] is the kept position of the k-th smallest index
     def position(indices: np.ndarray) -> np.ndarray:
-        k = np.searchsorted(sorted_index, indices)
-        k = np.minimum(k, sorted_index.size - 1)
+        k = np.minimum(np.searchsorted(sorted_index, indices), n - 1)
         missing = sorted_index[k] != indices
         if missing.any():
             raise NeuraLogicImportError(f"an input neuron {int(indices[missing][0])} is not among the samples' "
                                         "neurons (is the network complete?)")
-        return position_of_sorted[k]
+        return order[k]
 
-    edge_keep = keep[edge_owner]
-    kept_count = count[kept]
-    ptr = np.concatenate([[0], np.cumsum(kept_count)])
-
-    fact_value = {}
-    fact_rows = np.flatnonzero(is_fact)  # fact neurons in concatenated order
-    values = np.concatenate([p.fact_values for p in parts])
-    lengths = np.concatenate([p.fact_lengths for p in parts])
-    sizes = [s for p in parts for s in p.fact_sizes]
-    classes = [c for p in parts for c in p.fact_classes]
-    learnable = np.concatenate([p.fact_learnable for p in parts])
-    starts = np.concatenate([[0], np.cumsum(lengths)])
-    pos_of_row = np.full(index.size, -1, dtype=np.int64)
-    pos_of_row[kept] = np.arange(kept.size)
-    names = np.asarray([n for p in parts for n in p.name], dtype=object)
-    for k, row in enumerate(fact_rows):
-        if not keep[row]:
-            continue
-        where = f"neuron {int(index[row])} (FactNeuron {names[row]!r})"
-        if learnable[k]:
-            raise NeuraLogicImportError(f"{where}: learnable fact values (learnable_facts=True) are not "
-                                        "supported yet")
-        size = [int(x) for x in re.findall(r"\d+", sizes[k])]
-        shape = _value_shape(classes[k], size, where)
-        fact_value[int(pos_of_row[row])] = values[starts[k]:starts[k + 1]].reshape(shape)
-
-    queries = position(np.array(queries, dtype=np.int64))
-    return _Neurons(
-        index=index[kept], kind=kind[kept],
-        transformation=np.concatenate([np.asarray(p.transformation, dtype=object) for p in parts])[kept],
-        combination=np.concatenate([np.asarray(p.combination, dtype=object) for p in parts])[kept],
-        name=names[kept], ptr=ptr, inputs=position(inputs[edge_keep]), edge_weight=edge_weight[edge_keep],
-        offset=offset[kept], fact_value=fact_value, queries=queries)
+    owner = np.repeat(np.arange(n), arrays.count)
+    edge_weight = np.full(arrays.inputs.size, NO_WEIGHT, dtype=np.int64)
+    weighted_edges = arrays.weighted[owner]
+    if int(weighted_edges.sum()) != arrays.weights.size:
+        raise NeuraLogicImportError("weights and inputs of weighted neurons do not align "
+                                    f"({arrays.weights.size} weights for {int(weighted_edges.sum())} inputs)")
+    edge_weight[weighted_edges] = arrays.weights
+    offset = np.full(n, _ZERO_WEIGHT, dtype=np.int64)
+    offset[arrays.weighted] = arrays.offset
+    facts = np.flatnonzero(arrays.kind == _FACT)
+    nr = _Neurons(index=arrays.index, kind=arrays.kind, transformation=arrays.transformation,
+                  combination=arrays.combination, ptr=np.concatenate([[0], np.cumsum(arrays.count)]),
+                  inputs=position(arrays.inputs), edge_weight=edge_weight, offset=offset, facts=facts,
+                  fact_shape=[], fact_start=np.concatenate([[0], np.cumsum(arrays.fact_lengths)])[:-1],
+                  fact_values=arrays.fact_values, queries=position(arrays.query), java=arrays)
+    if arrays.fact_learnable.any():
+        raise NeuraLogicImportError(f"{nr.describe(facts[np.flatnonzero(arrays.fact_learnable)[0]])}: learnable "
+                                    "fact values (build_dataset(..., learnable_facts=True)) are not supported yet")
+    # Value shapes, decided once per distinct (value class, size).
+    shape_of = {}
+    for k, (java_class, size) in enumerate(zip(arrays.fact_classes.tolist(), arrays.fact_shapes)):
+        key = (java_class, size)
+        if key not in shape_of:
+            shape_of[key] = _value_shape(java_class, list(size), nr.describe(facts[k]))
+        nr.fact_shape.append(shape_of[key])
+    return nr
 
 
 # -- the graph --------------------------------------------------------------------------------------------------
@@ -314,14 +296,17 @@ def _predicate(kind: str, name: str) -> str:
     return re.split(r"[(\s\[]", head.strip(), 1)[0] or kind
 
 
-def _per_neuron(values: np.ndarray, table: dict, what: str, nr: _Neurons, extension: dict) -> np.ndarray:
-    out = np.empty(values.size, dtype=object)
-    for java_name in np.unique(values.astype(str)):
+def _per_neuron(nr: _Neurons, positions: np.ndarray, values: np.ndarray, table: dict, what: str) -> np.ndarray:
+    """``table[values[p]]`` for each position, or an error naming the first neuron with an unknown value."""
+    out = np.empty(positions.size, dtype=object)
+    values = values[positions]
+    for java_name in set(values.tolist()):
         rows = np.flatnonzero(values == java_name)
         if java_name not in table:
-            need = extension.get(java_name)
+            need = _NEEDS_EXTENSION.get(java_name)
             hint = f"; neurovec would need {need}" if need else ""
-            raise NeuraLogicImportError(f"{nr.describe(rows[0])}: {what} {java_name!r} is not supported{hint}")
+            raise NeuraLogicImportError(f"{nr.describe(positions[rows[0]])}: {what} {java_name!r} is not "
+                                        f"supported{hint}")
         out[rows] = [table[java_name]] * rows.size
     return out
 
@@ -379,11 +364,10 @@ def from_neuralogic(model, built, *, warn: bool = True) -> Graph:
         raise NeuraLogicImportError(f"{nr.describe(int(no_inputs[0]))}: a computed neuron without inputs")
 
     aggregation = np.full(n, "", dtype=object)
-    aggregation[computed] = _per_neuron(nr.combination[computed], _AGGREGATION, "combination", _sub(nr, computed),
-                                        _NEEDS_EXTENSION)
+    aggregation[computed] = _per_neuron(nr, np.flatnonzero(computed), nr.combination, _AGGREGATION, "combination")
     plan = np.full(n, None, dtype=object)
-    plan[computed] = _per_neuron(nr.transformation[computed], _TRANSFORMATION, "transformation",
-                                 _sub(nr, computed), _NEEDS_EXTENSION)
+    plan[computed] = _per_neuron(nr, np.flatnonzero(computed), nr.transformation, _TRANSFORMATION,
+                                 "transformation")
     passthrough = computed & (nr.combination == "") & (counts > 1)
     if passthrough.any():
         raise NeuraLogicImportError(f"{nr.describe(int(np.flatnonzero(passthrough)[0]))}: several inputs but no "
@@ -413,18 +397,21 @@ def from_neuralogic(model, built, *, warn: bool = True) -> Graph:
     depth = _depths(nr, owner, computed)
     shapes = _Shapes()
     shape = np.full(n, -1, dtype=np.int64)
-    for position, value in nr.fact_value.items():
-        shape[position] = shapes.id(value.shape)
+    fact_shape_ids = {fact_shape: shapes.id(fact_shape) for fact_shape in set(nr.fact_shape)}
+    shape[nr.facts] = [fact_shape_ids[fact_shape] for fact_shape in nr.fact_shape]
     weight_shape = np.array([shapes.id(w.shape) for w in weights] + [-1], dtype=np.int64)  # [-1]: no weight
     edge_shape = np.full(owner.size, -1, dtype=np.int64)
     edge_depth = depth[owner]
-    is_prod = aggregation == "prod"
     for level in range(1, int(depth.max()) + 1):
         edges = np.flatnonzero(edge_depth == level)
-        pairs = np.stack([weight_shape[edge_weight[edges]], shape[nr.inputs[edges]]], 1)
-        unique, inverse = np.unique(pairs, axis=0, return_inverse=True)
+        # One product_shape per distinct (weight shape, input shape) pair, encoded as one integer.
+        base = len(shapes.shapes) + 1
+        pairs = (weight_shape[edge_weight[edges]] + 1) * base + shape[nr.inputs[edges]]
+        unique, inverse = np.unique(pairs, return_inverse=True)
         result = np.empty(unique.shape[0], dtype=np.int64)
-        for k, (w_id, x_id) in enumerate(unique):
+        for k, code in enumerate(unique.tolist()):
+            w_id, x_id = divmod(code, base)
+            w_id -= 1
             product = _product_shape(None if w_id < 0 else shapes.shapes[w_id], shapes.shapes[x_id])
             if product is None:
                 e = edges[np.flatnonzero(inverse.reshape(-1) == k)[0]]
@@ -435,8 +422,9 @@ def from_neuralogic(model, built, *, warn: bool = True) -> Graph:
         edge_shape[edges] = result[inverse.reshape(-1)]
         neurons = np.flatnonzero(depth == level)
         high = _segment(np.maximum, edge_shape, nr.ptr, neurons)
-        # A product broadcasts scalars, so only its non-scalar inputs must agree.
-        low_source = np.where(is_prod[owner] & (edge_shape == 0), np.iinfo(np.int64).max, edge_shape)
+        # NeuraLogic broadcasts scalar inputs (e.g. an unweighted fact of value 1 in a sum of vectors), so
+        # only the non-scalar inputs must agree.
+        low_source = np.where(edge_shape == 0, np.iinfo(np.int64).max, edge_shape)
         low = _segment(np.minimum, low_source, nr.ptr, neurons)
         low = np.where(low == np.iinfo(np.int64).max, 0, low)
         mismatch = np.flatnonzero(high != low)
@@ -469,13 +457,6 @@ def _product_shape(weight, value):
     return product_shape(weight, value)
 
 
-def _sub(nr: _Neurons, mask: np.ndarray) -> _Neurons:
-    """A view of ``nr`` restricted to ``mask`` for error messages."""
-    view = _Neurons.__new__(_Neurons)
-    view.index, view.kind, view.name = nr.index[mask], nr.kind[mask], nr.name[mask]
-    return view
-
-
 def _assemble(nr, weights, constants, shapes, shape, depth, aggregation, plan, edge_weight, edge_shape,
               offset, owner) -> Graph:
     """Group the neurons into layers and write the CSR arrays of each layer."""
@@ -486,9 +467,9 @@ def _assemble(nr, weights, constants, shapes, shape, depth, aggregation, plan, e
     ordinal_of = np.full(n, -1, dtype=np.int64)
 
     # Facts: scalar ones are unit facts (W . 1 = W), the rest grouped by shape.
-    fact_positions = np.flatnonzero(is_fact)
-    unit = np.array([nr.fact_value[p].shape == () and float(nr.fact_value[p]) == 1.0 for p in fact_positions],
-                    dtype=bool)
+    fact_positions = nr.facts
+    unit = (shape[fact_positions] == 0) & (nr.fact_values[nr.fact_start] == 1.0) if fact_positions.size else \
+        np.zeros(0, dtype=bool)
     unit_positions = fact_positions[unit]
     needs_unit = bool(np.any(offset[~is_fact] != NO_WEIGHT) or np.any(aggregation == "count"))
     if unit_positions.size or needs_unit:
@@ -496,28 +477,30 @@ def _assemble(nr, weights, constants, shapes, shape, depth, aggregation, plan, e
         ordinal_of[unit_positions] = np.arange(unit_positions.size)
         layers.append(FactLayer.units("facts:unit", unit_positions.size + 1))  # the last one is the importer's
     unit_ref = (0, unit_positions.size) if layers else None
-    rest = fact_positions[~unit]
-    for shape_id in np.unique(shape[rest]) if rest.size else []:
-        members = rest[shape[rest] == shape_id]
-        layer_of[members] = len(layers)
-        ordinal_of[members] = np.arange(members.size)
+    rest = np.flatnonzero(~unit)  # indices into nr.facts
+    for shape_id in np.unique(shape[fact_positions[rest]]) if rest.size else []:
+        members = rest[shape[fact_positions[rest]] == shape_id]
+        layer_of[fact_positions[members]] = len(layers)
+        ordinal_of[fact_positions[members]] = np.arange(members.size)
         dims = "x".join(map(str, shapes.shapes[shape_id])) or "scalar"
-        layers.append(FactLayer(f"facts:{dims}", np.stack([nr.fact_value[p] for p in members])))
+        layers.append(FactLayer(f"facts:{dims}", nr.fact_block(members, shapes.shapes[shape_id])))
 
     # Computed neurons: one layer per (depth, aggregation, transformation, shape).
     computed = np.flatnonzero(~is_fact)
-    keys = np.array([f"{aggregation[p]}|{nr.transformation[p]}" for p in computed], dtype=object)
-    key_ids = np.unique(keys.astype(str), return_inverse=True)[1].reshape(-1)
-    group = np.stack([depth[computed], key_ids, shape[computed]], 1)
-    unique_groups, group_of = np.unique(group, axis=0, return_inverse=True)
+    keys = (aggregation[computed] + "|" + nr.transformation[computed]).astype(str)
+    key_ids = np.unique(keys, return_inverse=True)[1].reshape(-1)
+    n_keys, n_shapes = int(key_ids.max(initial=0)) + 1, len(shapes.shapes)
+    group = (depth[computed] * n_keys + key_ids) * n_shapes + shape[computed]  # sorts by depth first
+    unique_codes, group_of = np.unique(group, return_inverse=True)
     group_of = group_of.reshape(-1)
-    predicate_cache: dict = {}
+    unique_groups = [(code // (n_keys * n_shapes), None, code % n_shapes) for code in unique_codes.tolist()]
     for g, (level, _, shape_id) in enumerate(unique_groups):
         members = computed[group_of == g]  # position order = topological order
         first = int(members[0])
         agg, (transformation, fixed_bias, steps) = aggregation[first], plan[first]
-        predicates = sorted({predicate_cache.setdefault((nr.kind[p], nr.name[p]),
-                                                       _predicate(nr.kind[p], nr.name[p])) for p in members[:4096]})
+        # Names cost a JVM call each: name the layer after the predicates of a spread of its members.
+        probe = members[np.unique(np.linspace(0, members.size - 1, min(members.size, 32)).astype(np.int64))]
+        predicates = sorted({_predicate(str(kind), name) for kind, name in zip(nr.kind[probe], nr.names(probe))})
         label = "+".join(predicates[:3]) + ("+..." if len(predicates) > 3 else "")
         name = f"d{level}:{label}:{nr.transformation[first] or 'identity'}"
         name = _unique(name, layers)
@@ -567,15 +550,17 @@ def _neuron_layer(name, nr, members, agg, transformation, fixed_bias, out_shape,
                         input_ordinal=np.full(total, unit_ref[1]),
                         bias=np.full(members.size, constants.get(repr(fixed_bias), fixed_bias)),
                         aggregation="sum", transformation=transformation)
-    elif agg == "prod" and out_shape != ():
-        # NeuraLogic's product broadcasts a scalar factor; neurovec's multiplies equal shapes: widen by ones.
+    elif out_shape != ():
+        # NeuraLogic broadcasts a scalar input over the others' shape; neurovec's aggregations take equal
+        # shapes: widen it by a fixed weight of ones (ones * s is exactly s everywhere).
         scalar = edge_shape[edges] == 0
         weighted_scalar = scalar & (in_weight != NO_WEIGHT)
         if weighted_scalar.any():
             j = int(members[np.searchsorted(np.cumsum(lengths), np.flatnonzero(weighted_scalar)[0], "right")])
-            raise NeuraLogicImportError(f"{nr.describe(j)}: a weighted scalar factor in a product of "
-                                        f"{out_shape} values is not supported")
-        in_weight[scalar] = constants.get(f"ones{out_shape}", np.ones(out_shape))
+            raise NeuraLogicImportError(f"{nr.describe(j)}: a weighted scalar input among {out_shape} inputs is "
+                                        "not supported")
+        if scalar.any():
+            in_weight[scalar] = constants.get(f"ones{out_shape}", np.ones(out_shape))
     if fixed_bias is not None:
         bias[:] = constants.get(repr(fixed_bias), fixed_bias)
     has_offset = neuron_offset != NO_WEIGHT

@@ -22,55 +22,45 @@ import numpy as np
 __all__ = ["SampleArrays", "JavaReader"]
 
 _NEURONS = "cz.cvut.fel.ida.neural.networks.structure.components.neurons."
-_SEP = "\u0001"  # joins per-neuron strings; never part of a neuron name
 
 
 @dataclass
 class SampleArrays:
-    """The neurons of one sample, in NeuraLogic's topological order.
+    """The distinct neurons of all samples, in NeuraLogic's topological order.
 
-    Per neuron: ``index``, ``count`` (inputs), ``kind`` (Java simple class name),
-    ``transformation`` and ``combination`` (Java simple class names, ``""`` for
-    none), ``name``. Per edge: ``inputs`` (neuron indices). Per *weighted* neuron
-    (``weighted`` mask, in order): its input weight indices flattened into
-    ``weights``, and ``offset`` (weight index). Per fact neuron (``kind ==
-    "FactNeuron"``, in order): ``value`` flattened into ``fact_values`` with
-    ``fact_sizes`` (``"[]"``, ``"[n, 1]"``, ``"[r, c]"``), ``fact_classes`` and
-    ``fact_learnable`` (its value is a learnable weight).
+    Per neuron: ``index``, ``count`` (inputs), ``kind`` (Java simple class name), ``transformation`` and
+    ``combination`` (simple class names of its functions, ``""`` for none). Per edge: ``inputs`` (neuron
+    indices). Per *weighted* neuron (``weighted`` mask, in order): its input weight indices flattened into
+    ``weights``, and ``offset`` (weight index). Per fact neuron (``kind == "FactNeuron"``, in order): its
+    value flattened into ``fact_values`` (``fact_lengths`` each), ``fact_shapes`` (Java ``size()``:
+    ``()``, ``(n, 1)`` column, ``(1, n)`` row or ``(r, c)``), ``fact_classes`` and ``fact_learnable``.
+    ``query``: each sample's output neuron index. :meth:`names` reads neuron names on demand.
     """
 
     index: np.ndarray
     count: np.ndarray
-    kind: list
-    transformation: list
-    combination: list
-    name: list
+    kind: np.ndarray
+    transformation: np.ndarray
+    combination: np.ndarray
     inputs: np.ndarray
     weighted: np.ndarray
     weights: np.ndarray
     offset: np.ndarray
     fact_values: np.ndarray
     fact_lengths: np.ndarray
-    fact_sizes: list
-    fact_classes: list
+    fact_shapes: list
+    fact_classes: np.ndarray
     fact_learnable: np.ndarray
     query: np.ndarray
+    java_neurons: object = None
+
+    def names(self, positions) -> list:
+        """Neuron names (NeuraLogic's ``getName()``), one JVM call each: for messages and layer names."""
+        return [str(self.java_neurons.get(int(k)).getName()) for k in positions]
 
 
-def _simple(names: str) -> list:
-    """``"cz.x.Sigmoid@1a2b"`` -> ``"Sigmoid"``; ``"null"`` -> ``""``."""
-    out = []
-    if not names:
-        return out
-    for full in names.split(_SEP):
-        if full == "null":
-            out.append("")
-            continue
-        full = full.split("@", 1)[0]
-        if full.startswith("class "):
-            full = full[6:]
-        out.append(full.rsplit(".", 1)[-1].split("$", 1)[0])
-    return out
+def _simple_name(java_object) -> str:
+    return "" if java_object is None else str(java_object.getClass().getSimpleName())
 
 
 class JavaReader:
@@ -106,7 +96,6 @@ class JavaReader:
             return proxies.asInterfaceInstance(cls(interface), handle)
 
         virtual = lambda c, name, ret, *args: lookup.findVirtual(c, name, MT.methodType(ret, *args))  # noqa: E731
-        to_string = lookup.findStatic(objects, "toString", MT.methodType(string, obj))
         neuron_index = lookup.findGetter(base, "index", int_t)
         weight_index = lookup.findGetter(weight, "index", int_t)
         offset = lookup.findGetter(weighted, "offset", weight)
@@ -121,12 +110,20 @@ class JavaReader:
         self.index = fn(neuron_index, "java.util.function.ToIntFunction")
         self.count = fn(virtual(base, "inputCount", int_t), "java.util.function.ToIntFunction")
         self.inputs = fn(then(virtual(base, "getInputs", array_list), as_stream))
-        self.kind = fn(then(virtual(obj, "getClass", klass), to_string))
-        self.name = fn(virtual(base, "getName", string))
+        # A function's class as an int (hash of its class name; null as that of "null"), decoded in Python
+        # from one representative per code: per-neuron strings would cost more than the whole read.
+        sentinel = lookup.findStatic(objects, "requireNonNullElse", MT.methodType(obj, obj, obj))
+        class_code = then(then(then(MH.insertArguments(sentinel, 1, J("java.lang.String")("null")),
+                                    virtual(obj, "getClass", klass)), virtual(klass, "getName", string)),
+                          virtual(string, "hashCode", int_t))
+        to_int = "java.util.function.ToIntFunction"
+        self.kind = fn(class_code, to_int)
         self.transformation = fn(then(virtual(base, "getTransformation",
-                                              cls("cz.cvut.fel.ida.algebra.functions.Transformation")), to_string))
+                                              cls("cz.cvut.fel.ida.algebra.functions.Transformation")), class_code),
+                                 to_int)
         self.combination = fn(then(virtual(base, "getCombination",
-                                           cls("cz.cvut.fel.ida.algebra.functions.Combination")), to_string))
+                                           cls("cz.cvut.fel.ida.algebra.functions.Combination")), class_code),
+                              to_int)
         self.is_weighted = fn(is_instance.bindTo(weighted), "java.util.function.Predicate")
         self.is_fact = fn(is_instance.bindTo(fact), "java.util.function.Predicate")
         self.weights = fn(then(virtual(weighted, "getWeights", array_list), as_stream))
@@ -136,11 +133,14 @@ class JavaReader:
                                    lookup.findStatic(arrays, "stream", MT.methodType(double_stream, double_array))))
         self.fact_lengths = fn(then(then(state_value, as_array), MH.arrayLength(double_array)),
                                "java.util.function.ToIntFunction")
-        self.fact_sizes = fn(then(then(state_value, virtual(value, "size", int_array)),
-                                  lookup.findStatic(arrays, "toString", MT.methodType(string, int_array))))
-        self.fact_classes = fn(then(then(state_value, virtual(obj, "getClass", klass)), to_string))
-        self.fact_learnable = fn(then(then(offset, virtual(weight, "isLearnable", bool_t)), to_string))
-        self.joining = J("java.util.stream.Collectors").joining(_SEP)
+        size = then(state_value, virtual(value, "size", int_array))
+        self.fact_ndim = fn(then(size, MH.arrayLength(int_array)), to_int)
+        self.fact_sizes = fn(then(size, lookup.findStatic(arrays, "stream", MT.methodType(
+            cls("java.util.stream.IntStream"), int_array))))
+        self.fact_classes = fn(then(state_value, class_code), to_int)
+        self.fact_learnable = fn(then(then(offset, virtual(weight, "isLearnable", bool_t)),
+                                      lookup.findStatic(cls("java.lang.Boolean"), "hashCode",
+                                                        MT.methodType(int_t, bool_t))), to_int)
         self.to_list = J("java.util.stream.Collectors").toList
         self._unbox = fn(virtual(cls("java.lang.Integer"), "intValue", int_t), "java.util.function.ToIntFunction")
         self._hash_set = J("java.util.HashSet")
@@ -161,9 +161,13 @@ class JavaReader:
     def _ints(self, int_stream) -> np.ndarray:
         return np.asarray(memoryview(int_stream.toArray()), dtype=np.int64).copy()
 
-    def _strings(self, object_stream) -> list:
-        text = str(object_stream.collect(self.joining))
-        return text.split(_SEP) if text else []
+    @staticmethod
+    def _decode(codes: np.ndarray, neurons, get, positions=None) -> np.ndarray:
+        """Class-name codes -> simple class names, reading one representative neuron per distinct code."""
+        unique, first, inverse = np.unique(codes, return_index=True, return_inverse=True)
+        rows = first if positions is None else positions[first]
+        names = np.array([_simple_name(get(neurons.get(int(k)))) for k in rows] + [""], dtype=object)
+        return names[inverse.reshape(-1)] if codes.size else names[:0]
 
     def read(self, java_samples) -> SampleArrays:
         """The distinct neurons of all samples in a few dozen JVM calls (not per sample, not per neuron).
@@ -176,32 +180,39 @@ class JavaReader:
         neurons = samples.stream().flatMap(self.sample_neurons).filter(seen).collect(self.to_list())
         queries = self._ints(samples.stream().map(self.query_index).mapToInt(self._unbox))
         stream = neurons.stream
-        kind = _simple(str(stream().map(self.kind).collect(self.joining)))
         weighted_stream = lambda: stream().filter(self.is_weighted)  # noqa: E731
         fact_stream = lambda: stream().filter(self.is_fact)  # noqa: E731
-        values = fact_stream().flatMapToDouble(self.fact_values).toArray()
+        decode = lambda codes, get: self._decode(codes, neurons, get)  # noqa: E731
+        kind = decode(self._ints(stream().mapToInt(self.kind)), lambda n: n)
+        ndim = self._ints(fact_stream().mapToInt(self.fact_ndim))
+        sizes = self._ints(fact_stream().flatMapToInt(self.fact_sizes))
+        split = np.split(sizes, np.cumsum(ndim)[:-1]) if ndim.size else []
+        facts = np.flatnonzero(kind == "FactNeuron")
+        fact_codes = self._ints(fact_stream().mapToInt(self.fact_classes))
         arrays = SampleArrays(
             index=self._ints(stream().mapToInt(self.index)),
             count=self._ints(stream().mapToInt(self.count)),
             kind=kind,
-            transformation=_simple(str(stream().map(self.transformation).collect(self.joining))),
-            combination=_simple(str(stream().map(self.combination).collect(self.joining))),
-            name=self._strings(stream().map(self.name)),
+            transformation=decode(self._ints(stream().mapToInt(self.transformation)),
+                                  lambda n: n.getTransformation()),
+            combination=decode(self._ints(stream().mapToInt(self.combination)), lambda n: n.getCombination()),
             inputs=self._ints(stream().flatMap(self.inputs).mapToInt(self.index)),
-            weighted=np.array([k in _WEIGHTED_KINDS for k in kind], dtype=bool),
+            weighted=np.isin(kind, list(_WEIGHTED_KINDS)),
             weights=self._ints(weighted_stream().flatMap(self.weights).mapToInt(self.weight_index)),
             offset=self._ints(weighted_stream().mapToInt(self.offset)),
-            fact_values=np.asarray(memoryview(values), dtype=np.float64).copy(),
+            fact_values=np.asarray(memoryview(fact_stream().flatMapToDouble(self.fact_values).toArray()),
+                                   dtype=np.float64).copy(),
             fact_lengths=self._ints(fact_stream().mapToInt(self.fact_lengths)),
-            fact_sizes=self._strings(fact_stream().map(self.fact_sizes)),
-            fact_classes=_simple(str(fact_stream().map(self.fact_classes).collect(self.joining))),
-            fact_learnable=np.array([s == "true" for s in self._strings(fact_stream().map(self.fact_learnable))],
-                                    dtype=bool),
+            fact_shapes=[tuple(int(d) for d in s) for s in split],
+            fact_classes=self._decode(fact_codes, neurons, lambda n: n.getComputationView(0).getValue(),
+                                      positions=facts),
+            fact_learnable=self._ints(fact_stream().mapToInt(self.fact_learnable)) == 1231,  # Boolean.hashCode
             query=queries,
+            java_neurons=neurons,
         )
         if int(arrays.weighted.sum()) != arrays.offset.size:
             # A WeightedNeuron subclass this module does not know: the per-weighted-neuron arrays would misalign.
-            unknown = sorted(set(arrays.kind) - _WEIGHTED_KINDS - _UNWEIGHTED_KINDS)
+            unknown = sorted(set(arrays.kind.tolist()) - _WEIGHTED_KINDS - _UNWEIGHTED_KINDS)
             raise NotImplementedError(f"NeuraLogic neuron classes {unknown} are not supported by neurovec's importer")
         return arrays
 
