@@ -1,11 +1,400 @@
-"""Thesis 5.2.1 gather simplification. (Placeholder: returns the program unchanged until implemented.)"""
+"""Thesis 5.2.1 gather simplification: gathers with a regular index become cheaper ops.
+
+A gather's index, seen against the rows of its source, is matched to a small *plan*:
+
+* the identity (``arange`` of the whole source): the gather disappears;
+* a range with a constant positive step: a ``SLICE`` (a view, no copy);
+* dimension-1 repetition ``I = I_s I_s ... I_s``: ``TILE`` of the plan of ``I_s``;
+* dimension-2 repetition ``I = i1 i1 .. i2 i2 ..``: ``INTERLEAVE`` of the plan of ``I_s``;
+* anything else: the (possibly shorter) ``GATHER`` itself.
+
+Before matching, chains of indexing ops are composed into one index on a deeper
+source: GATHER of GATHER, SLICE, TILE or INTERLEAVE, and GATHER of a CONCAT whose
+index reads one part only (thesis 5.2.10 step 16). Every candidate source along the
+chain is planned, and the cheapest wins (:func:`chain_candidates`): composing
+through an indexing op that others still read must not recompute it.
+Single-input CONCATs disappear.
+
+Before::
+
+    %x_cat = CONCAT(f_a, f_b)                      : (6, 3)
+    %x = GATHER(x_cat; index=[3, 4, 5, 3, 4, 5])   : (6, 3)
+
+After (``f_b`` has 3 rows)::
+
+    %x = TILE(f_b; times=2)                        : (6, 3)
+
+The plan machinery and the :class:`Rewriter` are shared with the clean-up,
+segment and unit-fact passes.
+"""
 from __future__ import annotations
 
-from ..ir import Program
+import math
+from typing import Iterable
+
+import numpy as np
+
+from ..ir import INDEXING, Node, Op, Program
 from ..settings import Settings
 
-__all__ = ["simplify_gathers"]
+__all__ = ["simplify_gathers", "plan_index", "plan_cost", "node_cost", "index_of", "chain_candidates",
+           "best_candidate", "simplified", "Rewriter", "Plan"]
+
+# A plan is a nested tuple:
+#   ("id",) | ("slice", start, stop, step) | ("gather", index)
+#   | ("tile", times, inner plan) | ("interleave", times, inner plan)
+Plan = tuple
+STRUCTURAL = frozenset({Op.GATHER, Op.SLICE, Op.TILE, Op.INTERLEAVE})
 
 
 def simplify_gathers(program: Program, settings: Settings) -> Program:
-    return program
+    rw = Rewriter(program)
+    users = program.users()
+    for node in program.nodes:
+        node = rw.take(node)
+        if node.op is Op.CONCAT and len(node.srcs) == 1:
+            rw.alias(node.name, node.srcs[0])
+        elif node.op in STRUCTURAL:
+            best = simplified(rw, node, users)
+            if best is None:
+                rw.keep(node)
+            else:
+                root, plan = best
+                rw.emit_plan(node.name, plan, rw.nodes[root], node.layer)
+        else:
+            rw.keep(node)
+    return rw.finish()
+
+
+# -- plans ---------------------------------------------------------------------------------------
+
+
+def plan_index(index: np.ndarray, n: int) -> Plan:
+    """The cheapest op sequence that reads rows ``index`` of an ``n``-row source."""
+    length = index.size
+    if length == 0:
+        return ("gather", index)
+    if length == 1:
+        start = int(index[0])
+        return ("id",) if n == 1 else ("slice", start, start + 1, 1)
+    diffs = np.diff(index)
+    step = int(diffs[0])
+    if np.all(diffs == step):
+        start = int(index[0])
+        if step == 1 and start == 0 and length == n:
+            return ("id",)
+        if step > 0:
+            return ("slice", start, int(index[-1]) + 1, step)
+        if step == 0:  # one row, repeated: a tile of that row (cheaper than repeat_interleave)
+            return ("tile", length, plan_index(index[:1], n))
+    times = _interleave_factor(index, diffs)
+    if times > 1:
+        return ("interleave", times, plan_index(index[::times], n))
+    times = _tile_factor(index, n)
+    if times > 1:
+        return ("tile", times, plan_index(index[:length // times], n))
+    return ("gather", index)
+
+
+def _interleave_factor(index: np.ndarray, diffs: np.ndarray) -> int:
+    """Largest k such that every row of ``index.reshape(-1, k)`` is constant.
+
+    Runs of equal values must start at multiples of k (and k must divide the length).
+    """
+    starts = np.flatnonzero(diffs) + 1
+    return int(np.gcd.reduce(np.append(starts, index.size)))
+
+
+def _tile_factor(index: np.ndarray, n: int) -> int:
+    """Largest r such that ``index`` is one sequence repeated r times (dimension-1 repetition)."""
+    length = index.size
+    # Every value occurs a multiple of r times: r divides the gcd of the value counts.
+    if n <= 4 * length:
+        counts = np.bincount(index, minlength=n)
+        counts = counts[counts > 0]
+    else:
+        counts = np.unique(index, return_counts=True)[1]
+    g = int(np.gcd.reduce(counts))
+    for times in _divisors_descending(g):
+        if times == 1:
+            break
+        period = length // times
+        if index[period] != index[0]:
+            continue
+        if np.array_equal(index.reshape(times, period), np.broadcast_to(index[:period], (times, period))):
+            return times
+    return 1
+
+
+def _divisors_descending(g: int) -> list[int]:
+    small = [d for d in range(1, math.isqrt(g) + 1) if g % d == 0]
+    return sorted(set(small) | {g // d for d in small}, reverse=True)
+
+
+def plan_cost(plan: Plan, n: int) -> tuple[int, int, int]:
+    """(rows gathered, rows copied by TILE/INTERLEAVE, ops): compared lexicographically.
+
+    ``n``: the rows of the plan's source. Gathers (random reads; atomic scatter-adds
+    backwards) dominate, copies come next, then the number of ops.
+    """
+    kind = plan[0]
+    if kind == "id":
+        return (0, 0, 0)
+    if kind == "slice":
+        return (0, 0, 1)
+    if kind == "gather":
+        return (int(plan[1].size), 0, 1)
+    inner = plan_cost(plan[2], n)
+    return (inner[0], inner[1] + plan_rows(plan, n), inner[2] + 1)
+
+
+def plan_rows(plan: Plan, n: int) -> int:
+    """Rows of the result of ``plan`` on an ``n``-row source."""
+    kind = plan[0]
+    if kind == "id":
+        return n
+    if kind == "slice":
+        return len(range(plan[1], plan[2], plan[3]))
+    if kind == "gather":
+        return int(plan[1].size)
+    return plan[1] * plan_rows(plan[2], n)
+
+
+def node_cost(node: Node) -> tuple[int, int, int]:
+    """What computing an indexing node costs, in :func:`plan_cost` units."""
+    if node.op is Op.GATHER:
+        return (node.count, 0, 1)
+    if node.op in (Op.TILE, Op.INTERLEAVE, Op.CONCAT):
+        return (0, node.count, 1)
+    return (0, 0, 1)
+
+
+def _add(a: tuple, b: tuple) -> tuple:
+    return tuple(x + y for x, y in zip(a, b))
+
+
+def _sub(a: tuple, b: tuple) -> tuple:
+    return tuple(x - y for x, y in zip(a, b))
+
+
+# -- composing chains of indexing ops -----------------------------------------------------------------
+
+
+def index_of(node: Node, source: Node, constants: dict) -> np.ndarray | None:
+    """Rows of ``source`` that an indexing ``node`` reads, as a gather index (None: not expressible)."""
+    if node.op is Op.GATHER:
+        return constants[node.attrs["index"]]
+    if node.op is Op.SLICE:
+        return np.arange(node.attrs["start"], node.attrs["stop"], node.attrs["step"], dtype=np.int64)
+    if node.op is Op.TILE:
+        return np.tile(np.arange(source.count, dtype=np.int64), node.attrs["times"])
+    if node.op is Op.INTERLEAVE:
+        return np.repeat(np.arange(source.count, dtype=np.int64), node.attrs["times"])
+    return None
+
+
+def _step_through(node: Node, index: np.ndarray, nodes: dict[str, Node], constants: dict
+                  ) -> tuple[str, np.ndarray] | None:
+    """``node[index]`` as rows of ``node``'s own source, or None if ``node`` is not see-through."""
+    if node.op is Op.GATHER:
+        return node.srcs[0], constants[node.attrs["index"]][index]
+    if node.op is Op.SLICE:
+        return node.srcs[0], node.attrs["start"] + node.attrs["step"] * index
+    if node.op is Op.TILE:
+        return node.srcs[0], index % nodes[node.srcs[0]].count
+    if node.op is Op.INTERLEAVE:
+        return node.srcs[0], index // node.attrs["times"]
+    if node.op is Op.CONCAT and index.size:
+        ends = np.cumsum([nodes[s].count for s in node.srcs])
+        lo, hi = np.searchsorted(ends, [index.min(), index.max()], side="right")
+        if lo == hi:  # every row read lies in one part
+            return node.srcs[lo], index - (ends[lo] - nodes[node.srcs[lo]].count)
+    return None
+
+
+def chain_candidates(first: str, index: np.ndarray, nodes: dict[str, Node], constants: dict
+                     ) -> Iterable[tuple[str, np.ndarray]]:
+    """``(source, index)`` pairs reading the same rows: ``first[index]``, then through each indexing op."""
+    name = first
+    while True:
+        yield name, index
+        step = _step_through(nodes[name], index, nodes, constants)
+        if step is None:
+            return
+        name, index = step
+
+
+def best_candidate(rw: "Rewriter", node: Node, users: dict[str, list[str]], transform=None
+                   ) -> tuple[tuple, str, Plan] | None:
+    """The cheapest ``(cost, root, plan)`` computing the rows of an indexing ``node``.
+
+    Every source along the node's chain of indexing ops is a candidate root. Costs are
+    relative to keeping the node as it is (cost :func:`node_cost` of the node): bypassing a
+    chain op that only the chain reads removes it (its cost is subtracted), while one that
+    others read stays anyway. ``transform`` maps each candidate's index before planning (the
+    transposed reductions use it). None: the node is not an indexing op.
+    """
+    source = rw.nodes[node.srcs[0]] if node.srcs else None
+    index = index_of(node, source, rw.constants) if source is not None else None
+    if index is None:
+        return None
+    best: tuple | None = None
+    alive = (0, 0, 0)  # summed cost of the single-use chain ops bypassed so far
+    shared = False     # passed an op that others read: it, and all beyond it, stay
+    for name, idx in chain_candidates(source.name, index, rw.nodes, rw.constants):
+        candidate = rw.nodes[name]
+        plan = plan_index(transform(idx) if transform else idx, candidate.count)
+        cost = _sub(plan_cost(plan, candidate.count), alive)
+        if best is None or cost < best[0]:  # ties: the shallower source (no churn)
+            best = (cost, name, plan)
+        if len(users.get(name, ())) != 1 or name == rw.program.output:
+            shared = True
+        if not shared:
+            alive = _add(alive, node_cost(candidate))
+    return best
+
+
+def simplified(rw: "Rewriter", node: Node, users: dict[str, list[str]]) -> tuple[str, Plan] | None:
+    """``(root, plan)`` if planning ``node`` anew beats keeping it, else None."""
+    best = best_candidate(rw, node, users)
+    if best is None:
+        return None
+    cost, root, plan = best
+    keep = node_cost(node)
+    if cost > keep or (cost == keep and root == node.srcs[0]) or _same_as(node, root, plan):
+        return None  # equal cost on the same source: no churn (e.g. INTERLEAVE vs TILE of one row)
+    return root, plan
+
+
+def _same_as(node: Node, root: str, plan: Plan) -> bool:
+    """Whether ``plan`` on ``root`` is exactly ``node`` already (nothing to rewrite)."""
+    if node.srcs[0] != root:
+        return False
+    kind = plan[0]
+    if node.op is Op.GATHER:
+        return kind == "gather"
+    if node.op is Op.SLICE:
+        return kind == "slice" and plan[1:] == (node.attrs["start"], node.attrs["stop"], node.attrs["step"])
+    if node.op in (Op.TILE, Op.INTERLEAVE):
+        return kind == node.op.value and plan[1] == node.attrs["times"] and plan[2] == ("id",)
+    return False
+
+
+# -- rewriting ------------------------------------------------------------------------------------------
+
+
+class Rewriter:
+    """Builds a new program node by node, in the old program's order.
+
+    ``take`` resolves a node's inputs through the aliases made so far; ``keep`` copies
+    it; ``alias`` makes its readers read another node instead; ``emit`` adds new nodes.
+    ``finish`` drops the nodes this rewrite left without readers (never ones that were
+    already dead: dead-code elimination is ``remove_unused``'s switch) and the
+    constants only they read.
+    """
+
+    def __init__(self, program: Program):
+        self.program = program
+        self.nodes: dict[str, Node] = {}
+        self.constants = dict(program.constants)
+        self.aliases: dict[str, str] = {}
+        self.taken = {n.name for n in program.nodes} | set(program.constants)
+        self.changed = False
+        self._counter = 0
+        self._old = program.by_name()
+
+    def resolve(self, name: str) -> str:
+        while name in self.aliases:
+            name = self.aliases[name]
+        return name
+
+    def take(self, node: Node) -> Node:
+        srcs = tuple(self.resolve(s) for s in node.srcs)
+        return node if srcs == node.srcs else node.with_(srcs=srcs)
+
+    def keep(self, node: Node) -> None:
+        """Copy a node (``take``-n from the old program, so maybe with renamed inputs)."""
+        self.nodes[node.name] = node
+        if node is not self._old.get(node.name):
+            self.changed = True
+
+    def replace(self, node: Node) -> None:
+        """Put a changed version of a node (same name) in place."""
+        self.nodes[node.name] = node
+        self.changed = True
+
+    def alias(self, old: str, new: str) -> None:
+        self.aliases[old] = self.resolve(new)
+        self.changed = True
+
+    def fresh(self, base: str) -> str:
+        name = base
+        while name in self.taken:
+            self._counter += 1
+            name = f"{base}_{self._counter}"
+        self.taken.add(name)
+        return name
+
+    def const(self, base: str, array: np.ndarray) -> str:
+        key = self.fresh(base)
+        self.constants[key] = array
+        return key
+
+    def emit(self, name: str, op: Op, srcs, count: int, shape: tuple, layer: str = "", **attrs) -> Node:
+        self.taken.add(name)
+        node = Node(name, op, tuple(srcs), int(count), tuple(shape), attrs, layer)
+        self.nodes[name] = node
+        self.changed = True
+        return node
+
+    def emit_plan(self, name: str, plan: Plan, root: Node, layer: str = "") -> str:
+        """Materialize ``plan`` on ``root`` as node ``name`` (or alias ``name`` to root); returns the name."""
+        kind = plan[0]
+        if kind == "id":
+            self.alias(name, root.name)
+            return root.name
+        if kind == "slice":
+            _, start, stop, step = plan
+            self.emit(name, Op.SLICE, [root.name], len(range(start, stop, step)), root.shape, layer,
+                      start=start, stop=stop, step=step)
+        elif kind == "gather":
+            key = self.const(f"idx_{name}", np.ascontiguousarray(plan[1], dtype=np.int64))
+            self.emit(name, Op.GATHER, [root.name], plan[1].size, root.shape, layer, index=key)
+        else:
+            inner = self.emit_plan(self.fresh(f"{name}_{'rep' if kind == 'tile' else 'int'}"), plan[2], root,
+                                   layer)
+            op = Op.TILE if kind == "tile" else Op.INTERLEAVE
+            self.emit(name, op, [inner], self.nodes[inner].count * plan[1], root.shape, layer, times=plan[1])
+        return name
+
+    def finish(self, keep_inputs: bool = True) -> Program:
+        if not self.changed:
+            return self.program
+        output = self.resolve(self.program.output)
+        nodes = _drop_orphans(list(self.nodes.values()), output, self.program, keep_inputs)
+        old_keys = _constant_keys(self.program.nodes, self.program.constants)
+        new_keys = _constant_keys(nodes, self.constants)
+        constants = {k: v for k, v in self.constants.items() if k in new_keys or k not in old_keys}
+        return self.program.replace(nodes=tuple(nodes), constants=constants, output=output)
+
+
+def _live(nodes: list[Node], roots: set[str]) -> set[str]:
+    live = set(roots)
+    for node in reversed(nodes):
+        if node.name in live:
+            live.update(node.srcs)
+    return live
+
+
+def _drop_orphans(nodes: list[Node], output: str, old: Program, keep_inputs: bool) -> list[Node]:
+    """Drop what this rewrite left without readers; keep what was dead before (and what it reads)."""
+    live_before = _live(list(old.nodes), {old.output})
+    roots = {output} | {n.name for n in old.nodes if n.name not in live_before}
+    if keep_inputs:
+        roots |= {n.name for n in nodes if n.op is Op.FACT and n.attrs.get("fact_layer")}
+    live = _live(nodes, roots)
+    return [n for n in nodes if n.name in live]
+
+
+def _constant_keys(nodes: Iterable[Node], constants: dict) -> set[str]:
+    return {v for n in nodes for v in n.attrs.values() if isinstance(v, str) and v in constants}
