@@ -109,9 +109,9 @@ def tile_period(index: np.ndarray) -> int:
 
 
 def interleave_count(index: np.ndarray) -> int:
-    """The smallest ``c`` dividing ``len(index)`` such that ``index`` is ``c`` constant blocks ("dimension 2").
+    """The smallest ``c`` dividing ``len(index)`` such that ``index`` is ``c`` equal-value blocks.
 
-    A block length r works iff it divides n and every position where the value changes, so the
+    ("Dimension 2" repetition.) A block length r works iff it divides n and every position where the value changes, so the
     longest block is the gcd of those positions and n.
     """
     n = len(index)
@@ -184,7 +184,8 @@ def best_layout(w: SideRows, x: SideRows) -> Layout:
             l2 = n // l1
             if l1 == n or l2 == n:
                 continue  # one side full: already a candidate above
-            candidates.append((("tile", l1, "interleave", l2) if tiled == "w" else ("interleave", l2, "tile", l1)))
+            candidates.append(("tile", l1, "interleave", l2) if tiled == "w"
+                              else ("interleave", l2, "tile", l1))
     best = None
     for w_layout, w_count, x_layout, x_count in candidates:
         w_index = w.index if w_layout == "full" else _short(w.index, w_layout, w_count)
@@ -235,7 +236,8 @@ class NodeEditor:
     def gather(self, base: str, source: Node, index: np.ndarray, layer: str) -> Node:
         """A new GATHER node (not yet placed) of ``source`` rows ``index``."""
         key = self.const(f"idx_{base}", index)
-        return Node(self.fresh(base), Op.GATHER, (source.name,), len(index), source.shape, {"index": key}, layer)
+        return Node(self.fresh(base), Op.GATHER, (source.name,), len(index), source.shape, {"index": key},
+                    layer)
 
     def replace(self, name: str, new_nodes: list[Node]) -> None:
         """Put ``new_nodes`` where node ``name`` is (they may reuse the name)."""

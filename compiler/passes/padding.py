@@ -1,11 +1,232 @@
-"""Thesis 5.2.4-5.2.5 reordering and padding of linear ops. (Placeholder: returns the program unchanged until implemented.)"""
+"""Thesis 5.2.4-5.2.5: reorder (and pad) the rows of linear ops so that a side repeats.
+
+A LINEAR's rows may be computed in any order, as long as whoever reads them is reindexed. Sorting
+the rows by weight makes the weight side a run of equal blocks ("dimension 2" repetition), which
+the broadcasting pass (``linear_broadcast.py``, run right after) then gathers only once per
+distinct weight. Blocks of unequal size are padded with copies of a real row of the same block;
+nothing ever reads a padded row, so outputs and gradients stay exactly the same::
+
+    before                                            after (rows sorted by weight, padded to 2 each)
+    %w = GATHER(%W; index=[1, 0, 1])   : (3, ...)     %w = GATHER(%W; index=[0, 0, 1, 1]) : (4, ...)
+    %x = GATHER(%X; index=[5, 6, 7])   : (3, ...)     %x = GATHER(%X; index=[6, 6, 5, 7]) : (4, ...)
+    %lin = LINEAR(%w, %x)              : (3, ...)     %lin = LINEAR(%w, %x)               : (4, ...)
+    %g = GATHER(%lin; index=[0, 2, 1]) : (3, ...)     %g = GATHER(%lin; index=[2, 3, 0])  : (3, ...)
+
+Strategies (``Settings.linear_padding``):
+
+* ``"left"`` / ``"right"``: group the rows by the weight (value) side, every group padded to the
+  largest one: that side becomes ``k`` equal blocks;
+* ``"both"``: every distinct weight paired with every distinct value, in lexicographic order: the
+  weight side is interleaved, the value side tiled, and neither needs a gather of full length;
+* ``"advanced"`` (5.2.5): a group used about ``t`` times as often as the rarest one gets ``t``
+  blocks (``t_I = floor(n_I / n_min + 1/2)``), which needs far less padding for skewed counts;
+  the cheaper of doing this on the weight side or on the value side;
+* ``"auto"``: the cheapest of all of the above and of leaving the rows alone, by the thesis's cost
+  proxy: the summed length of the gathers left after broadcasting (an identity gather costs
+  nothing: it is dropped later), plus the padded rows (wasted products), plus a full-length gather
+  when the rows' readers cannot simply be reindexed;
+* ``"none"``: nothing (``"off"`` does not even run the pass).
+
+Readers are reindexed rather than given a new gather ("downward propagation", 5.2.6): a GATHER
+reading the LINEAR, or a CONCAT of it that only GATHERs read, gets its index composed with the new
+row positions. Only otherwise (a REDUCE reads the rows directly, or they are the output) does a
+GATHER back into the old order follow the LINEAR, and it takes the LINEAR's old name.
+Only row indices are compared, never values: dynamic facts are safe.
+"""
 from __future__ import annotations
 
-from ..ir import Program
-from ..settings import Settings
+from dataclasses import dataclass
 
-__all__ = ["reorder_and_pad"]
+import numpy as np
+
+from ..ir import Node, Op, Program
+from ..settings import Settings
+from .linear_broadcast import NodeEditor, SideRows, best_layout, full_layout, resolve_rows, side_node
+
+__all__ = ["reorder_and_pad", "plan_rows", "RowPlan"]
+
+# A forced strategy is skipped where it would make a LINEAR more than this many times longer
+# (padding every weight group to the size of the largest one can explode): ``"auto"`` never
+# gets near it, since every padded row counts as cost.
+MAX_GROWTH = 4
+_SLACK_ROWS = 1024
+
+
+@dataclass(frozen=True)
+class RowPlan:
+    """New rows for a LINEAR: original row ``e`` lands on row ``position[e]`` of ``rows`` rows."""
+
+    strategy: str
+    rows: int
+    position: np.ndarray
+    w_index: np.ndarray  # rows of the weight side's source, one per new row
+    x_index: np.ndarray  # rows of the value side's source, one per new row
+
+    def is_identity(self) -> bool:
+        return self.rows == len(self.position) and np.array_equal(self.position, np.arange(self.rows))
+
+
+def _grouped(key: np.ndarray, other: np.ndarray, subsequence: bool, max_rows: int) -> tuple | None:
+    """Rows sorted into blocks by ``key`` (stable), each key's blocks padded to one common size.
+
+    With ``subsequence`` a key used ``n_I`` times gets ``t_I = floor(n_I / n_min + 1/2)`` blocks
+    (thesis 5.2.5) instead of one. Returns ``(position, rows, new_key, new_other)``, or None
+    (before building anything) if that takes more than ``max_rows`` rows.
+    """
+    values, group = np.unique(key, return_inverse=True)
+    group = group.reshape(-1)
+    counts = np.bincount(group, minlength=values.size)
+    blocks = np.floor(counts / counts.min() + 0.5).astype(np.int64) if subsequence else np.ones_like(counts)
+    block_size = int(np.max(-(-counts // blocks)))
+    span = blocks * block_size  # rows reserved for each key
+    rows = int(span.sum())
+    if rows > max_rows:
+        return None
+    start = np.cumsum(span) - span
+    order = np.argsort(group, kind="stable")
+    first = np.cumsum(counts) - counts  # where each group starts in `order`
+    rank = np.arange(key.size) - first[group[order]]
+    position = np.empty(key.size, dtype=np.int64)
+    position[order] = start[group[order]] + rank
+    # Padding rows repeat the group's first real row: a real, finite pair, read by nobody.
+    new_other = np.repeat(other[order[first]], span)
+    new_other[position] = other
+    return position, rows, np.repeat(values, span), new_other
+
+
+def _grid(w_index: np.ndarray, x_index: np.ndarray, max_rows: int) -> tuple[np.ndarray, ...] | None:
+    """Every distinct weight times every distinct value, weight-major; None if over ``max_rows``."""
+    w_values, w_group = np.unique(w_index, return_inverse=True)
+    x_values, x_group = np.unique(x_index, return_inverse=True)
+    rows = w_values.size * x_values.size
+    if rows > max_rows:
+        return None
+    position = w_group.reshape(-1) * x_values.size + x_group.reshape(-1)
+    return position, rows, np.repeat(w_values, x_values.size), np.tile(x_values, w_values.size)
+
+
+def plan_rows(w: SideRows, x: SideRows, strategies, max_rows: int) -> list[RowPlan]:
+    """The candidate row orders of a LINEAR whose sides read ``w`` and ``x``, "none" first."""
+    n = len(w.index)
+    plans = [RowPlan("none", n, np.arange(n), w.index, x.index)]
+    for strategy in strategies:
+        if strategy in ("left", "advanced-left"):
+            made = _grouped(w.index, x.index, strategy == "advanced-left", max_rows)
+        elif strategy in ("right", "advanced-right"):
+            made = _grouped(x.index, w.index, strategy == "advanced-right", max_rows)
+            if made is not None:
+                position, rows, x_new, w_new = made
+                made = position, rows, w_new, x_new
+        else:  # both
+            made = _grid(w.index, x.index, max_rows)
+        if made is not None:
+            position, rows, w_new, x_new = made
+            plans.append(RowPlan(strategy, rows, position, w_new, x_new))
+    return plans
+
+
+def plan_cost(plan: RowPlan, w: SideRows, x: SideRows, broadcasting: bool, reindexable: bool) -> int:
+    """Thesis proxy: summed gather lengths after the rewrite, plus padded rows and any new gather."""
+    w_new = SideRows(w.source, plan.w_index, w.source_count)
+    x_new = SideRows(x.source, plan.x_index, x.source_count)
+    layout = best_layout(w_new, x_new) if broadcasting else full_layout(w_new, x_new)
+    extra_gather = 0 if reindexable or plan.is_identity() else len(plan.position)
+    return layout.cost + (plan.rows - len(plan.position)) + extra_gather
+
+
+_STRATEGIES = {
+    "left": ("left",), "right": ("right",), "both": ("both",),
+    "advanced": ("advanced-left", "advanced-right"),
+    "auto": ("left", "right", "both", "advanced-left", "advanced-right"),
+}
+
+
+def _readers(editor: NodeEditor, name: str) -> list[Node] | None:
+    """The GATHERs (direct, or through one CONCAT) to reindex; None if some reader is anything else."""
+    if name == editor.program.output:
+        return None
+    users, nodes = editor.users(), editor.by_name()
+    readers = []
+    for user_name in dict.fromkeys(users[name]):
+        user = nodes[user_name]
+        if user.op is Op.GATHER:
+            readers.append(user)
+        elif (user.op is Op.CONCAT and user.srcs.count(name) == 1 and user_name != editor.program.output
+              and all(nodes[u].op is Op.GATHER for u in users[user_name])):
+            readers.append(user)
+        else:
+            return None
+    return readers
+
+
+def _reindex_readers(editor: NodeEditor, linear: Node, plan: RowPlan, readers: list[Node]) -> None:
+    users, nodes = editor.users(), editor.by_name()
+    for reader in readers:
+        if reader.op is Op.GATHER:
+            index = plan.position[editor.constants[reader.attrs["index"]]]
+            key = editor.const(f"idx_{reader.name}", index)
+            editor.replace(reader.name, [reader.with_(attrs={**reader.attrs, "index": key})])
+            continue
+        # CONCAT: the LINEAR's part moves to new positions, the parts after it shift by the padding.
+        offset = sum(nodes[s].count for s in reader.srcs[:reader.srcs.index(linear.name)])
+        n, grown = linear.count, plan.rows - linear.count
+        new_position = np.arange(reader.count, dtype=np.int64)
+        new_position[offset:offset + n] = offset + plan.position
+        new_position[offset + n:] += grown
+        editor.replace(reader.name, [reader.with_(count=reader.count + grown)])
+        for gather_name in dict.fromkeys(users[reader.name]):
+            gather = nodes[gather_name]
+            key = editor.const(f"idx_{gather.name}", new_position[editor.constants[gather.attrs["index"]]])
+            editor.replace(gather.name, [gather.with_(attrs={**gather.attrs, "index": key})])
+
+
+def _apply(editor: NodeEditor, linear: Node, w: SideRows, x: SideRows, plan: RowPlan,
+           readers: list[Node] | None) -> None:
+    new_nodes, srcs = [], []
+    for k, (rows, index) in enumerate(((w, plan.w_index), (x, plan.x_index))):
+        made = side_node(editor, rows, index, f"{linear.name}_{'wx'[k]}", linear.layer)
+        new_nodes += made
+        srcs.append(made[0].name if made else rows.source)
+    if readers is not None:
+        _reindex_readers(editor, linear, plan, readers)
+        new_nodes.append(linear.with_(srcs=tuple(srcs), count=plan.rows))
+    else:
+        # Nobody to reindex: the padded product gets a new name, and a gather back into the old
+        # row order takes over the old one, so every reader (and the output) stays as it was.
+        padded = linear.with_(name=editor.fresh(f"{linear.name}_padded"), srcs=tuple(srcs), count=plan.rows)
+        back = editor.gather(linear.name, padded, plan.position, linear.layer)
+        new_nodes += [padded, back.with_(name=linear.name)]
+    editor.replace(linear.name, new_nodes)
+    editor.drop_unused([s for s in linear.srcs if s not in srcs])
 
 
 def reorder_and_pad(program: Program, settings: Settings) -> Program:
-    return program
+    """Reorder/pad every LINEAR's rows by the strategy ``settings.linear_padding`` (thesis 5.2.4-5.2.5)."""
+    mode = settings.linear_padding
+    if mode in ("off", "none"):
+        return program
+    editor = NodeEditor(program)
+    for name in [n.name for n in program.nodes if n.op is Op.LINEAR]:
+        nodes = editor.by_name()
+        linear = nodes[name]
+        if linear.count <= 1 or linear.attrs.get("w_layout", "full") != "full" \
+                or linear.attrs.get("x_layout", "full") != "full":
+            continue
+        w = resolve_rows(nodes, editor.constants, linear.srcs[0])
+        x = resolve_rows(nodes, editor.constants, linear.srcs[1])
+        readers = _readers(editor, name)
+        max_rows = MAX_GROWTH * linear.count + _SLACK_ROWS
+        plans = plan_rows(w, x, _STRATEGIES[mode], max_rows)
+        costs = [plan_cost(p, w, x, settings.linear_broadcasting, readers is not None) for p in plans]
+        if mode == "auto":
+            best = plans[int(np.argmin(costs))]  # ties keep the earliest: "none" first
+        else:
+            forced = plans[1:]
+            if not forced:
+                continue
+            best = forced[int(np.argmin(costs[1:]))]
+        if best.strategy == "none" or (best.is_identity() and np.array_equal(best.w_index, w.index)
+                                       and np.array_equal(best.x_index, x.index)):
+            continue
+        _apply(editor, linear, w, x, best, readers)
+    return editor.build()

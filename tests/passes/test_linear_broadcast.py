@@ -7,8 +7,8 @@ from hypothesis import strategies as st
 
 import neurovec
 from neurovec.compiler.ir import Node, Op, Program, linear_grid
-from neurovec.compiler.passes.linear_broadcast import (SideRows, best_layout, broadcast_linear, interleave_count,
-                                                       resolve_rows, tile_period)
+from neurovec.compiler.passes.linear_broadcast import (SideRows, best_layout, broadcast_linear,
+                                                       interleave_count, resolve_rows, tile_period)
 from neurovec.compiler.settings import Settings
 from neurovec.engines.torch_module import CompiledModule
 from neurovec.sources.graph import Weight
@@ -61,7 +61,8 @@ def linear_program(w_index, x_index, *, n_weights=None, n_values=None, w_shape=(
     rows = nodes[-1].count
     counts = np.asarray(counts if counts is not None else [rows], np.int64)
     constants["cnt"] = counts
-    nodes.append(Node("r", Op.REDUCE, (read,), len(counts), out_shape, {"aggregation": "sum", "counts": "cnt"}))
+    nodes.append(Node("r", Op.REDUCE, (read,), len(counts), out_shape,
+                      {"aggregation": "sum", "counts": "cnt"}))
     program = Program(tuple(nodes), constants, weights, "r")
     program.verify()
     return program
@@ -107,7 +108,8 @@ def test_periods(index, tile, interleave):
 @given(base=st.lists(st.integers(0, 2), min_size=1, max_size=6), times=st.integers(1, 6),
        mode=st.sampled_from(["tile", "repeat", "raw"]))
 def test_periods_match_brute_force(base, times, mode):
-    index = {"tile": np.tile, "repeat": np.repeat, "raw": lambda b, t: np.array(b)}[mode](np.array(base), times)
+    make = {"tile": np.tile, "repeat": np.repeat, "raw": lambda b, t: np.array(b)}[mode]
+    index = make(np.array(base), times)
     assert tile_period(index) == brute_tile_period(index)
     assert interleave_count(index) == brute_interleave_count(index)
 
@@ -125,8 +127,8 @@ def reconstruct(layout, n):
 
 
 @settings(max_examples=300, deadline=None)
-@given(w_base=st.lists(st.integers(0, 3), min_size=1, max_size=4), x_base=st.lists(st.integers(0, 3), min_size=1,
-                                                                                    max_size=4),
+@given(w_base=st.lists(st.integers(0, 3), min_size=1, max_size=4),
+       x_base=st.lists(st.integers(0, 3), min_size=1, max_size=4),
        w_mode=st.sampled_from(["tile", "repeat"]), x_mode=st.sampled_from(["tile", "repeat", "raw"]))
 def test_best_layout_reads_the_same_rows(w_base, x_base, w_mode, x_mode):
     # Build sides of equal length n = len(w_base) * len(x_base) with all kinds of repetition.
