@@ -1,11 +1,94 @@
-"""Thesis 5.2.2 and 5.2.9 segment and dense reductions. (Placeholder: returns the program unchanged until implemented.)"""
+"""Thesis 5.2.2 and 5.2.9: scatter reductions become segment, dense or strided reductions.
+
+The Vectorizer always gathers a layer's inputs into neuron order before reducing
+them, so every REDUCE already reads consecutive segments: the generic
+``scatter`` kernel can always become a CSR ``segment`` kernel (5.2.2). Further:
+
+* all counts 1: the REDUCE is the identity for every aggregation, and goes;
+* equal counts k (``dense_reductions``): ``dense``, a reduction over a ``(n, k)`` view;
+* equal counts k (``transposed_reductions``), input a single-use chain of indexing ops:
+  segment j reads rows ``I[j k], ..., I[j k + k - 1]`` of the chain's source. Reading
+  them in the transposed ``(k, n)`` order instead, ``B = I.reshape(n, k).T.ravel()``,
+  and reducing with the ``strided`` kernel computes the same; where ``B`` simplifies
+  better than ``I`` (5.2.1), the transposed form wins -- typically the gather
+  vanishes: the layer only interleaved k blocks (a dimension-2 aggregation made a
+  dimension-1 one, 5.2.9).
+
+Before (``f_h`` has 6 rows; each neuron sums rows j and j + 3)::
+
+    %x = GATHER(f_h; index=[0, 3, 1, 4, 2, 5])            : (6, 4)
+    %a = REDUCE(x; aggregation='sum', counts=[2, 2, 2])   : (3, 4)
+
+After::
+
+    %a = REDUCE(f_h; aggregation='sum', counts=[2, 2, 2], kernel='strided')  : (3, 4)
+
+``settings.reduce_kernel`` is not consulted here: this pass produces the
+structurally best form and the kernels pass picks the implementation.
+"""
 from __future__ import annotations
 
-from ..ir import Program
-from ..settings import Settings
+import numpy as np
 
-__all__ = ["scatter_to_segment"]
+from ..ir import Op, Program
+from ..settings import Settings
+from .simplify_gathers import Rewriter, best_candidate, node_cost
+
+__all__ = ["scatter_to_segment", "remove_unit_reductions"]
 
 
 def scatter_to_segment(program: Program, settings: Settings) -> Program:
-    return program
+    program = remove_unit_reductions(program)
+    rw = Rewriter(program)
+    users = program.users()
+    for node in program.nodes:
+        node = rw.take(node)
+        if node.op is not Op.REDUCE or node.attrs.get("kernel", "scatter") != "scatter":
+            rw.keep(node)
+            continue
+        counts = rw.constants[node.attrs["counts"]]
+        k = int(counts[0]) if counts.size else 0
+        equal = k > 0 and bool(np.all(counts == k))
+        if equal and settings.transposed_reductions and _transpose(rw, node, users, k):
+            continue
+        if equal and settings.dense_reductions:
+            rw.replace(node.with_(attrs={**node.attrs, "kernel": "dense"}))
+        elif settings.segment_reductions:
+            rw.replace(node.with_(attrs={**node.attrs, "kernel": "segment"}))
+        else:
+            rw.keep(node)
+    return rw.finish()
+
+
+def remove_unit_reductions(program: Program) -> Program:
+    """REDUCE with every count 1: each output row is its one input row (for every aggregation)."""
+    rw = Rewriter(program)
+    for node in program.nodes:
+        node = rw.take(node)
+        if node.op is Op.REDUCE and bool(np.all(rw.constants[node.attrs["counts"]] == 1)):
+            rw.alias(node.name, node.srcs[0])
+        else:
+            rw.keep(node)
+    return rw.finish()
+
+
+def _transpose(rw: Rewriter, node, users: dict, k: int) -> bool:
+    """Try REDUCE(dense k) of an indexing chain -> REDUCE(strided k) of the transposed chain."""
+    head = rw.nodes[node.srcs[0]]
+    if head.op not in (Op.GATHER, Op.SLICE, Op.TILE, Op.INTERLEAVE) or len(users[head.name]) != 1 \
+            or head.name == rw.program.output:
+        return False
+    n = node.count
+
+    def transposed(index: np.ndarray) -> np.ndarray:
+        return index.reshape(n, k).T.ravel()
+
+    best = best_candidate(rw, head, users, transform=transposed)
+    if best is None:
+        return False
+    cost, root, plan = best
+    if not cost < node_cost(head):
+        return False
+    src = rw.emit_plan(rw.fresh(f"{node.name}_t"), plan, rw.nodes[root], node.layer)
+    rw.replace(node.with_(srcs=(src,), attrs={**node.attrs, "kernel": "strided"}))
+    return True
