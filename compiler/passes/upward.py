@@ -1,11 +1,488 @@
-"""Thesis 5.2.7 upward gather propagation. (Placeholder: returns the program unchanged until implemented.)"""
+"""Thesis 5.2.7: upward propagation of gathers, and the row-moving machinery of the 5.2.6 passes.
+
+A gather ``%g = GATHER(%p; index)`` can move into the node ``%p`` that produces its input:
+``%p`` computes the rows ``index`` itself (reordering or duplicating its rows) and ``%g``
+disappears. Computing "``%p`` at rows ``index``" asks ``%p``'s own inputs for the rows it needs,
+so the gather keeps travelling up:
+
+* elementwise ops (TRANSFORM) and ADD: both inputs at the same rows;
+* LINEAR: each side at its rows (a one-row broadcast side stays as it is; other broadcast
+  layouts become full sides);
+* REDUCE: whole segments (new counts, and the input rows of the chosen segments);
+* GATHER / SLICE / TILE / INTERLEAVE: composed into one index (the existing gather is absorbed);
+* CONCAT: the index split into runs that read one part each (a CONCAT of the parts' rows);
+* FACT (static) and WEIGHTS: folded into a new constant, or a stack naming weights repeatedly.
+
+Before (the output gather reorders a sigmoid layer)::
+
+    %s = REDUCE(%x; counts=[2, 1])
+    %t = TRANSFORM(%s; fn='sigmoid')
+    %output = GATHER(%t; index=[1, 0])
+    return %output
+
+After::
+
+    %x = GATHER(...; index=<segment 1, then segment 0>)   # composed into the reduce's input
+    %s = REDUCE(%x; counts=[1, 2])
+    %t = TRANSFORM(%s; fn='sigmoid')
+    return %t
+
+Knobs (``Settings``): a node may grow from ``old`` to at most ``old * (1 + upward_growth_rel) +
+upward_growth_abs`` rows (either None: unlimited); a node that is also read elsewhere is copied,
+and then all of its new rows count as growth. ``upward_max_depth`` limits how many graph layers
+one gather crosses. A move is made only if it lowers the number of irregular gathers (gathers that
+the later gather simplification cannot turn into a slice, tile or interleave), or keeps it and
+shrinks the program. With no growth allowed only reordering (or dropping) rows moves up; with
+unlimited growth every gather ends up folded into constants and weight stacks (thesis Fig. 6.10).
+
+The same planner, with the "shrink" policy, is what deduplication uses to compute a node on a
+subset of its rows (``dedup.compress``): it pushes the selection into single-use producers and
+composes it into gathers, never copying or growing anything.
+"""
 from __future__ import annotations
 
-from ..ir import Program
+import heapq
+import itertools
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from ..ir import Node, Op, Program, linear_grid
+from ..rewrite import eliminate_dead_code
 from ..settings import Settings
 
-__all__ = ["propagate_gathers_up"]
+__all__ = ["propagate_gathers_up", "Editor", "RowPlanner", "UPWARD", "SHRINK", "is_regular_index",
+           "source_rows", "expand_segments", "MAX_CONCAT_RUNS"]
 
+UPWARD, SHRINK = "upward", "shrink"
+# A gather through a CONCAT becomes a CONCAT of one piece per run of rows from the same part;
+# more pieces than this and the gather stays (one gather beats a long list of tiny pieces).
+MAX_CONCAT_RUNS = 16
+_ARITHMETIC = (Op.TRANSFORM, Op.ADD, Op.LINEAR, Op.REDUCE)
+_ROW_INDEXING = (Op.GATHER, Op.SLICE, Op.TILE, Op.INTERLEAVE)
+
+
+# -- index helpers ----------------------------------------------------------------------------------
+
+def is_identity(index: np.ndarray, count: int) -> bool:
+    return index.size == count and (count == 0 or (index[0] == 0 and index[-1] == count - 1
+                                                     and np.array_equal(index, np.arange(count))))
+
+
+def is_regular_index(index: np.ndarray, count: int) -> bool:
+    """Whether ``x[index]`` (x with ``count`` rows) is a slice, a tile or an interleave of x:
+    ops that gather simplification (thesis 5.2.1) turns into something cheaper than a gather."""
+    n = index.size
+    if n <= 1 or count == 1:
+        return True
+    step = index[1] - index[0]
+    if step >= 1 and np.all(np.diff(index) == step):
+        return True
+    if n % count == 0:
+        times = n // count
+        if index[0] == 0 and index[count - 1] == count - 1 and np.array_equal(index, np.tile(np.arange(count), times)):
+            return True
+        if index[times - 1] == 0 and np.array_equal(index, np.repeat(np.arange(count), times)):
+            return True
+    return False
+
+
+def expand_segments(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Concatenated ranges ``[starts[k], starts[k] + lengths[k])``."""
+    lengths = lengths.astype(np.int64)
+    total = int(lengths.sum())
+    if total == 0:
+        return np.zeros(0, np.int64)
+    ends = np.cumsum(lengths)
+    return np.repeat(starts.astype(np.int64) - (ends - lengths), lengths) + np.arange(total, dtype=np.int64)
+
+
+def source_rows(node: Node, index: np.ndarray, constants: dict) -> np.ndarray:
+    """Rows of the source of a GATHER / SLICE / TILE / INTERLEAVE node behind its rows ``index``."""
+    if node.op is Op.GATHER:
+        return constants[node.attrs["index"]][index]
+    if node.op is Op.SLICE:
+        return node.attrs["start"] + index * node.attrs["step"]
+    if node.op is Op.TILE:
+        return index % (node.count // node.attrs["times"])
+    if node.op is Op.INTERLEAVE:
+        return index // node.attrs["times"]
+    raise ValueError(f"{node.op} does not index rows")
+
+
+def linear_side_rows(layout: str, index: np.ndarray, g2: int) -> np.ndarray:
+    """Rows of a LINEAR side (with ``layout``) that the LINEAR's rows ``index`` read."""
+    if layout == "tile":
+        return index % g2
+    if layout == "interleave":
+        return index // g2
+    return index
+
+
+# -- a program under rewriting --------------------------------------------------------------------
+
+class Editor:
+    """A program being rewritten: node definitions by name, constants, output.
+
+    Nodes are redefined in place (same name) when every reader is dealt with, or added under
+    fresh names. ``define(node, rows=index)`` says that the new definition holds the old rows
+    ``index``; listeners (row labellings kept by the dedup passes) follow such moves.
+    ``finish()`` drops dead nodes and orders the rest topologically, as close to the original
+    order as possible.
+    """
+
+    def __init__(self, program: Program):
+        self.program = program
+        self.nodes: dict[str, Node] = {n.name: n for n in program.nodes}
+        self._key: dict[str, tuple[int, int]] = {n.name: (i, 0) for i, n in enumerate(program.nodes)}
+        self.constants = dict(program.constants)
+        self.output = program.output
+        self.changed = False
+        self.row_listeners: list[Callable[[str, np.ndarray], None]] = []
+        self._tick = itertools.count(1)
+        self._users: dict[str, list[str]] | None = None
+
+    # -- queries
+    def users(self) -> dict[str, list[str]]:
+        """Readers of every live node (a reader reading twice is listed twice)."""
+        if self._users is None:
+            live, stack = {self.output}, [self.output]
+            while stack:
+                for s in self.nodes[stack.pop()].srcs:
+                    if s not in live:
+                        live.add(s)
+                        stack.append(s)
+            users: dict[str, list[str]] = {name: [] for name in live}
+            for name in live:
+                for s in self.nodes[name].srcs:
+                    users[s].append(name)
+            self._users = users
+        return self._users
+
+    def is_live(self, name: str) -> bool:
+        return name in self.users()
+
+    def readers(self, name: str) -> list[str]:
+        return list(dict.fromkeys(self.users().get(name, [])))
+
+    def shared(self, name: str, reader: str | None) -> bool:
+        """Whether ``name`` is read by anything but ``reader`` (once), or is the output."""
+        return name == self.output or self.users().get(name, []) != [reader]
+
+    def index(self, node: Node) -> np.ndarray:
+        return self.constants[node.attrs["index"]]
+
+    # -- edits
+    def fresh(self, base: str) -> str:
+        name, k = base, 1
+        while name in self.nodes or name in self.constants:
+            k += 1
+            name = f"{base}_{k}"
+        return name
+
+    def const(self, base: str, array: np.ndarray) -> str:
+        key = self.fresh(base)
+        self.constants[key] = array
+        return key
+
+    def define(self, node: Node, rows: np.ndarray | None = None, near: str | None = None) -> str:
+        """Add or redefine ``node``; ``rows``: it now holds the old rows ``rows`` of that name."""
+        if node.name not in self._key:
+            anchors = [self._key[s] for s in node.srcs] or ([self._key[near]] if near in self._key else [(-1, 0)])
+            self._key[node.name] = (max(anchors)[0], next(self._tick))
+        self.nodes[node.name] = node
+        self._users = None
+        self.changed = True
+        if rows is not None:
+            for listener in self.row_listeners:
+                listener(node.name, rows)
+        return node.name
+
+    def redirect(self, old: str, new: str) -> None:
+        """Every reader of ``old`` (and the output) reads ``new`` instead."""
+        if old == new:
+            return
+        for reader in self.readers(old):
+            node = self.nodes[reader]
+            self.define(node.with_(srcs=tuple(new if s == old else s for s in node.srcs)))
+        if self.output == old:
+            self.output = new
+            self._users = None
+
+    def gather(self, src: str, index: np.ndarray, name: str | None = None, layer: str | None = None,
+               rows: np.ndarray | None = None) -> str:
+        """Define ``GATHER(src, index)`` (under ``name`` if given, else a fresh name)."""
+        node = self.nodes[src]
+        name = name or self.fresh(f"{src}_rows")
+        key = self.const(f"idx_{name}", np.ascontiguousarray(index, dtype=np.int64))
+        return self.define(Node(name, Op.GATHER, (src,), int(index.size), node.shape, {"index": key},
+                                node.layer if layer is None else layer), rows=rows)
+
+    def finish(self) -> Program:
+        if not self.changed:
+            return self.program
+        users = self.users()
+        pending = {name: len(set(self.nodes[name].srcs)) for name in users}
+        readers = {name: set(rs) for name, rs in users.items()}
+        ready = [(self._key[name], name) for name, k in pending.items() if k == 0]
+        heapq.heapify(ready)
+        order = []
+        while ready:
+            _, name = heapq.heappop(ready)
+            order.append(self.nodes[name])
+            for reader in readers[name]:
+                pending[reader] -= 1
+                if pending[reader] == 0:
+                    heapq.heappush(ready, (self._key[reader], reader))
+        program = Program(tuple(order), self.constants, self.program.weights, self.output)
+        return eliminate_dead_code(program)
+
+
+# -- planning "node at rows" ----------------------------------------------------------------------
+
+@dataclass
+class _Plan:
+    """How to get some node's rows: ``cost`` = irregular gathers it leaves minus those it
+    absorbs; ``growth`` = rows it adds; ``build()`` makes it so and returns the node's name."""
+
+    cost: int
+    growth: int
+    build: Callable[[], str]
+
+
+class RowPlanner:
+    """Plans and builds "node ``name`` at rows ``index``", pushing the selection upward.
+
+    ``policy`` UPWARD: the upward pass (growth, depth and cost rules from the settings).
+    ``policy`` SHRINK: deduplication's row selection: push into single-use arithmetic nodes,
+    compose with gathers, otherwise leave a gather; never copy or fold into leaves.
+    """
+
+    def __init__(self, editor: Editor, settings: Settings, policy: str = SHRINK):
+        self.editor = editor
+        self.policy = policy
+        self.dynamic = set(settings.dynamic_facts)
+        unlimited = settings.upward_growth_abs is None or settings.upward_growth_rel is None
+        self.growth_abs = None if unlimited else settings.upward_growth_abs
+        self.growth_rel = None if unlimited else settings.upward_growth_rel
+        self.max_depth = settings.upward_max_depth
+        self.left: dict[str, int] = {}  # gathers this planner built -> how many layers they travelled
+
+    # -- the recursion
+    def rows(self, name: str, index: np.ndarray, reader: str | None, depth: int = 0, layer: str = "",
+             shared: bool = False, reuse: str | None = None, exclusive: bool = False) -> _Plan:
+        """A plan for the rows ``index`` of node ``name``, as read by ``reader``.
+
+        ``shared``: ``name`` must stay as it is (someone else reads it too). ``reuse``: a
+        single-use gather being absorbed, whose name a gather left here may take.
+        ``exclusive``: every reader of ``name`` is being rewritten: redefine it in place.
+        """
+        node = self.editor.nodes[name]
+        index = np.asarray(index, dtype=np.int64)
+        if is_identity(index, node.count):
+            return _Plan(0, 0, lambda: name)
+        shared = not exclusive and (shared or self.editor.shared(name, reader))
+        leave = self._leave(name, index, reuse, depth, layer)
+        candidate = self._candidate(node, index, shared, depth, layer)
+        if candidate is None:
+            return leave
+        if (self.policy == SHRINK or candidate.cost < leave.cost
+                or (candidate.cost == leave.cost and (candidate.growth < 0 or node.op in _ROW_INDEXING))):
+            return candidate
+        return leave
+
+    def _leave(self, name: str, index: np.ndarray, reuse: str | None, depth: int, layer: str) -> _Plan:
+        node = self.editor.nodes[name]
+        cost = 0 if is_regular_index(index, node.count) else 1
+
+        def build():
+            # A reused name is an absorbed gather: `_compose` reports its row move.
+            made = self.editor.gather(name, index, name=reuse, layer=layer or node.layer)
+            self.left[made] = depth
+            return made
+
+        return _Plan(cost, 0, build)
+
+    def _allowed(self, node: Node, new_rows: int, shared: bool) -> bool:
+        if self.policy == SHRINK:
+            return not shared and new_rows <= node.count
+        if self.growth_abs is None:
+            return True
+        extra = new_rows if shared else new_rows - node.count
+        return extra <= node.count * self.growth_rel + self.growth_abs
+
+    def _candidate(self, node: Node, index: np.ndarray, shared: bool, depth: int, layer: str) -> _Plan | None:
+        op = node.op
+        if op in _ROW_INDEXING:
+            return self._compose(node, index, shared, depth, layer)
+        if op is Op.CONCAT:
+            return None if self.policy == SHRINK else self._concat(node, index, shared, depth, layer)
+        if op is Op.FACT:
+            if self.policy == SHRINK or node.attrs.get("fact_layer") in self.dynamic:
+                return None
+            if not self._allowed(node, index.size, shared):
+                return None
+            return _Plan(0, index.size - (0 if shared else node.count),
+                         lambda: self.fold_fact(node.name, index, in_place=not shared))
+        if op is Op.WEIGHTS:
+            return None if self.policy == SHRINK else self._weights(node, index, shared)
+        if op in _ARITHMETIC:
+            crossing = depth + (self.policy == UPWARD and (node.layer or node.name) != layer)
+            if self.policy == UPWARD and self.max_depth is not None and crossing > self.max_depth:
+                return None
+            if not self._allowed(node, index.size, shared):
+                return None
+            return self._arithmetic(node, index, shared, crossing)
+        return None
+
+    def _compose(self, node: Node, index: np.ndarray, shared: bool, depth: int, layer: str) -> _Plan:
+        """GATHER(GATHER(s, a), b) = GATHER(s, a[b]); likewise for slices, tiles, interleaves."""
+        src = node.srcs[0]
+        inner = source_rows(node, index, self.editor.constants)
+        absorbed = 0
+        if not shared and node.op is Op.GATHER and not is_regular_index(self.editor.index(node),
+                                                                         self.editor.nodes[src].count):
+            absorbed = 1
+        reuse = None if shared else node.name
+        if self.policy == SHRINK:
+            # Deduplication only composes: the gather stays at the same place, with fewer rows.
+            if is_identity(inner, self.editor.nodes[src].count):
+                return _Plan(-absorbed, 0, lambda: src)
+            sub = self._leave(src, inner, reuse, depth, layer)
+        else:
+            sub = self.rows(src, inner, None if shared else node.name, depth, layer, shared=shared, reuse=reuse)
+        return _Plan(sub.cost - absorbed, sub.growth, self._with_rows(sub.build, reuse, index))
+
+    def _with_rows(self, build: Callable[[], str], reused: str | None, index: np.ndarray) -> Callable[[], str]:
+        """Wrap ``build`` so that a node redefined under its old name reports its row move."""
+        def run():
+            made = build()
+            if reused is not None and made == reused:
+                for listener in self.editor.row_listeners:
+                    listener(made, index)
+            return made
+        return run
+
+    def _concat(self, node: Node, index: np.ndarray, shared: bool, depth: int, layer: str) -> _Plan | None:
+        parts = list(node.srcs)
+        counts = np.array([self.editor.nodes[p].count for p in parts], dtype=np.int64)
+        ends = np.cumsum(counts)
+        part = np.searchsorted(ends, index, side="right")
+        local = index - (ends - counts)[part]
+        cuts = np.flatnonzero(np.diff(part)) + 1
+        reader = None if shared else node.name
+        if cuts.size == 0:  # one part only: the CONCAT is bypassed
+            return self.rows(parts[part[0]], local, reader, depth, layer, shared=shared)
+        if cuts.size + 1 > MAX_CONCAT_RUNS or not self._allowed(node, index.size, shared):
+            return None
+        runs = np.split(np.arange(index.size), cuts)
+        run_parts = [int(part[r[0]]) for r in runs]
+        repeated = {p for p in run_parts if run_parts.count(p) > 1}
+        subs = [self.rows(parts[p], local[r], reader, depth, layer, shared=shared or p in repeated)
+                for p, r in zip(run_parts, runs)]
+
+        def build():
+            srcs = tuple(s.build() for s in subs)
+            name = self.editor.fresh(f"{node.name}_rows") if shared else node.name
+            return self.editor.define(node.with_(name=name, srcs=srcs, count=int(index.size)),
+                                      rows=None if shared else index)
+
+        growth = index.size - (0 if shared else node.count)
+        return _Plan(sum(s.cost for s in subs), growth + sum(s.growth for s in subs), build)
+
+    def fold_fact(self, name: str, index: np.ndarray, in_place: bool = True) -> str:
+        """A FACT holding rows ``index`` of FACT ``name`` (no longer a replaceable input)."""
+        node = self.editor.nodes[name]
+        values = self.editor.constants[node.attrs["const"]][index]
+        new_name = name if in_place else self.editor.fresh(f"{name}_rows")
+        key = self.editor.const(f"facts_{new_name}", values)
+        attrs = {**node.attrs, "const": key, "fact_layer": None}
+        return self.editor.define(node.with_(name=new_name, count=int(index.size), attrs=attrs),
+                                  rows=index if in_place else None, near=name)
+
+    def _weights(self, node: Node, index: np.ndarray, shared: bool) -> _Plan | None:
+        """Rows of a weight stack: a stack naming the weights as often as needed. Where the
+        repetition is regular, stack each distinct weight once and leave the repetition to a
+        gather that becomes a tile or an interleave."""
+        distinct, inverse = np.unique(index, return_inverse=True)
+        inverse = inverse.reshape(-1)
+        split = distinct.size < index.size and is_regular_index(inverse, distinct.size)
+        rows = distinct if split else index
+        if not self._allowed(node, rows.size, shared):
+            return None
+
+        def build():
+            names = tuple(node.attrs["names"][i] for i in rows)
+            name = self.editor.fresh(f"{node.name}_rows") if shared else node.name
+            stack = self.editor.define(node.with_(name=name, count=int(rows.size),
+                                                  attrs={**node.attrs, "names": names}),
+                                       rows=None if shared else rows, near=node.name)
+            return self.editor.gather(stack, inverse) if split else stack
+
+        return _Plan(0, rows.size - (0 if shared else node.count), build)
+
+    def _arithmetic(self, node: Node, index: np.ndarray, shared: bool, depth: int) -> _Plan:
+        """TRANSFORM / ADD / LINEAR / REDUCE computing only the rows ``index``."""
+        editor = self.editor
+        attrs = dict(node.attrs)
+        requests: list[np.ndarray | None] = []  # rows wanted from each src (None: read it as is)
+        if node.op in (Op.TRANSFORM, Op.ADD):
+            requests = [index] * len(node.srcs)
+        elif node.op is Op.LINEAR:
+            w, x = (editor.nodes[s] for s in node.srcs)
+            _, g2 = linear_grid(node, w, x)
+            layouts = [attrs.get("w_layout", "full"), attrs.get("x_layout", "full")]
+            for k, (side, layout) in enumerate(zip((w, x), layouts)):
+                keep = side.count == 1 and not (k == 1 and requests[0] is None)
+                if keep:  # one row broadcasts along every row as it is
+                    requests.append(None)
+                    attrs["wx"[k] + "_layout"] = "tile"
+                else:
+                    requests.append(linear_side_rows(layout, index, g2))
+                    attrs["wx"[k] + "_layout"] = "full"
+        else:  # REDUCE: whole segments
+            counts = editor.constants[attrs["counts"]]
+            if attrs.get("kernel") == "strided":  # segment j is rows j, j + n, j + 2n, ...
+                k = int(counts[0]) if counts.size else 0
+                edges = (index[:, None] + node.count * np.arange(k)[None, :]).reshape(-1)
+                attrs["kernel"] = "dense"
+            else:
+                edges = expand_segments((np.cumsum(counts) - counts)[index], counts[index])
+            requests = [edges]
+            new_counts = counts[index]
+        reader = None if shared else node.name
+        multiplicity = {s: node.srcs.count(s) for s in node.srcs}
+        subs = [_Plan(0, 0, (lambda s=s: s)) if rows is None else
+                self.rows(s, rows, reader, depth, node.layer or node.name, shared=shared or multiplicity[s] > 1)
+                for s, rows in zip(node.srcs, requests)]
+
+        def build():
+            srcs = tuple(sub.build() for sub in subs)
+            if node.op is Op.REDUCE:
+                attrs["counts"] = editor.const(f"counts_{node.name}", new_counts)
+            name = editor.fresh(f"{node.name}_rows") if shared else node.name
+            return editor.define(node.with_(name=name, srcs=srcs, count=int(index.size), attrs=attrs),
+                                 rows=None if shared else index)
+
+        growth = index.size - (0 if shared else node.count)
+        return _Plan(sum(s.cost for s in subs), growth + sum(s.growth for s in subs), build)
+
+
+# -- the pass -----------------------------------------------------------------------------------------
 
 def propagate_gathers_up(program: Program, settings: Settings) -> Program:
-    return program
+    """Move gathers into the nodes before them, latest gathers first (thesis 5.2.7)."""
+    editor = Editor(program)
+    planner = RowPlanner(editor, settings, UPWARD)
+    for name in reversed([n.name for n in program.nodes if n.op is Op.GATHER]):
+        if not editor.is_live(name) or name in planner.left or editor.nodes[name].op is not Op.GATHER:
+            continue
+        gather = editor.nodes[name]
+        src = gather.srcs[0]
+        index = editor.index(gather)
+        stay = 0 if is_regular_index(index, editor.nodes[src].count) else 1
+        plan = planner.rows(src, index, name, depth=0, layer=gather.layer or gather.name)
+        if plan.cost < stay or (plan.cost == stay and plan.growth < 0):
+            editor.redirect(name, plan.build())
+    return editor.finish()
