@@ -539,6 +539,12 @@ def _neuron_layer(name, nr, members, agg, transformation, fixed_bias, out_shape,
     in_layer, in_ordinal, in_weight = layer_of[src], ordinal_of[src], edge_weight[edges].copy()
     neuron_offset = offset[members]
     bias = np.full(members.size, NO_WEIGHT, dtype=np.int64)
+    if agg in ("max", "min") and int(np.prod(out_shape, dtype=np.int64)) > 1:
+        # NeuraLogic's Maximum/Minimum on vectors and matrices select the whole input whose *sum of elements*
+        # is largest/smallest (Value.greaterThan); neurovec's max/min are elementwise.
+        raise NeuraLogicImportError(f"{nr.describe(members[0])}: {agg} over {out_shape} values selects the input "
+                                    "with the largest element sum in NeuraLogic; neurovec would need that "
+                                    "'select by sum' aggregation (its max/min are elementwise)")
     if agg == "count":
         # count(x_1..x_n) is n: a sum of unit facts, one per input (NeuraLogic counts the offset too).
         lengths = lengths + (neuron_offset != NO_WEIGHT)

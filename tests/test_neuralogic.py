@@ -1,0 +1,248 @@
+"""The NeuraLogic importer against PyNeuraLogic 0.9.2 itself (no mocks).
+
+Every check compares three numbers per sample: NeuraLogic's ``model.test``, neurovec's reference
+engine, and the compiled module under the default and the most aggressive preset, in float64.
+One JVM serves the whole session (PyNeuraLogic starts it on first use).
+"""
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+neuralogic = pytest.importorskip("neuralogic", reason="PyNeuraLogic is not installed (pip install neurovec[neuralogic])")
+if shutil.which("java") is None:  # pragma: no cover - CI has Java
+    pytest.skip("PyNeuraLogic needs a Java runtime and none is on the PATH", allow_module_level=True)
+
+import neuralogic.logging  # noqa: E402
+from neuralogic.core import Aggregation, Metadata, Model, R, Settings, Transformation, V  # noqa: E402
+from neuralogic.dataset import Dataset  # noqa: E402
+from neuralogic.utils import data as nl_data  # noqa: E402
+
+import neurovec  # noqa: E402
+from neurovec.compiler import Settings as CompileSettings, list_presets  # noqa: E402
+from neurovec.engines.reference import ReferenceModule  # noqa: E402
+from neurovec.sources.neuralogic import (  # noqa: E402
+    NeuraLogicImportError, from_neuralogic, neuralogic_outputs, weights_to_neuralogic)
+from neurovec.sources.neuralogic_tu import gnn_model, tu_dataset  # noqa: E402
+
+neuralogic.logging.clear_handlers()
+
+PRUNED = dict(chain_pruning=True, iso_value_compression=True)       # NeuraLogic's defaults
+UNPRUNED = dict(chain_pruning=False, iso_value_compression=False)   # the template's neurons, one for one
+PRESETS = ["default", list_presets()[-1]]                           # default and the most aggressive
+
+
+def build(model, dataset, **settings):
+    model.build(Settings(**settings))
+    return model.build_dataset(dataset)
+
+
+def assert_same(model, built, presets=PRESETS, atol=1e-9):
+    """NeuraLogic, the reference engine and the compiled modules agree; returns the graph."""
+    graph = from_neuralogic(model, built, warn=False)
+    expected = neuralogic_outputs(model, built)
+    if graph.n_neurons <= 5000:  # the neuron-by-neuron engine is slow; big graphs rely on the compiled ones
+        reference = ReferenceModule(graph, torch.float64)().detach().numpy()
+        np.testing.assert_allclose(reference.reshape(expected.shape), expected, rtol=0, atol=atol)
+    for preset in presets:
+        module = neurovec.compile(graph, CompileSettings.preset(preset), dtype=torch.float64)
+        got = module().detach().numpy()
+        np.testing.assert_allclose(got.reshape(expected.shape), expected, rtol=0, atol=atol, err_msg=preset)
+    return graph
+
+
+def template(text: str, tmp_path, name="template.txt") -> Model:
+    path = tmp_path / name
+    path.write_text(text)
+    return Model(model_file=str(path))
+
+
+def scalar_dataset(values, head="h") -> Dataset:
+    ds = Dataset()
+    for a, b in values:
+        ds.add(R.get(head)[1.0], [R.a[a], R.b[b]])
+    return ds
+
+
+INPUTS = [(-1.3, 0.25), (0.0, 2.0), (0.4, -0.5), (2.0, 3.0)]
+
+
+# -- neuron semantics ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("transformation", [
+    "sigmoid", "tanh", "signum", "lukasiewicz", "relu", "leakyrelu", "reverse", "inverse", "exp", "identity"])
+@pytest.mark.parametrize("settings", [PRUNED, UNPRUNED], ids=["pruned", "unpruned"])
+def test_transformations(tmp_path, transformation, settings):
+    model = template(f"h :- 1.5 a, -2.0 b, 0.25. [transformation={transformation}]\n"
+                     "h/0 [transformation=identity]\n", tmp_path)
+    assert_same(model, build(model, scalar_dataset(INPUTS), **settings))
+
+
+@pytest.mark.parametrize("combination", ["sum", "avg", "max", "min", "product", "elproduct", "count"])
+@pytest.mark.parametrize("offset", ["", ", 0.5"], ids=["no-offset", "offset"])
+def test_combinations_and_offsets(tmp_path, combination, offset):
+    """The offset is NeuraLogic's first combination input: it counts in an average, a max, a product."""
+    model = template(f"h :- 1.0 a, 1.0 b{offset}. [combination={combination}, transformation=tanh]\n"
+                     "h/0 [transformation=identity]\n", tmp_path)
+    assert_same(model, build(model, scalar_dataset(INPUTS), **UNPRUNED))
+
+
+@pytest.mark.parametrize("aggregation", ["sum", "avg", "max", "min"])
+def test_aggregations_and_predicate_offset(tmp_path, aggregation):
+    model = template(f"2.0 h(X) :- 1.5 a(X), -1.0 b(X), 0.25. [aggregation={aggregation}]\n"
+                     "h(X) :- 3.0 c(X).\n"
+                     f"q :- h(X). [aggregation={aggregation}, transformation=sigmoid]\n"
+                     "h/1 0.1\n", tmp_path)
+    ds = Dataset()
+    ds.add(R.q[1.0], [R.a("x")[0.7], R.b("x")[0.2], R.a("y")[0.3], R.b("y")[-1.0], R.c("x")[1 / 3], R.c("z")])
+    ds.add(R.q[0.0], [R.a("x")[-0.7], R.b("x")[0.9], R.c("x")[2.0]])
+    for settings in (PRUNED, UNPRUNED):
+        assert_same(model, build(model, ds, **settings))
+
+
+def test_vector_and_matrix_weights():
+    """W . x: matrices multiply column vectors and matrices, scalars broadcast, {1, n} is a row vector."""
+    matrix = [[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]
+    model = Model()
+    model += R.h <= (R.a[[1.0, 2.0]], R.b[matrix], R.c[[[0.5, -1.0, 0.0], [2.0, 1.0, -3.0]]])
+    model += R.g[1, 2] <= R.h
+    model += R.q <= (R.g, R.e)  # g is a vector of length 1 here: {1, 2} is a row vector (see docs)
+    model += R.h / 0 | Metadata(transformation=Transformation.TANH)
+    model += R.q / 0 | Metadata(transformation=Transformation.SIGMOID)
+    ds = Dataset()
+    ds.add(R.q[1.0], [R.a, R.b[[1.0, 10.0, 100.0]], R.c[[0.1, 0.2, 0.3]], R.e])
+    ds.add(R.q[0.0], [R.a[2.0], R.b[[-1.0, 0.5, 0.0]], R.c[[1.0, -0.2, 0.3]], R.e])
+    for settings in (PRUNED, UNPRUNED):
+        assert_same(model, build(model, ds, **settings))
+
+
+def test_softmax_transformation_on_vectors():
+    model = Model()
+    model += R.h <= (R.a[[1.0, 2.0]], R.b[[[0.1, 0.2, 0.3], [0.4, 0.5, 0.6]]])
+    model += R.h / 0 | Metadata(transformation=Transformation.SOFTMAX)
+    ds = Dataset()
+    ds.add(R.h[[1.0, 0.0]], [R.a, R.b[[1.0, -1.0, 3.0]]])
+    assert_same(model, build(model, ds, **UNPRUNED))
+
+
+@pytest.mark.parametrize("combination", ["concat", "softmax"])
+def test_unsupported_combination_names_neuron(tmp_path, combination):
+    model = template(f"h :- 1.0 a, 1.0 b. [combination={combination}]\n", tmp_path)
+    built = build(model, scalar_dataset(INPUTS[:1]), **UNPRUNED)
+    with pytest.raises(NeuraLogicImportError, match=r"neuron \d+ \(WeightedRuleNeuron .*combination"):
+        from_neuralogic(model, built, warn=False)
+
+
+def test_bad_input_and_settings_warning(tmp_path):
+    with pytest.raises(TypeError, match="Expected the samples built by model.build_dataset"):
+        from_neuralogic(Model(), [1, 2])
+    model = template("h :- 1.0 a, 1.0 b.\n", tmp_path)
+    built = build(model, scalar_dataset(INPUTS[:1]), **PRUNED)
+    with pytest.warns(UserWarning, match="iso_value_compression"):
+        from_neuralogic(model, built)
+
+
+# -- built-in datasets -----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["XOR", "XOR_Vectorized", "Trains"])
+@pytest.mark.parametrize("settings", [PRUNED, UNPRUNED], ids=["pruned", "unpruned"])
+def test_builtin_datasets(name, settings):
+    model, dataset = getattr(nl_data, name)()
+    assert_same(model, build(model, dataset, **settings))
+
+
+@pytest.mark.parametrize("settings", [PRUNED, UNPRUNED], ids=["pruned", "unpruned"])
+def test_mutagenesis_first_molecules(settings):
+    model, dataset = nl_data.Mutagenesis()
+    assert_same(model, build(model, dataset, **settings)[:12])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("settings", [PRUNED, UNPRUNED], ids=["pruned", "unpruned"])
+def test_mutagenesis_all(settings):
+    model, dataset = nl_data.Mutagenesis()
+    assert_same(model, build(model, dataset, **settings))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("settings", [PRUNED, UNPRUNED], ids=["pruned", "unpruned"])
+def test_nations_shared_neurons_are_imported_once(settings):
+    """Nations: thousands of queries over one example's network; shared neurons are kept once."""
+    model, dataset = nl_data.Nations()
+    built = build(model, dataset, **settings)
+    graph = assert_same(model, built, presets=["default"])
+    assert graph.output_layer.size == len(built)
+    per_query = sum(len(s._java_sample.query.evidence.allNeuronsTopologic) for s in built)
+    assert graph.n_neurons < per_query / 2  # not one network per query
+
+
+def test_grouping_merges_equal_signatures():
+    """XOR's eight hidden predicates have equal signatures at one depth: one layer, not eight."""
+    model, dataset = nl_data.XOR()
+    graph = from_neuralogic(model, build(model, dataset, **UNPRUNED), warn=False)
+    hidden = [layer for layer in graph.layers if "hidden" in layer.name]
+    assert len({layer.name.split(":")[0] for layer in hidden}) == len(hidden)  # one layer per depth
+    assert max(layer.size for layer in hidden) >= 8 * 4
+
+
+# -- GNNs from neuralogic.nn on TU MUTAG ------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def mutag(tu_dir):
+    from neurovec.datasets.tu import load_tu
+    return load_tu("MUTAG", data_dir=tu_dir, download=False)
+
+
+@pytest.mark.parametrize("kind", ["gcn", "sage"])
+@pytest.mark.parametrize("settings", [PRUNED, UNPRUNED], ids=["pruned", "unpruned"])
+def test_gnn_on_mutag(mutag, kind, settings):
+    model = gnn_model(kind, mutag.node_features().shape[1], hidden=8)
+    assert_same(model, build(model, tu_dataset(mutag, samples=np.arange(24)), **settings))
+
+
+def test_vector_max_readout_is_refused(mutag):
+    """NeuraLogic's max of vectors picks the input with the largest element sum, not an elementwise max."""
+    model = gnn_model("sage", mutag.node_features().shape[1], hidden=8, readout_aggregation=Aggregation.MAX)
+    built = build(model, tu_dataset(mutag, samples=np.arange(4)), **UNPRUNED)
+    with pytest.raises(NeuraLogicImportError, match=r"AggregationNeuron .*largest element sum"):
+        from_neuralogic(model, built, warn=False)
+
+
+def test_scalar_max_readout_on_mutag(mutag):
+    """Max over scalars (the readout's score per node, then max) is exact."""
+    model = Model()
+    model += gnn_model("gcn", mutag.node_features().shape[1], hidden=8)._model[:-2]
+    model += (R.score(V.X)[1, 8] <= R.h2(V.X)) | Metadata(transformation=Transformation.TANH)
+    model += (R.predict <= R.score(V.X)) | Metadata(aggregation=Aggregation.MAX)
+    model += R.predict / 0 | Metadata(transformation=Transformation.SIGMOID)
+    assert_same(model, build(model, tu_dataset(mutag, samples=np.arange(24)), **UNPRUNED))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["gcn", "sage"])
+def test_gnn_on_all_of_mutag(mutag, kind):
+    model = gnn_model(kind, mutag.node_features().shape[1], hidden=16)
+    assert_same(model, build(model, tu_dataset(mutag), **UNPRUNED), presets=["default"])
+
+
+# -- training in neurovec, weights back into NeuraLogic ---------------------------------------------------------
+@pytest.mark.parametrize("case", ["xor", "gcn"])
+def test_training_step_then_weights_back(case, mutag):
+    if case == "xor":
+        model, dataset = nl_data.XOR()
+    else:
+        model = gnn_model("gcn", mutag.node_features().shape[1], hidden=8)
+        dataset = tu_dataset(mutag, samples=np.arange(12))
+    built = build(model, dataset, **UNPRUNED)
+    graph = from_neuralogic(model, built, warn=False)
+    module = neurovec.compile(graph, dtype=torch.float64)
+    before = neuralogic_outputs(model, built)
+    target = torch.tensor(np.asarray([float(s._java_sample.target.get(0)) for s in built]))
+    optimizer = torch.optim.SGD(module.parameters(), lr=0.5)
+    loss = ((module().reshape(-1) - target) ** 2).mean()
+    loss.backward()
+    optimizer.step()
+    trained = module().detach().numpy().reshape(before.shape)
+    assert np.abs(trained - before).max() > 1e-6  # the step changed something
+    weights_to_neuralogic(module, model)
+    np.testing.assert_allclose(neuralogic_outputs(model, built), trained, rtol=0, atol=1e-9)
