@@ -287,10 +287,11 @@ def side_node(editor: NodeEditor, rows: SideRows, index: np.ndarray, base: str, 
 def broadcast_linear(program: Program, settings: Settings) -> Program:
     """Give every LINEAR node with repeating sides the cheapest broadcast layout (thesis 5.2.3)."""
     editor = NodeEditor(program)
-    for linear in [n for n in program.nodes if n.op is Op.LINEAR]:
+    for name in [n.name for n in program.nodes if n.op is Op.LINEAR]:
+        nodes = editor.by_name()
+        linear = nodes[name]
         if linear.attrs.get("w_layout", "full") != "full" or linear.attrs.get("x_layout", "full") != "full":
             continue  # already broadcast
-        nodes = editor.by_name()
         w = resolve_rows(nodes, editor.constants, linear.srcs[0])
         x = resolve_rows(nodes, editor.constants, linear.srcs[1])
         layout = best_layout(w, x)
