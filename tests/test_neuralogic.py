@@ -89,6 +89,13 @@ def test_combinations_and_offsets(tmp_path, combination, offset):
     assert_same(model, build(model, scalar_dataset(INPUTS), **UNPRUNED))
 
 
+def test_negation_is_one_minus(tmp_path):
+    model = template("h :- 1.5 a, ~b. [transformation=sigmoid]\nh/0 [transformation=identity]\n", tmp_path)
+    for settings in (PRUNED, UNPRUNED):
+        graph = assert_same(model, build(model, scalar_dataset(INPUTS), **settings))
+        assert any(":Reverse" in layer.name for layer in graph.layers)
+
+
 @pytest.mark.parametrize("aggregation", ["sum", "avg", "max", "min"])
 def test_aggregations_and_predicate_offset(tmp_path, aggregation):
     model = template(f"2.0 h(X) :- 1.5 a(X), -1.0 b(X), 0.25. [aggregation={aggregation}]\n"
