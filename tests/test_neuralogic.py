@@ -91,9 +91,9 @@ def test_combinations_and_offsets(tmp_path, combination, offset):
 
 def test_negation_is_one_minus(tmp_path):
     model = template("h :- 1.5 a, ~b. [transformation=sigmoid]\nh/0 [transformation=identity]\n", tmp_path)
-    for settings in (PRUNED, UNPRUNED):
-        graph = assert_same(model, build(model, scalar_dataset(INPUTS), **settings))
-        assert any(":Reverse" in layer.name for layer in graph.layers)
+    assert_same(model, build(model, scalar_dataset(INPUTS), **PRUNED))
+    graph = assert_same(model, build(model, scalar_dataset(INPUTS), **UNPRUNED))
+    assert any(":Reverse" in layer.name for layer in graph.layers)  # the NegationNeuron's 1 - x
 
 
 @pytest.mark.parametrize("aggregation", ["sum", "avg", "max", "min"])
