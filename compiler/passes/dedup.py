@@ -204,7 +204,7 @@ def _reindex(editor: Editor, planner: RowPlanner, old: str, new: str, reps: np.n
         if node.op in (Op.GATHER, Op.SLICE, Op.TILE, Op.INTERLEAVE):
             # Same rows as before, read from the smaller node: compose the index.
             rows = inverse[source_rows(node, np.arange(node.count), editor.constants)]
-            key = editor.const(f"idx_{name}", rows)
+            key = editor.const(f"idx_{name}", rows, owner=name)
             editor.define(Node(name, Op.GATHER, (new,), node.count, node.shape, {"index": key}, node.layer))
             continue
         if node.op is Op.TRANSFORM or (node.op is Op.ADD and _agrees(editor, node, old, reps, inverse, ids)):

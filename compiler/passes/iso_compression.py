@@ -37,6 +37,7 @@ After::
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from ..ir import Node, Op, Program, linear_grid
 from ..rewrite import is_input_fact
@@ -81,15 +82,17 @@ def layer_ends(program: Program) -> set[str]:
 
 
 # -- evaluation ------------------------------------------------------------------------------------
+# Values are arrays of shape (rows, draws, *value shape): rows first, so that gathers copy whole
+# contiguous rows and segment reductions run along axis 0.
 
 class _Rows:
-    """``base[:, index]`` without materializing it (gathers of small weight stacks)."""
+    """``base[index]`` without materializing it (e.g. a gather of a small weight stack)."""
 
     def __init__(self, base: np.ndarray, index: np.ndarray):
         self.base, self.index = base, index
 
     def array(self) -> np.ndarray:
-        return self.base[:, self.index]
+        return self.base[self.index]
 
 
 def _array(value) -> np.ndarray:
@@ -99,21 +102,41 @@ def _array(value) -> np.ndarray:
 def _base_and_index(value) -> tuple[np.ndarray, np.ndarray]:
     if isinstance(value, _Rows):
         return value.base, value.index
-    return value, np.arange(value.shape[1])
+    return value, np.arange(value.shape[0])
+
+
+_COLUMN_HASH = np.random.default_rng(0xC1A55)
+
+
+def exact_row_labels(keys: np.ndarray) -> np.ndarray:
+    """Labels of equal rows of an int64 matrix: hash each row to 64 bits, then compare every
+    row with its hash class's first row, so that a collision never merges different rows."""
+    n = keys.shape[0]
+    if n == 0:
+        return np.zeros(0, np.int64)
+    mult = _COLUMN_HASH.integers(1, 2**63, size=keys.shape[1], dtype=np.uint64) | np.uint64(1)
+    with np.errstate(over="ignore"):
+        hashes = (keys.view(np.uint64) * mult).sum(axis=1, dtype=np.uint64)
+    _, first, labels = np.unique(hashes, return_index=True, return_inverse=True)
+    labels = labels.reshape(-1).astype(np.int64)
+    wrong = ~np.all(keys == keys[first[labels]], axis=1)
+    labels[wrong] = first.size + np.arange(int(wrong.sum()))
+    return labels
 
 
 def numeric_classes(values: np.ndarray) -> np.ndarray:
-    """Labels of rows (axis 1 of ``(draws, rows, ...)``) equal after rounding under every draw.
-    Rows with a non-finite value are never merged."""
-    n = values.shape[1]
-    flat = np.moveaxis(values, 1, 0).reshape(n, -1)
+    """Labels of rows (axis 0 of ``(rows, draws, ...)``) that are equal after rounding to
+    32 mantissa bits under every draw. Rows with a non-finite value are never merged."""
+    n = values.shape[0]
+    flat = values.reshape(n, -1)
     mantissa, exponent = np.frexp(flat)
     with np.errstate(invalid="ignore"):
-        key = np.round(mantissa * 2.0 ** _MANTISSA_BITS).astype(np.int64) * 4096 + (exponent.astype(np.int64) + 2048)
-        bad = ~np.isfinite(flat).all(axis=1)
-        key[bad] = 0
-    key = np.concatenate([key, np.where(bad, np.arange(n) + 1, 0)[:, None]], axis=1)
-    return np.unique(key, axis=0, return_inverse=True)[1].reshape(-1).astype(np.int64)
+        keys = np.round(mantissa * 2.0 ** _MANTISSA_BITS).astype(np.int64) * 4096 + (exponent + 2048)
+    bad = ~np.isfinite(flat).all(axis=1)
+    if bad.any():
+        keys[bad] = 0
+        keys = np.concatenate([keys, np.where(bad, np.arange(n) + 1, 0)[:, None]], axis=1)
+    return exact_row_labels(keys)
 
 
 def evaluate_classes(program: Program, settings: Settings, wanted: set[str]) -> dict[str, np.ndarray]:
@@ -134,39 +157,38 @@ def evaluate_classes(program: Program, settings: Settings, wanted: set[str]) -> 
     nodes = program.by_name()
 
     def symbols(labels: np.ndarray, shape: tuple) -> np.ndarray:
-        table = rng.standard_normal((draws, int(labels.max(initial=-1)) + 1) + shape)
-        return table[:, labels]
+        table = rng.standard_normal((int(labels.max(initial=-1)) + 1, draws) + shape)
+        return table[labels]
 
     for i, node in enumerate(program.nodes):
         srcs = [values[s] for s in node.srcs]
         if node.op is Op.FACT:
             const = program.constants[node.attrs["const"]]
             if is_input_fact(node) and node.attrs["fact_layer"] in dynamic:
-                value = rng.standard_normal((draws,) + const.shape)
+                value = rng.standard_normal((node.count, draws) + node.shape)
             else:
-                value = np.broadcast_to(const, (draws,) + const.shape)
+                value = np.broadcast_to(const[:, None], (node.count, draws) + node.shape)
         elif node.op is Op.WEIGHTS:
-            value = np.stack([weight_draws[name] for name in node.attrs["names"]], axis=1) if node.count else \
-                np.zeros((draws, 0) + node.shape)
+            value = (np.stack([weight_draws[name] for name in node.attrs["names"]]) if node.count
+                     else np.zeros((0, draws) + node.shape))
         elif node.op in (Op.GATHER, Op.SLICE, Op.TILE, Op.INTERLEAVE):
             base, index = _base_and_index(srcs[0])
             value = _Rows(base, index[source_rows(node, np.arange(node.count), program.constants)])
         elif node.op is Op.CONCAT:
-            value = np.concatenate([_array(v) for v in srcs], axis=1)
+            value = np.concatenate([_array(v) for v in srcs])
         elif node.op is Op.LINEAR:
             value = _linear(node, nodes[node.srcs[0]], nodes[node.srcs[1]], srcs[0], srcs[1], draws)
         elif node.op is Op.REDUCE:
             x = _array(srcs[0])
             counts = program.constants[node.attrs["counts"]].astype(np.int64)
             if node.attrs.get("kernel") == "strided":  # to consecutive segments
-                x = x.reshape((draws, -1, max(node.count, 1)) + node.shape).swapaxes(1, 2).reshape(x.shape)
-            aggregation = node.attrs["aggregation"]
-            if aggregation in ("max", "min"):
+                x = x.reshape((-1, node.count) + x.shape[1:]).swapaxes(0, 1).reshape(x.shape)
+            if node.attrs["aggregation"] in ("max", "min"):
                 labels = sequence_ids(numeric_classes(x), counts)
                 classes[node.name] = labels
                 value = symbols(labels, node.shape)
             else:
-                value = _segment_reduce(x, counts, aggregation)
+                value = _segment_reduce(x, counts, node.attrs["aggregation"])
         elif node.op is Op.ADD:
             x, b = _array(srcs[0]), _array(srcs[1])
             if b.ndim == 2 and x.ndim > 2:
@@ -183,26 +205,32 @@ def evaluate_classes(program: Program, settings: Settings, wanted: set[str]) -> 
         if node.name in wanted and node.name not in classes:
             classes[node.name] = numeric_classes(_array(value))
         for s in set(node.srcs):
-            if last_use.get(s) == i and s != program.output:
+            if last_use.get(s) == i:
                 del values[s]
     return {name: classes[name] for name in wanted}
 
 
 def _segment_reduce(x: np.ndarray, counts: np.ndarray, aggregation: str) -> np.ndarray:
     n = counts.size
-    out = np.zeros((x.shape[0], n) + x.shape[2:])
-    nonempty = np.flatnonzero(counts > 0)
-    if nonempty.size:
-        starts = (np.cumsum(counts) - counts)[nonempty]
-        ufunc = np.multiply if aggregation == "prod" else np.add
-        out[:, nonempty] = ufunc.reduceat(x, starts, axis=1)
+    if x.shape[0] == n and np.all(counts == 1):
+        return x
+    if aggregation == "prod":
+        out = np.ones((n,) + x.shape[1:])
+        nonempty = np.flatnonzero(counts > 0)
+        if nonempty.size:
+            out[nonempty] = np.multiply.reduceat(x, (np.cumsum(counts) - counts)[nonempty], axis=0)
+        return out
+    # numpy's reduceat is slow on wide rows; torch's index_add_ runs in order on the CPU.
+    segment = torch.from_numpy(np.repeat(np.arange(n), counts))
+    rows = torch.from_numpy(np.ascontiguousarray(x))
+    out = torch.zeros((n,) + x.shape[1:], dtype=rows.dtype).index_add_(0, segment, rows).numpy()
     if aggregation == "mean":
-        out /= np.maximum(counts, 1).reshape((1, n) + (1,) * (x.ndim - 2))
+        out /= np.maximum(counts, 1).reshape((n,) + (1,) * (x.ndim - 1))
     return out
 
 
 def _product(kind: str, w: np.ndarray, x: np.ndarray, w_shape: tuple, x_shape: tuple) -> np.ndarray:
-    """``W . x`` row by row on ``(draws, rows, ...)`` arrays (rows may broadcast), as in codegen."""
+    """``W . x`` on ``(rows, draws, ...)`` arrays (rows may broadcast), as in codegen."""
     if kind == "matmul":
         if len(x_shape) == 1:
             return np.matmul(w, x[..., None])[..., 0]
@@ -223,15 +251,16 @@ def _linear(node: Node, w_node: Node, x_node: Node, w_value, x_value, draws: int
     x_index = x_index[linear_side_rows(node.attrs.get("x_layout", "full"), rows, g2)]
     kind = node.attrs["kind"]
     distinct = np.unique(w_index)
-    if distinct.size > _FEW_WEIGHT_ROWS:
-        return _product(kind, w_base[:, w_index], x_base[:, x_index], w_node.shape, x_node.shape)
-    out = np.empty((draws, node.count) + node.shape)
+    if distinct.size > _FEW_WEIGHT_ROWS or (kind != "matmul" and w_node.shape == ()):
+        return _product(kind, w_base[w_index], x_base[x_index], w_node.shape, x_node.shape)
+    out = np.empty((node.count, draws) + node.shape)
     for k in distinct:
-        selected = np.flatnonzero(w_index == k)
-        x = x_base[:, x_index[selected]]
-        w = w_base[:, k]
+        selected = np.flatnonzero(w_index == k) if distinct.size > 1 else rows
+        x = x_base[x_index[selected]]
+        w = w_base[k]
         if kind == "matmul" and len(x_node.shape) == 1:
-            out[:, selected] = np.matmul(x, np.swapaxes(w, -1, -2))  # one GEMM per draw
+            for d in range(draws):  # one GEMM per weight and draw
+                out[selected, d] = x[:, d] @ w[d].T
         else:
-            out[:, selected] = _product(kind, w[:, None], x, w_node.shape, x_node.shape)
+            out[selected] = _product(kind, w[None], x, w_node.shape, x_node.shape)
     return out

@@ -181,8 +181,13 @@ class Editor:
             name = f"{base}_{k}"
         return name
 
-    def const(self, base: str, array: np.ndarray) -> str:
-        key = self.fresh(base)
+    def const(self, base: str, array: np.ndarray, owner: str | None = None) -> str:
+        """Store ``array`` under a fresh key; ``owner``: the node being (re)defined with it, which
+        may take over ``base`` itself if no other live node reads that constant."""
+        key = base
+        if base in self.nodes or (base in self.constants and (owner is None or any(
+                n != owner and base in self.nodes[n].attrs.values() for n in self.users()))):
+            key = self.fresh(base)
         self.constants[key] = array
         return key
 
@@ -215,7 +220,7 @@ class Editor:
         """Define ``GATHER(src, index)`` (under ``name`` if given, else a fresh name)."""
         node = self.nodes[src]
         name = name or self.fresh(f"{src}_rows")
-        key = self.const(f"idx_{name}", np.ascontiguousarray(index, dtype=np.int64))
+        key = self.const(f"idx_{name}", np.ascontiguousarray(index, dtype=np.int64), owner=name)
         return self.define(Node(name, Op.GATHER, (src,), int(index.size), node.shape, {"index": key},
                                 node.layer if layer is None else layer), rows=rows)
 
@@ -284,7 +289,7 @@ class RowPlanner:
             return _Plan(0, 0, lambda: name)
         shared = not exclusive and (shared or self.editor.shared(name, reader))
         leave = self._leave(name, index, reuse, depth, layer)
-        candidate = self._candidate(node, index, shared, depth, layer)
+        candidate = self._candidate(node, index, shared, depth, layer, reuse)
         if candidate is None:
             return leave
         if (self.policy == SHRINK or candidate.cost < leave.cost
@@ -312,7 +317,8 @@ class RowPlanner:
         extra = new_rows if shared else new_rows - node.count
         return extra <= node.count * self.growth_rel + self.growth_abs
 
-    def _candidate(self, node: Node, index: np.ndarray, shared: bool, depth: int, layer: str) -> _Plan | None:
+    def _candidate(self, node: Node, index: np.ndarray, shared: bool, depth: int, layer: str,
+                   reuse: str | None = None) -> _Plan | None:
         op = node.op
         if op in _ROW_INDEXING:
             return self._compose(node, index, shared, depth, layer)
@@ -324,9 +330,9 @@ class RowPlanner:
             if not self._allowed(node, index.size, shared):
                 return None
             return _Plan(0, index.size - (0 if shared else node.count),
-                         lambda: self.fold_fact(node.name, index, in_place=not shared))
+                         lambda: self.fold_fact(node.name, index, in_place=not shared, name_as=reuse))
         if op is Op.WEIGHTS:
-            return None if self.policy == SHRINK else self._weights(node, index, shared)
+            return None if self.policy == SHRINK else self._weights(node, index, shared, reuse)
         if op in _ARITHMETIC:
             crossing = depth + (self.policy == UPWARD and (node.layer or node.name) != layer)
             if self.policy == UPWARD and self.max_depth is not None and crossing > self.max_depth:
@@ -391,20 +397,21 @@ class RowPlanner:
         growth = index.size - (0 if shared else node.count)
         return _Plan(sum(s.cost for s in subs), growth + sum(s.growth for s in subs), build)
 
-    def fold_fact(self, name: str, index: np.ndarray, in_place: bool = True) -> str:
-        """A FACT holding rows ``index`` of FACT ``name`` (no longer a replaceable input)."""
+    def fold_fact(self, name: str, index: np.ndarray, in_place: bool = True, name_as: str | None = None) -> str:
+        """A FACT holding rows ``index`` of FACT ``name`` (no longer a replaceable input);
+        a copy is called ``name_as`` if given."""
         node = self.editor.nodes[name]
         values = self.editor.constants[node.attrs["const"]][index]
-        new_name = name if in_place else self.editor.fresh(f"{name}_rows")
-        key = self.editor.const(f"facts_{new_name}", values)
+        new_name = name if in_place else (name_as or self.editor.fresh(f"{name}_rows"))
+        key = self.editor.const(f"facts_{new_name}", values, owner=new_name)
         attrs = {**node.attrs, "const": key, "fact_layer": None}
         return self.editor.define(node.with_(name=new_name, count=int(index.size), attrs=attrs),
                                   rows=index if in_place else None, near=name)
 
-    def _weights(self, node: Node, index: np.ndarray, shared: bool) -> _Plan | None:
+    def _weights(self, node: Node, index: np.ndarray, shared: bool, reuse: str | None) -> _Plan | None:
         """Rows of a weight stack: a stack naming the weights as often as needed. Where the
         repetition is regular, stack each distinct weight once and leave the repetition to a
-        gather that becomes a tile or an interleave."""
+        gather that becomes a tile or an interleave. ``reuse``: the absorbed gather's name."""
         distinct, inverse = np.unique(index, return_inverse=True)
         inverse = inverse.reshape(-1)
         split = distinct.size < index.size and is_regular_index(inverse, distinct.size)
@@ -413,12 +420,17 @@ class RowPlanner:
             return None
 
         def build():
+            editor = self.editor
             names = tuple(node.attrs["names"][i] for i in rows)
-            name = self.editor.fresh(f"{node.name}_rows") if shared else node.name
-            stack = self.editor.define(node.with_(name=name, count=int(rows.size),
-                                                  attrs={**node.attrs, "names": names}),
-                                       rows=None if shared else rows, near=node.name)
-            return self.editor.gather(stack, inverse) if split else stack
+            if not shared:
+                name = node.name
+            elif split:
+                name = editor.fresh(f"{reuse}_w" if reuse else f"{node.name}_rows")
+            else:
+                name = reuse or editor.fresh(f"{node.name}_rows")
+            stack = editor.define(node.with_(name=name, count=int(rows.size), attrs={**node.attrs, "names": names}),
+                                  rows=None if shared else rows, near=node.name)
+            return editor.gather(stack, inverse, name=reuse) if split else stack
 
         return _Plan(0, rows.size - (0 if shared else node.count), build)
 
@@ -459,9 +471,9 @@ class RowPlanner:
 
         def build():
             srcs = tuple(sub.build() for sub in subs)
-            if node.op is Op.REDUCE:
-                attrs["counts"] = editor.const(f"counts_{node.name}", new_counts)
             name = editor.fresh(f"{node.name}_rows") if shared else node.name
+            if node.op is Op.REDUCE:
+                attrs["counts"] = editor.const(f"counts_{name}", new_counts, owner=name)
             return editor.define(node.with_(name=name, srcs=srcs, count=int(index.size), attrs=attrs),
                                  rows=None if shared else index)
 
