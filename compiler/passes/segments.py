@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ir import Op, Program
+from ..ir import IRError, Op, Program, linear_grid
 from ..settings import Settings
 from .simplify_gathers import Rewriter, best_candidate, node_cost
 
@@ -49,7 +49,8 @@ def scatter_to_segment(program: Program, settings: Settings) -> Program:
         counts = rw.constants[node.attrs["counts"]]
         k = int(counts[0]) if counts.size else 0
         equal = k > 0 and bool(np.all(counts == k))
-        if equal and settings.transposed_reductions and _transpose(rw, node, users, k):
+        if equal and settings.transposed_reductions and (_transpose(rw, node, users, k)
+                                                          or _transpose_linear(rw, node, users, k)):
             continue
         if equal and settings.dense_reductions:
             rw.replace(node.with_(attrs={**node.attrs, "kernel": "dense"}))
@@ -91,4 +92,60 @@ def _transpose(rw: Rewriter, node, users: dict, k: int) -> bool:
         return False
     src = rw.emit_plan(rw.fresh(f"{node.name}_t"), plan, rw.nodes[root], node.layer)
     rw.replace(node.with_(srcs=(src,), attrs={**node.attrs, "kernel": "strided"}))
+    return True
+
+
+def _transpose_linear(rw: Rewriter, node, users: dict, k: int) -> bool:
+    """The same through a single-use LINEAR: its rows are permuted along with the reduction.
+
+    A ``full`` side becomes its transposed indexing chain (as in :func:`_transpose`); a short
+    side changes layout: ``tile`` over the k inputs of a segment becomes ``interleave`` over
+    the k blocks, ``interleave`` over the n segments becomes ``tile``, a single row stays.
+    Done when the full sides' gathers get cheaper in total (e.g. SAGE's ``[mean_i, h_i]``
+    pairs: the gather over ``CONCAT(h, mean)`` becomes ``CONCAT(mean, h)``).
+    """
+    lin = rw.nodes[node.srcs[0]]
+    if lin.op is not Op.LINEAR or len(users[lin.name]) != 1 or lin.name == rw.program.output \
+            or lin.srcs[0] == lin.srcs[1]:
+        return False
+    n = node.count
+
+    def transposed(index: np.ndarray) -> np.ndarray:
+        return index.reshape(n, k).T.ravel()
+
+    gain = (0, 0, 0)
+    plans, layouts = [], []
+    for side_name, key in zip(lin.srcs, ("w_layout", "x_layout")):
+        side, layout = rw.nodes[side_name], lin.attrs.get(key, "full")
+        if layout == "full":
+            best = best_candidate(rw, side, users, transform=transposed) \
+                if len(users[side_name]) == 1 and side_name != rw.program.output else None
+            if best is None:
+                return False
+            cost, root, plan = best
+            gain = tuple(g + c - b for g, c, b in zip(gain, node_cost(side), cost))
+            plans.append((root, plan))
+            layouts.append("full")
+        elif side.count == 1:
+            plans.append(None)
+            layouts.append(layout)
+        elif layout == "tile" and side.count == k:
+            plans.append(None)
+            layouts.append("interleave")
+        elif layout == "interleave" and side.count == n:
+            plans.append(None)
+            layouts.append("tile")
+        else:
+            return False
+    if not gain > (0, 0, 0):
+        return False
+    attrs = {**lin.attrs, "w_layout": layouts[0], "x_layout": layouts[1]}
+    try:
+        linear_grid(lin.with_(attrs=attrs), *(rw.nodes[s] for s in lin.srcs))
+    except IRError:
+        return False
+    srcs = tuple(name if plan is None else rw.emit_plan(rw.fresh(f"{name}_t"), plan[1], rw.nodes[plan[0]], lin.layer)
+                 for name, plan in zip(lin.srcs, plans))
+    rw.replace(lin.with_(srcs=srcs, attrs=attrs))
+    rw.replace(node.with_(attrs={**node.attrs, "kernel": "strided"}))
     return True

@@ -11,9 +11,12 @@ A gather's index, seen against the rows of its source, is matched to a small *pl
 Before matching, chains of indexing ops are composed into one index on a deeper
 source: GATHER of GATHER, SLICE, TILE or INTERLEAVE, and GATHER of a CONCAT whose
 index reads one part only (thesis 5.2.10 step 16). Every candidate source along the
-chain is planned, and the cheapest wins (:func:`chain_candidates`): composing
-through an indexing op that others still read must not recompute it.
-Single-input CONCATs disappear.
+chain is planned, and the cheapest wins (:func:`best_candidate`): composing
+through an indexing op that others still read must not recompute it. An index
+over a CONCAT made of a few runs that each read one part is also planned part by
+part (thesis 5.2.9): ``GATHER(CONCAT(a, b), I1 I2)`` is ``CONCAT(a[I1], b[I2])``,
+which wins where the parts' plans need no gather (e.g. a reordering of whole
+parts). Single-input CONCATs disappear.
 
 Before::
 
@@ -43,6 +46,7 @@ __all__ = ["simplify_gathers", "plan_index", "plan_cost", "node_cost", "index_of
 # A plan is a nested tuple:
 #   ("id",) | ("slice", start, stop, step) | ("gather", index)
 #   | ("tile", times, inner plan) | ("interleave", times, inner plan)
+#   | ("blocks", ((part name, part rows, plan on that part), ...))   (source: a CONCAT)
 Plan = tuple
 STRUCTURAL = frozenset({Op.GATHER, Op.SLICE, Op.TILE, Op.INTERLEAVE})
 
@@ -142,6 +146,11 @@ def plan_cost(plan: Plan, n: int) -> tuple[int, int, int]:
         return (0, 0, 0)
     if kind == "slice":
         return (0, 0, 1)
+    if kind == "blocks":  # the parts' plans, then a CONCAT copying every row
+        total = (0, plan_rows(plan, n), 1)
+        for _, rows, inner in plan[1]:
+            total = _add(total, plan_cost(inner, rows))
+        return total
     if kind == "gather":
         return (int(plan[1].size), 0, 1)
     inner = plan_cost(plan[2], n)
@@ -157,6 +166,8 @@ def plan_rows(plan: Plan, n: int) -> int:
         return len(range(plan[1], plan[2], plan[3]))
     if kind == "gather":
         return int(plan[1].size)
+    if kind == "blocks":
+        return sum(plan_rows(inner, rows) for _, rows, inner in plan[1])
     return plan[1] * plan_rows(plan[2], n)
 
 
@@ -243,15 +254,45 @@ def best_candidate(rw: "Rewriter", node: Node, users: dict[str, list[str]], tran
     shared = False     # passed an op that others read: it, and all beyond it, stay
     for name, idx in chain_candidates(source.name, index, rw.nodes, rw.constants):
         candidate = rw.nodes[name]
-        plan = plan_index(transform(idx) if transform else idx, candidate.count)
-        cost = _sub(plan_cost(plan, candidate.count), alive)
-        if best is None or cost < best[0]:  # ties: the shallower source (no churn)
-            best = (cost, name, plan)
+        idx = transform(idx) if transform else idx
+        plans = [plan_index(idx, candidate.count)]
+        if candidate.op is Op.CONCAT:
+            plans.append(_blocks_plan(candidate, idx, rw.nodes))
+        for plan in filter(None, plans):
+            cost = _sub(plan_cost(plan, candidate.count), alive)
+            if best is None or cost < best[0]:  # ties: the shallower source (no churn)
+                best = (cost, name, plan)
         if len(users.get(name, ())) != 1 or name == rw.program.output:
             shared = True
         if not shared:
             alive = _add(alive, node_cost(candidate))
     return best
+
+
+MAX_BLOCKS = 16
+
+
+def _blocks_plan(concat: Node, index: np.ndarray, nodes: dict[str, Node]) -> Plan | None:
+    """Thesis 5.2.9: an index over a CONCAT made of runs that each read one part.
+
+    ``GATHER(CONCAT(a, b), I1 I2)`` is ``CONCAT(a[I1], b[I2])``, and the per-part indices may
+    simplify where the whole does not (e.g. both are identities: a mere reordering of parts).
+    """
+    if index.size < 2:
+        return None
+    counts = np.array([nodes[s].count for s in concat.srcs])
+    ends = np.cumsum(counts)
+    part = np.searchsorted(ends, index, side="right")
+    starts = np.flatnonzero(np.diff(part)) + 1
+    if not 0 < starts.size < MAX_BLOCKS:
+        return None
+    bounds = np.concatenate([[0], starts, [index.size]])
+    blocks = []
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        p = int(part[a])
+        local = index[a:b] - (ends[p] - counts[p])
+        blocks.append((concat.srcs[p], int(counts[p]), plan_index(local, int(counts[p]))))
+    return ("blocks", tuple(blocks))
 
 
 def simplified(rw: "Rewriter", node: Node, users: dict[str, list[str]]) -> tuple[str, Plan] | None:
@@ -319,7 +360,8 @@ class Rewriter:
             self.changed = True
 
     def replace(self, node: Node) -> None:
-        """Put a changed version of a node (same name) in place."""
+        """Put a changed version of a node (same name) last: after anything just emitted for it."""
+        self.nodes.pop(node.name, None)
         self.nodes[node.name] = node
         self.changed = True
 
@@ -360,6 +402,10 @@ class Rewriter:
         elif kind == "gather":
             key = self.const(f"idx_{name}", np.ascontiguousarray(plan[1], dtype=np.int64))
             self.emit(name, Op.GATHER, [root.name], plan[1].size, root.shape, layer, index=key)
+        elif kind == "blocks":
+            parts = [self.emit_plan(self.fresh(f"{name}_part"), inner, self.nodes[part], layer)
+                     for part, _, inner in plan[1]]
+            self.emit(name, Op.CONCAT, parts, plan_rows(plan, root.count), root.shape, layer)
         else:
             inner = self.emit_plan(self.fresh(f"{name}_{'rep' if kind == 'tile' else 'int'}"), plan[2], root,
                                    layer)

@@ -8,6 +8,7 @@ import neurovec
 from neurovec.compiler.ir import Node, Op
 from neurovec.compiler.passes.segments import scatter_to_segment
 from neurovec.compiler.settings import Settings
+from neurovec.sources.graph import Weight
 
 from ..equivalence import assert_equivalent
 from ..strategies import graphs
@@ -90,6 +91,44 @@ def test_transposition_without_dense_reductions():
     before = program(nodes, {"c_f": h, "i": np.array([0, 3, 1, 4, 2, 5]), "k": np.full(3, 2)})
     options = Settings.preset("unoptimized", transposed_reductions=True)
     assert scatter_to_segment(before, options).node("a").attrs["kernel"] == "strided"
+
+
+def sage_like(broadcast: bool):
+    """A SAGE-like layer: neuron j sums W_l . mean_j + W_r . h_j; inputs read from CONCAT(h, mean)."""
+    n = 4
+    h, mean = RNG.normal(size=(n, 3)), RNG.normal(size=(n, 3))
+    weights = [Weight("l", RNG.normal(size=(2, 3))), Weight("r", RNG.normal(size=(2, 3)))]
+    pairs = np.stack([np.arange(n) + n, np.arange(n)], 1).ravel()  # [mean_0, h_0, mean_1, h_1, ...]
+    nodes = [fact("h", h), fact("mean", mean), Node("cat", Op.CONCAT, ("h", "mean"), 2 * n, (3,)),
+             gather("x", "cat", "i", 2 * n, (3,)), Node("W", Op.WEIGHTS, (), 2, (2, 3), {"names": ("l", "r")})]
+    if broadcast:
+        nodes.append(Node("lin", Op.LINEAR, ("W", "x"), 2 * n, (2,), {"kind": "matmul", "w_layout": "tile"}))
+        constants = {}
+    else:
+        nodes += [gather("w", "W", "iw", 2 * n, (2, 3)), Node("lin", Op.LINEAR, ("w", "x"), 2 * n, (2,),
+                                                               {"kind": "matmul"})]
+        constants = {"iw": np.tile([0, 1], n)}
+    nodes.append(reduce_("a", "lin", n, "k", shape=(2,)))
+    return program(nodes, {"c_h": h, "c_mean": mean, "i": pairs, "k": np.full(n, 2), **constants}, weights)
+
+
+@pytest.mark.parametrize("broadcast", [True, False])
+def test_transposed_reduction_through_a_linear(broadcast):
+    # Thesis 5.2.9: the pairs [mean_j, h_j] are two interleaved blocks; reading the blocks
+    # whole (CONCAT(mean, h)) and reducing strided drops the gather of values (and weights).
+    before = sage_like(broadcast)
+    after = scatter_to_segment(before, ALL)
+    a, lin = after.node("a"), after.node("lin")
+    assert a.attrs["kernel"] == "strided"
+    x = after.node(lin.srcs[1])
+    assert x.op is Op.CONCAT and x.srcs == ("mean", "h")
+    if broadcast:
+        assert lin.srcs[0] == "W" and lin.attrs["w_layout"] == "interleave"
+    else:
+        w = after.node(lin.srcs[0])
+        assert w.op is Op.INTERLEAVE and w.srcs == ("W",) and w.attrs["times"] == 4
+    assert not any(n.op is Op.GATHER for n in after.nodes)
+    assert_same_function(before, after)
 
 
 @pytest.mark.parametrize("switch", ["segment_reductions", "dense_reductions", "transposed_reductions"])

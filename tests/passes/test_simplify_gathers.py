@@ -157,6 +157,21 @@ def test_gather_reading_one_part_of_a_concat():
     assert_same_function(before, after)
 
 
+def test_gather_of_a_concat_in_blocks_becomes_a_concat_of_parts():
+    # Thesis 5.2.9: [b, a] read through CONCAT(a, b) is CONCAT(b, a); per-part plans apply too.
+    a, b = RNG.normal(size=(3, 3)), RNG.normal(size=(4, 3))
+    nodes = [fact("a", a), fact("b", b), Node("cat", Op.CONCAT, ("a", "b"), 7, (3,)), gather("g", "cat", "i", 9)]
+    before = program(nodes, {"c_a": a, "c_b": b, "i": np.array([3, 4, 5, 6, 0, 1, 2, 4, 4])})
+    after = simplify_gathers(before, Settings())
+    g = after.node("g")
+    assert g.op is Op.CONCAT and g.srcs[:2] == ("b", "a")
+    assert after.node(g.srcs[2]).op is Op.TILE  # the block [4, 4]: a tile of b[1:2]
+    assert_same_function(before, after)
+    # Blocks that need gathers themselves: one gather is cheaper than gathers + CONCAT.
+    before = program(nodes, {"c_a": a, "c_b": b, "i": np.array([5, 3, 6, 4, 2, 0, 1, 1, 2])})
+    assert simplify_gathers(before, Settings()) is before
+
+
 def test_single_input_concat_disappears():
     x = RNG.normal(size=(3, 3))
     nodes = [fact("x", x), Node("cat", Op.CONCAT, ("x",), 3, (3,)),
