@@ -96,6 +96,7 @@ _SCATTER_NAMES = {"sum": "sum", "max": "amax", "min": "amin", "prod": "prod"}
 # wide *and* enough rows to pay off (F=16: E=1.1k 31 vs 21 µs, E=29k 391 vs 502 µs);
 # at F <= 8 it is 4-6x slower than torch.segment_reduce.
 _SPMM_MIN_ELEMENTS = 16384
+_MKL_DTYPES = (torch.float32, torch.float64)  # CPU sparse CSR matmul has no half / bfloat16
 _SCATTER_MIN_FEATURES = 16
 _SCATTER_MIN_ELEMENTS = 65536
 
@@ -112,14 +113,20 @@ with warnings.catch_warnings():
 # arange(E) and ones(E) for the spmm segment sum, per device / dtype. Kept in a
 # cache that only grows (slicing a prefix is free) so that neither the functional
 # API nor the compiled module has to carry them as extra buffers.
-_IOTA: dict[torch.device, torch.Tensor] = {}
+_IOTA: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
 _ONES: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
 
 
-def _iota(n: int, device: torch.device) -> torch.Tensor:
-    t = _IOTA.get(device)
+def _csr_index_dtype(n: int) -> torch.dtype:
+    """int32 CSR indices where they fit: MKL's sparse matmul takes int32, and torch
+    converts int64 crow/col indices to int32 copies on *every* call otherwise."""
+    return torch.int32 if n < 2**31 - 1 else torch.int64
+
+
+def _iota(n: int, device: torch.device, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+    t = _IOTA.get((device, dtype))
     if t is None or t.numel() < n:
-        t = _IOTA[device] = torch.arange(max(n, 1024), device=device)
+        t = _IOTA[(device, dtype)] = torch.arange(max(n, 1024), device=device, dtype=dtype)
     return t[:n]
 
 
@@ -159,7 +166,8 @@ def _auto_impl(x: torch.Tensor, reduce: str, allow_torch_scatter: bool) -> str:
     # CPU: torch-scatter never wins here, so it is never picked (module docstring).
     width = _width(x)
     if reduce == "sum":
-        return "spmm" if x.shape[0] * width >= _SPMM_MIN_ELEMENTS else "segment_reduce"
+        big = x.shape[0] * width >= _SPMM_MIN_ELEMENTS
+        return "spmm" if big and x.dtype in _MKL_DTYPES else "segment_reduce"
     wide = width >= 2 * _SCATTER_MIN_FEATURES or (
         width >= _SCATTER_MIN_FEATURES and x.shape[0] * width >= _SCATTER_MIN_ELEMENTS)
     return "scatter_reduce" if wide else "segment_reduce"
@@ -185,7 +193,8 @@ def segment_forward(x: torch.Tensor, ptr: torch.Tensor, seg_id: torch.Tensor, re
         return _torch_scatter.segment_csr(x, ptr, reduce=reduce)
     if impl == "spmm":
         e = x.shape[0]
-        a = _csr(ptr, _iota(e, x.device), _ones(e, x.dtype, x.device), (n, e))
+        index_dtype = _csr_index_dtype(e)
+        a = _csr(ptr.to(index_dtype), _iota(e, x.device, index_dtype), _ones(e, x.dtype, x.device), (n, e))
         return _spmm(a, x)
     if impl == "index_add":
         return x.new_zeros(out_shape).index_add_(0, seg_id, x)
@@ -482,10 +491,11 @@ def gather_segment_sum(x: torch.Tensor, ptr: torch.Tensor, index: torch.Tensor, 
 
     Args:
         x: ``(N, *shape)`` source rows.
-        ptr, index, seg_id: ``(S + 1,)``, ``(E,)``, ``(E,)`` int64 -- the CSR of ``A``
-            (columns ``index``) and the segment of each edge.
-        t_ptr, t_col, t_perm: ``(N + 1,)``, ``(E,)``, ``(E,)`` int64 -- the CSR of
-            ``A^T`` and which edge each of its entries is (see :meth:`GatherSum.from_index`).
+        ptr, index, seg_id: ``(S + 1,)``, ``(E,)``, ``(E,)`` -- the CSR of ``A`` (columns
+            ``index``; int32 or int64, same dtype) and the segment of each edge.
+        t_ptr, t_col, t_perm: ``(N + 1,)``, ``(E,)``, ``(E,)`` -- the CSR of ``A^T`` (same
+            dtype as ``ptr``) and which edge each of its entries is (see
+            :meth:`GatherSum.from_index`).
         coef: optional ``(E,)`` per-edge scalars (default 1); may require grad.
     Returns:
         ``(S, *shape)``.
@@ -496,9 +506,10 @@ def gather_segment_sum(x: torch.Tensor, ptr: torch.Tensor, index: torch.Tensor, 
 class GatherSum:
     """Precomputed CSR indices of a fused gather + segment sum (and of its transpose).
 
-    Attributes (int64 tensors): ``ptr`` ``(S+1,)``, ``index`` ``(E,)`` (the source row
-    of each edge), ``seg_id`` ``(E,)``, ``t_ptr`` ``(N+1,)``, ``t_col`` ``(E,)``,
-    ``t_perm`` ``(E,)``; ``n_sources`` is ``N``.
+    Attributes (integer tensors): ``ptr`` ``(S+1,)``, ``index`` ``(E,)`` (the source row
+    of each edge), ``t_ptr`` ``(N+1,)``, ``t_col`` ``(E,)`` -- int32 when they fit, for
+    the sparse matmuls -- and int64 ``seg_id`` ``(E,)``, ``t_perm`` ``(E,)``;
+    ``n_sources`` is ``N``.
     """
 
     __slots__ = ("ptr", "index", "seg_id", "t_ptr", "t_col", "t_perm")
@@ -525,8 +536,12 @@ class GatherSum:
         t_perm = np.argsort(idx, kind="stable")
         t_ptr = np.zeros(n_sources + 1, dtype=np.int64)
         np.cumsum(np.bincount(idx, minlength=n_sources), out=t_ptr[1:])
-        t = lambda a: torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(device)  # noqa: E731
-        return cls(seg.ptr.to(device), t(idx), seg.seg_id.to(device), t(t_ptr), t(seg_id[t_perm]), t(t_perm))
+        # ptr / index / t_ptr / t_col only feed the sparse matmuls: int32 where it fits
+        # (see _csr_index_dtype); seg_id / t_perm stay int64 for index_select.
+        csr = np.int32 if _csr_index_dtype(max(idx.size, n_sources, 1)) == torch.int32 else np.int64
+        t = lambda a, dt=np.int64: torch.from_numpy(np.ascontiguousarray(a, dtype=dt)).to(device)  # noqa: E731
+        return cls(t(seg.ptr.numpy(), csr), t(idx, csr), seg.seg_id.to(device), t(t_ptr, csr),
+                   t(seg_id[t_perm], csr), t(t_perm))
 
     @property
     def n_sources(self) -> int:
@@ -597,7 +612,7 @@ def dense_reduce(x: torch.Tensor, k: int, reduce: str) -> torch.Tensor:
 
 def choose_kernel(n_edges: int, n_segments: int, counts, feature_size: int, device: torch.device | str,
                   has_torch_scatter: bool = HAS_TORCH_SCATTER, *, reduce: str = "sum",
-                  after_gather: bool = False) -> str:
+                  after_gather: bool = False, dtype: torch.dtype | None = None) -> str:
     """Pick how a layer reduces its edge values into its ``n_segments`` neurons.
 
     Returns one of ``"dense"`` (:func:`dense_reduce`), ``"sparse_mm"``
@@ -622,11 +637,12 @@ def choose_kernel(n_edges: int, n_segments: int, counts, feature_size: int, devi
        ``"scatter"`` would only be chosen for unsorted rows, which compiled layers
        never have; it is kept as the plain-torch fallback (e.g. for tracing).
     """
-    del n_segments, device, has_torch_scatter  # the per-device choice is inside "segment"
+    del n_segments, has_torch_scatter  # the per-device forward choice is made inside "segment"
     if counts is not None:
         c = _as_numpy_int(counts, "counts")
         if c.size and (c == c[0]).all() and c[0] * c.size == n_edges:
             return "dense"
-    if after_gather and reduce == "sum" and feature_size > 0:
+    cpu_half = torch.device(device).type == "cpu" and dtype is not None and dtype not in _MKL_DTYPES
+    if after_gather and reduce == "sum" and feature_size > 0 and not cpu_half:
         return "sparse_mm"
     return "segment"

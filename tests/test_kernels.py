@@ -321,3 +321,12 @@ def test_choose_kernel_rules():
     assert K.choose_kernel(10, 4, [3, 3, 3, 1], 8, cpu, False, reduce="sum", after_gather=True) == "sparse_mm"
     assert K.choose_kernel(10, 4, [3, 3, 3, 1], 8, cpu, False, reduce="max", after_gather=True) == "segment"
     assert K.choose_kernel(10, 4, None, 8, cpu, True) == "segment"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_avoids_spmm_on_cpu(dtype):
+    seg = K.Segments.from_counts([3, 2] * 5000)
+    x = torch.randn(seg.n_edges, 4).to(dtype)
+    assert K._auto_impl(x, "sum", True) == "segment_reduce"
+    torch.testing.assert_close(seg.reduce(x, "mean"), seg.reduce(x.double(), "mean").to(dtype), atol=1e-2, rtol=1e-2)
+    assert K.choose_kernel(10, 4, None, 8, "cpu", False, after_gather=True, dtype=dtype) == "segment"
