@@ -12,7 +12,10 @@ them, so every REDUCE already reads consecutive segments: the generic
   and reducing with the ``strided`` kernel computes the same; where ``B`` simplifies
   better than ``I`` (5.2.1), the transposed form wins -- typically the gather
   vanishes: the layer only interleaved k blocks (a dimension-2 aggregation made a
-  dimension-1 one, 5.2.9).
+  dimension-1 one, 5.2.9). The same holds through a single-use LINEAR between the
+  gathers and the REDUCE: its full sides are transposed chains, its broadcast sides
+  swap ``tile`` and ``interleave`` (SAGE: ``[mean_j, h_j]`` pairs gathered from
+  ``CONCAT(h, mean)`` become ``CONCAT(mean, h)`` with the two weights interleaved).
 
 Before (``f_h`` has 6 rows; each neuron sums rows j and j + 3)::
 

@@ -48,7 +48,7 @@ __all__ = ["simplify_gathers", "plan_index", "plan_cost", "node_cost", "index_of
 #   | ("tile", times, inner plan) | ("interleave", times, inner plan)
 #   | ("blocks", ((part name, part rows, plan on that part), ...))   (source: a CONCAT)
 Plan = tuple
-STRUCTURAL = frozenset({Op.GATHER, Op.SLICE, Op.TILE, Op.INTERLEAVE})
+STRUCTURAL = frozenset({Op.GATHER, Op.SLICE, Op.TILE, Op.INTERLEAVE})  # rows of one source, by an index
 
 
 def simplify_gathers(program: Program, settings: Settings) -> Program:
@@ -354,7 +354,7 @@ class Rewriter:
         return node if srcs == node.srcs else node.with_(srcs=srcs)
 
     def keep(self, node: Node) -> None:
-        """Copy a node (``take``-n from the old program, so maybe with renamed inputs)."""
+        """Copy a node (as returned by ``take``: maybe with renamed inputs)."""
         self.nodes[node.name] = node
         if node is not self._old.get(node.name):
             self.changed = True
