@@ -79,9 +79,6 @@ def row_value_ids(values: np.ndarray) -> np.ndarray:
     return np.unique(rows, return_inverse=True)[1].reshape(-1).astype(np.int64)
 
 
-_HASH = np.random.default_rng(0x5EED)
-
-
 def sequence_ids(values: np.ndarray, counts: np.ndarray, ordered: bool = False) -> np.ndarray:
     """Labels of the segments of ``values`` (consecutive, ``counts`` long): equal labels iff
     the segments are equal sequences (``ordered``) or multisets.
@@ -101,8 +98,9 @@ def sequence_ids(values: np.ndarray, counts: np.ndarray, ordered: bool = False) 
     position = np.arange(values.size) - starts[segment]
     longest = int(counts.max(initial=0))
     keys = [counts.astype(np.uint64)]
+    rng = np.random.default_rng(0x5EED)  # fixed: labels are the same on every run
     for _ in range(2):
-        mult = _HASH.integers(1, 2**63, size=longest + 1, dtype=np.uint64) | np.uint64(1)
+        mult = rng.integers(1, 2**63, size=longest + 1, dtype=np.uint64) | np.uint64(1)
         with np.errstate(over="ignore"):
             terms = (values.astype(np.uint64) + np.uint64(1)) * mult[position]
             sums = np.concatenate([[np.uint64(0)], np.cumsum(terms, dtype=np.uint64)])

@@ -105,16 +105,13 @@ def _base_and_index(value) -> tuple[np.ndarray, np.ndarray]:
     return value, np.arange(value.shape[0])
 
 
-_COLUMN_HASH = np.random.default_rng(0xC1A55)
-
-
 def exact_row_labels(keys: np.ndarray) -> np.ndarray:
     """Labels of equal rows of an int64 matrix: hash each row to 64 bits, then compare every
     row with its hash class's first row, so that a collision never merges different rows."""
     n = keys.shape[0]
     if n == 0:
         return np.zeros(0, np.int64)
-    mult = _COLUMN_HASH.integers(1, 2**63, size=keys.shape[1], dtype=np.uint64) | np.uint64(1)
+    mult = np.random.default_rng(0xC1A55).integers(1, 2**63, size=keys.shape[1], dtype=np.uint64) | np.uint64(1)
     with np.errstate(over="ignore"):
         hashes = (keys.view(np.uint64) * mult).sum(axis=1, dtype=np.uint64)
     _, first, labels = np.unique(hashes, return_index=True, return_inverse=True)

@@ -1,0 +1,293 @@
+"""Deduplication of linear ops and aggregations, with downward gather propagation (thesis 5.2.6)."""
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, assume, given, settings
+
+import neurovec
+from neurovec.compiler.ir import Node, Op, Program
+from neurovec.compiler.passes.dedup import (dedup_aggregations, dedup_linear, representatives,
+                                            row_value_ids, sequence_ids)
+from neurovec.compiler.settings import Settings
+from neurovec.engines.torch_module import CompiledModule
+from neurovec.sources.graph import Weight, product_shape
+
+from ..equivalence import assert_equivalent, outputs_and_grads
+from ..strategies import graphs
+from ..test_equivalence import all_finite
+
+SETTINGS = Settings()
+
+
+# -- helpers shared with the other pass tests ------------------------------------------------------
+
+class Builder:
+    """Hand-written programs: each method adds one node and returns its name."""
+
+    def __init__(self, seed: int = 0):
+        self.rng = np.random.default_rng(seed)
+        self.nodes: dict[str, Node] = {}
+        self.constants: dict[str, np.ndarray] = {}
+        self.weight_list: list[Weight] = []
+        self.layer = None  # the graph layer of the next nodes (None: each node its own)
+
+    def _add(self, name, op, srcs, count, shape, **attrs):
+        layer = "" if op in (Op.FACT, Op.WEIGHTS) else (self.layer or name)
+        self.nodes[name] = Node(name, op, tuple(srcs), int(count), tuple(shape), attrs, layer)
+        return name
+
+    def fact(self, name, values, layer="auto", unit=False):
+        values = np.asarray(values, dtype=np.float64)
+        self.constants[f"c_{name}"] = values
+        return self._add(name, Op.FACT, (), values.shape[0], values.shape[1:], const=f"c_{name}",
+                         fact_layer=name if layer == "auto" else layer, unit=unit)
+
+    def weights(self, name, shape, k=1, learnable=True, values=None):
+        names = []
+        for i in range(k):
+            value = self.rng.normal(size=shape) if values is None else values[i]
+            self.weight_list.append(Weight(f"{name}{i}", value, learnable))
+            names.append(f"{name}{i}")
+        return self._add(name, Op.WEIGHTS, (), k, shape, names=tuple(names))
+
+    def gather(self, name, src, index):
+        self.constants[f"i_{name}"] = np.asarray(index, dtype=np.int64)
+        return self._add(name, Op.GATHER, (src,), len(index), self.nodes[src].shape, index=f"i_{name}")
+
+    def concat(self, name, *srcs):
+        return self._add(name, Op.CONCAT, srcs, sum(self.nodes[s].count for s in srcs), self.nodes[srcs[0]].shape)
+
+    def linear(self, name, w, x, kind=None, count=None, **layouts):
+        ws, xs = self.nodes[w].shape, self.nodes[x].shape
+        kind = kind or ("matmul" if len(ws) == 2 and xs != () else "mul")
+        return self._add(name, Op.LINEAR, (w, x), count or self.nodes[x].count, product_shape(ws, xs),
+                         kind=kind, **layouts)
+
+    def reduce(self, name, src, counts, aggregation="sum"):
+        self.constants[f"n_{name}"] = np.asarray(counts, dtype=np.int64)
+        return self._add(name, Op.REDUCE, (src,), len(counts), self.nodes[src].shape,
+                         aggregation=aggregation, counts=f"n_{name}")
+
+    def add(self, name, x, b):
+        return self._add(name, Op.ADD, (x, b), self.nodes[x].count, self.nodes[x].shape)
+
+    def transform(self, name, x, fn="sigmoid"):
+        return self._add(name, Op.TRANSFORM, (x,), self.nodes[x].count, self.nodes[x].shape, fn=fn)
+
+    def build(self, output) -> Program:
+        program = Program(tuple(self.nodes.values()), dict(self.constants), tuple(self.weight_list), output)
+        program.verify()
+        return program
+
+
+def evaluate(program: Program):
+    return outputs_and_grads(CompiledModule(program, torch.float64))
+
+
+def assert_same_function(before: Program, after: Program, tol=1e-12):
+    """Outputs and gradients w.r.t. every learnable weight agree."""
+    after.verify()
+    out_a, grads_a = evaluate(before)
+    out_b, grads_b = evaluate(after)
+    torch.testing.assert_close(out_b, out_a, rtol=tol, atol=tol)
+    for name in grads_a:
+        if grads_a[name] is None or grads_b[name] is None:
+            assert grads_a[name] is None or torch.all(grads_a[name] == 0)
+            assert grads_b[name] is None or torch.all(grads_b[name] == 0)
+        else:
+            torch.testing.assert_close(grads_b[name], grads_a[name], rtol=tol, atol=tol)
+
+
+def ops(program: Program) -> list[str]:
+    return [n.op.name for n in program.nodes]
+
+
+def index_of(program: Program, name: str) -> list[int]:
+    return program.constants[program.node(name).attrs["index"]].tolist()
+
+
+def gcn_layer(x_index, edge_index, counts, n_facts=3, bias=None) -> Builder:
+    """FACT -> dense LINEAR (one weight) -> REDUCE (1 per row) -> GATHER (edges) -> REDUCE -> ADD -> relu."""
+    b = Builder()
+    b.fact("x", np.eye(n_facts))
+    b.weights("W", (4, n_facts))
+    n = len(x_index)
+    b.gather("lin_x", "x", x_index)
+    b.gather("lin_w", "W", np.zeros(n, np.int64))
+    b.linear("lin", "lin_w", "lin_x")
+    b.reduce("lin_agg", "lin", np.ones(n, np.int64))
+    b.gather("conv_x", "lin_agg", edge_index)
+    b.reduce("conv_agg", "conv_x", counts)
+    m = len(counts)
+    b.weights("B", (4,), k=2)
+    b.gather("conv_b", "B", np.zeros(m, np.int64) if bias is None else bias)
+    b.add("conv_biased", "conv_agg", "conv_b")
+    b.transform("conv", "conv_biased", "relu")
+    return b
+
+
+# -- labels ---------------------------------------------------------------------------------------------
+
+def test_representatives_first_occurrence_order():
+    reps, inverse = representatives(np.array([5, 3, 5, 9, 3]))
+    assert reps.tolist() == [0, 1, 3] and inverse.tolist() == [0, 1, 0, 2, 1]
+
+
+def test_sequence_ids_exact_against_python():
+    rng = np.random.default_rng(1)
+    counts = rng.integers(0, 4, size=400)
+    values = rng.integers(0, 3, size=counts.sum())
+    segments = np.split(values, np.cumsum(counts)[:-1])
+    for ordered in (True, False):
+        labels = sequence_ids(values, counts, ordered=ordered)
+        keys = [tuple(s) if ordered else tuple(sorted(s)) for s in segments]
+        for i in range(0, 400, 7):
+            for j in range(400):
+                assert (labels[i] == labels[j]) == (keys[i] == keys[j])
+
+
+def test_row_value_ids_bitwise():
+    values = np.array([[1.0, 0.0], [1.0, -0.0], [1.0, 0.0], [np.nan, 1.0], [np.nan, 1.0]])
+    labels = row_value_ids(values)
+    assert labels[0] == labels[2] and labels[0] != labels[1] and labels[3] == labels[4]
+
+
+# -- dedup_linear ----------------------------------------------------------------------------------------
+
+def test_dedup_linear_computes_distinct_pairs_then_gathers():
+    b = gcn_layer(x_index=[0, 1, 0, 2, 1, 0], edge_index=[0, 1, 2, 3, 4, 5, 1], counts=[2, 2, 3])
+    before = b.build("conv")
+    after = dedup_linear(before, SETTINGS)
+    # The LINEAR runs on the 3 distinct (weight, fact) pairs; the REDUCE reads them back in order.
+    assert after.node("lin").count == 3
+    assert after.node("lin").srcs[1] == "x"  # the fact rows in order: the gather is gone
+    restore = after.node("lin_agg").srcs[0]
+    assert after.node(restore).op is Op.GATHER and index_of(after, restore) == [0, 1, 0, 2, 1, 0]
+    assert_same_function(before, after)
+
+
+def test_dedup_linear_composes_into_a_reading_gather():
+    b = Builder()
+    b.fact("x", [[1.0, 2.0], [3.0, 4.0]])
+    b.weights("W", (3, 2), k=2)
+    b.gather("w", "W", [0, 1, 0, 0])
+    b.gather("v", "x", [1, 1, 1, 1])
+    b.linear("lin", "w", "v")
+    b.gather("g", "lin", [3, 2, 1, 0, 0])
+    b.reduce("r", "g", [2, 3])
+    before = b.build("r")
+    after = dedup_linear(before, SETTINGS)
+    assert after.node("lin").count == 2
+    assert index_of(after, "g") == [0, 0, 1, 0, 0]  # no new gather: the reader's index composed
+    assert ops(after).count("GATHER") <= ops(before).count("GATHER")
+    assert_same_function(before, after)
+
+
+def test_dedup_linear_nothing_to_do_returns_same_program():
+    b = Builder()
+    b.fact("x", [[1.0], [2.0]])
+    b.weights("W", (1,), k=1)
+    b.gather("w", "W", [0, 0])
+    b.gather("v", "x", [0, 1])
+    b.linear("lin", "w", "v")
+    program = b.build("lin")
+    assert dedup_linear(program, SETTINGS) is program
+
+
+def test_dedup_linear_keeps_distinct_learnable_weights_apart():
+    # Two different weights with equal values are different functions: never merged.
+    b = Builder()
+    b.fact("x", [[1.0, 2.0]])
+    b.weights("W", (2,), k=2, values=[np.ones(2), np.ones(2)])
+    b.gather("w", "W", [0, 1, 1])
+    b.gather("v", "x", [0, 0, 0])
+    b.linear("lin", "w", "v")
+    b.reduce("r", "lin", [1, 2])
+    before = b.build("r")
+    after = dedup_linear(before, SETTINGS)
+    assert after.node("lin").count == 2
+    assert_same_function(before, after)
+
+
+# -- dedup_aggregations ----------------------------------------------------------------------------------
+
+def test_dedup_aggregations_groups_as_multisets_and_propagates_down():
+    # Neurons 0, 1 and 3 aggregate the same multiset; neuron 2 differs.
+    b = gcn_layer(x_index=[0, 1, 2], edge_index=[0, 1, 1, 0, 2, 2, 0, 1], counts=[2, 2, 2, 2])
+    b.gather("out", "conv", [3, 2, 1, 0, 2])
+    before = b.build("out")
+    after = dedup_aggregations(before, SETTINGS)
+    assert after.node("conv_agg").count == 2
+    assert index_of(after, "conv_x") == [0, 1, 2, 2]
+    # The bias gather and the relu shrink along; the reading gather composes the reindexing.
+    assert after.node("conv_biased").count == 2 and after.node("conv").count == 2
+    assert index_of(after, "conv_b") == [0, 0]
+    assert index_of(after, "out") == [0, 1, 0, 0, 1]
+    assert_same_function(before, after)
+
+
+def test_dedup_aggregations_stops_at_a_bias_that_differs():
+    b = gcn_layer(x_index=[0, 1, 2], edge_index=[0, 1, 1, 0], counts=[2, 2], bias=[0, 1])
+    before = b.build("conv")
+    after = dedup_aggregations(before, SETTINGS)
+    assert after.node("conv_agg").count == 1
+    restore = after.node("conv_biased").srcs[0]
+    assert after.node(restore).op is Op.GATHER and index_of(after, restore) == [0, 0]
+    assert after.node("conv").count == 2 and after.output == "conv"
+    assert_same_function(before, after)
+
+
+def test_dedup_aggregations_output_keeps_its_order():
+    b = gcn_layer(x_index=[0, 1, 2], edge_index=[2, 0, 2, 2], counts=[1, 1, 1, 1])
+    before = b.build("conv")
+    after = dedup_aggregations(before, SETTINGS)
+    out = after.node(after.output)
+    assert out.op is Op.GATHER and index_of(after, after.output) == [0, 1, 0, 0]
+    assert_same_function(before, after)
+
+
+def test_unread_rows_are_dropped():
+    b = gcn_layer(x_index=[0, 1, 2, 0], edge_index=[0, 1, 2, 3], counts=[1, 1, 1, 1])
+    b.gather("out", "conv", [1, 2])
+    before = b.build("out")
+    after = dedup_aggregations(before, SETTINGS)
+    assert after.node("conv").count == 2 and after.node("conv_agg").count == 2
+    assert after.node("lin_agg").count == 2  # upstream rows only the dropped ones read go too
+    assert_same_function(before, after)
+
+
+def test_max_with_repeated_rows_keeps_gradients():
+    # max over {a, a} and {a, b}: ties split the gradient; merged groups must keep that.
+    b = Builder()
+    b.weights("W", (), k=2, values=[np.array(1.5), np.array(1.5)])
+    b.fact("one", [[1.0]])
+    b.gather("w", "W", [0, 0, 0, 1, 0, 0])
+    b.gather("x", "one", [0, 0, 0, 0, 0, 0])
+    b.linear("lin", "w", "x")
+    b.reduce("m", "lin", [2, 2, 2], "max")
+    before = b.build("m")
+    after = dedup_aggregations(dedup_linear(before, SETTINGS), SETTINGS)
+    assert after.node("m").count == 2
+    assert_same_function(before, after)
+
+
+# -- random graphs -----------------------------------------------------------------------------------------
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(graph=graphs())
+def test_random_graphs_equal_reference(graph):
+    assume(all_finite(graph))
+    options = Settings.preset("unoptimized", dedup_linear=True, dedup_aggregations=True)
+    assert_equivalent(graph, neurovec.compile(graph, options, dtype=torch.float64))
+
+
+def test_mutag_gcn_linear_runs_on_distinct_rows(tu_dir):
+    from neurovec.compiler.pipeline import build_program
+    from neurovec.datasets import gcn, load_tu
+    graph = gcn(load_tu("MUTAG", tu_dir), normalize=False)
+    program = build_program(graph, Settings.preset("unoptimized", dedup_facts=True, dedup_linear=True,
+                                                    dedup_aggregations=True))
+    # One-hot atom types: 7 distinct rows, so the first linear op computes 7 products, not 3371.
+    assert program.node("conv1_lin_lin").count == 7
+    assert program.node("conv1_agg").count < 3371
+    assert_equivalent(graph, CompiledModule(program, torch.float64))
