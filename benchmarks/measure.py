@@ -6,9 +6,9 @@
 * Peak memory is, on CUDA, ``torch.cuda.max_memory_allocated`` after
   ``reset_peak_memory_stats`` (exact, per engine). On CPU it is the process's
   resident set size (psutil) sampled between timed regions: reported as the peak
-  and as the growth over the RSS just before the engine was built. The allocator
-  keeps freed pages, so CPU growth is approximate (an engine measured after a
-  larger one may reuse its pages and show less).
+  and as the growth over the RSS just before the engine was built (after handing
+  freed heap pages back to the OS). Still approximate: pages the allocator keeps
+  can be reused without showing up as growth.
 * A summary of repeated measurements is the median with the quartiles, min and max;
   warm-up repetitions never enter it.
 """
@@ -21,7 +21,7 @@ from typing import Callable
 
 import torch
 
-__all__ = ["synchronizer", "rss_bytes", "MemoryProbe", "summarize", "Stopwatch"]
+__all__ = ["synchronizer", "release_free_memory", "rss_bytes", "MemoryProbe", "summarize", "Stopwatch"]
 
 
 def synchronizer(device: torch.device | str) -> Callable[[], None]:
@@ -30,6 +30,19 @@ def synchronizer(device: torch.device | str) -> Callable[[], None]:
     if device.type == "cuda":
         return lambda: torch.cuda.synchronize(device)
     return lambda: None
+
+
+def release_free_memory() -> None:
+    """Hand freed heap pages back to the OS (glibc ``malloc_trim``), so RSS growth shows new allocations.
+
+    Without it, memory freed by an earlier engine stays resident and is silently reused
+    by the next one, which then seems to need nothing. A no-op off glibc.
+    """
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def rss_bytes() -> int:
@@ -65,6 +78,7 @@ class MemoryProbe:
             torch.cuda.reset_peak_memory_stats(self.device)
             self.baseline = torch.cuda.memory_allocated(self.device)
         else:
+            release_free_memory()
             self.baseline = rss_bytes()
         self.peak = self.baseline
 
