@@ -267,7 +267,8 @@ def _dedup(program: Program, settings: Settings, ops: tuple[Op, ...], drop_unuse
 def _drop_unused_rows(editor: Editor, planner: RowPlanner, ids: RowIds) -> None:
     """Rows that no gather reads are not computed (latest nodes first, so that what they stop
     reading becomes unused upstream in the same sweep)."""
-    candidates = [n.name for n in editor.program.nodes if n.op in (Op.REDUCE, Op.ADD, Op.TRANSFORM, Op.LINEAR)]
+    computed = (Op.REDUCE, Op.ADD, Op.TRANSFORM, Op.LINEAR)
+    candidates = [n.name for n in editor.program.nodes if n.op in computed]
     for name in reversed(candidates):
         if not editor.is_live(name) or editor.output == name:
             continue

@@ -76,9 +76,10 @@ def layer_ends(program: Program) -> set[str]:
     """REDUCE / ADD / TRANSFORM nodes whose value no TRANSFORM or ADD (as its main input) continues."""
     continued = set()
     for n in program.nodes:
-        if n.op is Op.TRANSFORM or (n.op is Op.ADD):
+        if n.op in (Op.TRANSFORM, Op.ADD):
             continued.add(n.srcs[0])
-    return {n.name for n in program.nodes if n.op in (Op.REDUCE, Op.ADD, Op.TRANSFORM) and n.name not in continued}
+    values = (Op.REDUCE, Op.ADD, Op.TRANSFORM)
+    return {n.name for n in program.nodes if n.op in values and n.name not in continued}
 
 
 # -- evaluation ------------------------------------------------------------------------------------
@@ -111,7 +112,8 @@ def exact_row_labels(keys: np.ndarray) -> np.ndarray:
     n = keys.shape[0]
     if n == 0:
         return np.zeros(0, np.int64)
-    mult = np.random.default_rng(0xC1A55).integers(1, 2**63, size=keys.shape[1], dtype=np.uint64) | np.uint64(1)
+    rng = np.random.default_rng(0xC1A55)  # fixed: labels are the same on every run
+    mult = rng.integers(1, 2**63, size=keys.shape[1], dtype=np.uint64) | np.uint64(1)
     with np.errstate(over="ignore"):
         hashes = (keys.view(np.uint64) * mult).sum(axis=1, dtype=np.uint64)
     _, first, labels = np.unique(hashes, return_index=True, return_inverse=True)

@@ -8,32 +8,43 @@ so the gather keeps travelling up:
 * elementwise ops (TRANSFORM) and ADD: both inputs at the same rows;
 * LINEAR: each side at its rows (a one-row broadcast side stays as it is; other broadcast
   layouts become full sides);
-* REDUCE: whole segments (new counts, and the input rows of the chosen segments);
+* REDUCE: whole segments (new counts, and the input rows of the chosen segments); segments of
+  equal length may instead be read element-major (a ``strided`` reduction, thesis 5.2.9), which
+  is also tried on its own for every such REDUCE: it turns GraphSAGE's alternating reads of
+  ``CONCAT(h, mean)`` into one run per part;
 * GATHER / SLICE / TILE / INTERLEAVE: composed into one index (the existing gather is absorbed);
-* CONCAT: the index split into runs that read one part each (a CONCAT of the parts' rows);
-* FACT (static) and WEIGHTS: folded into a new constant, or a stack naming weights repeatedly.
+* CONCAT: the index split into runs that read one part each (a CONCAT of the parts' rows) --
+  beyond the thesis implementation, which stopped at nodes with a single input;
+* FACT (static) and WEIGHTS: folded into a new constant, or a stack naming weights repeatedly
+  (gradients add up over the repeats); a regular repetition of a few weights stays a gather
+  for gather simplification to turn into a tile.
 
 Before (the output gather reorders a sigmoid layer)::
 
-    %s = REDUCE(%x; counts=[2, 1])
+    %x = GATHER(%h; index=[0, 3, 3])
+    %s = REDUCE(%x; aggregation='sum', counts=[2, 1])
     %t = TRANSFORM(%s; fn='sigmoid')
     %output = GATHER(%t; index=[1, 0])
     return %output
 
-After::
+After (``"free"``: nothing is duplicated, one gather less)::
 
-    %x = GATHER(...; index=<segment 1, then segment 0>)   # composed into the reduce's input
-    %s = REDUCE(%x; counts=[1, 2])
+    %x = GATHER(%h; index=[3, 0, 3])      # segment 1, then segment 0
+    %s = REDUCE(%x; aggregation='sum', counts=[1, 2])
     %t = TRANSFORM(%s; fn='sigmoid')
     return %t
 
 Knobs (``Settings``): a node may grow from ``old`` to at most ``old * (1 + upward_growth_rel) +
 upward_growth_abs`` rows (either None: unlimited); a node that is also read elsewhere is copied,
 and then all of its new rows count as growth. ``upward_max_depth`` limits how many graph layers
-one gather crosses. A move is made only if it lowers the number of irregular gathers (gathers that
-the later gather simplification cannot turn into a slice, tile or interleave), or keeps it and
-shrinks the program. With no growth allowed only reordering (or dropping) rows moves up; with
-unlimited growth every gather ends up folded into constants and weight stacks (thesis Fig. 6.10).
+(``Node.layer``) one gather crosses; folding into facts and weights is free. A move is made only
+if it lowers the number of irregular gathers (gathers that the later gather simplification
+cannot turn into a slice, tile or interleave), or keeps it and shrinks the program. With no
+growth allowed only reordering (or dropping) rows moves up; with unlimited growth every gather
+ends up folded into constants and weight stacks (thesis Fig. 6.10), except gathers of dynamic
+facts and a gather whose rows a contiguous-segment REDUCE would need from a CONCAT in more than
+``MAX_CONCAT_RUNS`` runs. Works before or after linear broadcasting: a one-row broadcast side
+stays broadcast, other broadcast sides become full sides (if the cost rule says so).
 
 The same planner, with the "shrink" policy, is what deduplication uses to compute a node on a
 subset of its rows (``dedup.compress``): it pushes the selection into single-use producers and
@@ -56,8 +67,9 @@ __all__ = ["propagate_gathers_up", "Editor", "RowPlanner", "UPWARD", "SHRINK", "
            "source_rows", "expand_segments", "MAX_CONCAT_RUNS"]
 
 UPWARD, SHRINK = "upward", "shrink"
-# A gather through a CONCAT becomes a CONCAT of one piece per run of rows from the same part;
-# more pieces than this and the gather stays (one gather beats a long list of tiny pieces).
+# A gather through a CONCAT becomes a CONCAT of one piece per run of rows from the same part
+# (thesis 5.2.9), if every part is read in one run -- or, with unlimited growth, in at most
+# this many runs (one gather beats a long list of tiny pieces).
 MAX_CONCAT_RUNS = 16
 _ARITHMETIC = (Op.TRANSFORM, Op.ADD, Op.LINEAR, Op.REDUCE)
 _ROW_INDEXING = (Op.GATHER, Op.SLICE, Op.TILE, Op.INTERLEAVE)
@@ -81,7 +93,8 @@ def is_regular_index(index: np.ndarray, count: int) -> bool:
         return True
     if n % count == 0:
         times = n // count
-        if index[0] == 0 and index[count - 1] == count - 1 and np.array_equal(index, np.tile(np.arange(count), times)):
+        tiled = index[0] == 0 and index[count - 1] == count - 1
+        if tiled and np.array_equal(index, np.tile(np.arange(count), times)):
             return True
         if index[times - 1] == 0 and np.array_equal(index, np.repeat(np.arange(count), times)):
             return True
@@ -194,7 +207,7 @@ class Editor:
     def define(self, node: Node, rows: np.ndarray | None = None, near: str | None = None) -> str:
         """Add or redefine ``node``; ``rows``: it now holds the old rows ``rows`` of that name."""
         if node.name not in self._key:
-            anchors = [self._key[s] for s in node.srcs] or ([self._key[near]] if near in self._key else [(-1, 0)])
+            anchors = [self._key[s] for s in node.srcs] or [self._key.get(near, (-1, 0))]
             self._key[node.name] = (max(anchors)[0], next(self._tick))
         self.nodes[node.name] = node
         self._users = None
@@ -272,6 +285,7 @@ class RowPlanner:
         self.growth_abs = None if unlimited else settings.upward_growth_abs
         self.growth_rel = None if unlimited else settings.upward_growth_rel
         self.max_depth = settings.upward_max_depth
+        self.transpose = settings.transposed_reductions
         self.left: dict[str, int] = {}  # gathers this planner built -> how many layers they travelled
 
     # -- the recursion
@@ -357,10 +371,12 @@ class RowPlanner:
                 return _Plan(-absorbed, 0, lambda: src)
             sub = self._leave(src, inner, reuse, depth, layer)
         else:
-            sub = self.rows(src, inner, None if shared else node.name, depth, layer, shared=shared, reuse=reuse)
+            sub = self.rows(src, inner, None if shared else node.name, depth, layer, shared=shared,
+                            reuse=reuse)
         return _Plan(sub.cost - absorbed, sub.growth, self._with_rows(sub.build, reuse, index))
 
-    def _with_rows(self, build: Callable[[], str], reused: str | None, index: np.ndarray) -> Callable[[], str]:
+    def _with_rows(self, build: Callable[[], str], reused: str | None,
+                   index: np.ndarray) -> Callable[[], str]:
         """Wrap ``build`` so that a node redefined under its old name reports its row move."""
         def run():
             made = build()
@@ -384,6 +400,8 @@ class RowPlanner:
             return None
         runs = np.split(np.arange(index.size), cuts)
         run_parts = [int(part[r[0]]) for r in runs]
+        if len(set(run_parts)) < len(runs) and self.growth_abs is not None:
+            return None  # a part in several runs: many small pieces, only worth it to remove every gather
         repeated = {p for p in run_parts if run_parts.count(p) > 1}
         subs = [self.rows(parts[p], local[r], reader, depth, layer, shared=shared or p in repeated)
                 for p, r in zip(run_parts, runs)]
@@ -397,7 +415,8 @@ class RowPlanner:
         growth = index.size - (0 if shared else node.count)
         return _Plan(sum(s.cost for s in subs), growth + sum(s.growth for s in subs), build)
 
-    def fold_fact(self, name: str, index: np.ndarray, in_place: bool = True, name_as: str | None = None) -> str:
+    def fold_fact(self, name: str, index: np.ndarray, in_place: bool = True,
+                  name_as: str | None = None) -> str:
         """A FACT holding rows ``index`` of FACT ``name`` (no longer a replaceable input);
         a copy is called ``name_as`` if given."""
         node = self.editor.nodes[name]
@@ -428,7 +447,8 @@ class RowPlanner:
                 name = editor.fresh(f"{reuse}_w" if reuse else f"{node.name}_rows")
             else:
                 name = reuse or editor.fresh(f"{node.name}_rows")
-            stack = editor.define(node.with_(name=name, count=int(rows.size), attrs={**node.attrs, "names": names}),
+            attrs = {**node.attrs, "names": names}
+            stack = editor.define(node.with_(name=name, count=int(rows.size), attrs=attrs),
                                   rows=None if shared else rows, near=node.name)
             return editor.gather(stack, inverse, name=reuse) if split else stack
 
@@ -436,13 +456,14 @@ class RowPlanner:
 
     def _arithmetic(self, node: Node, index: np.ndarray, shared: bool, depth: int) -> _Plan:
         """TRANSFORM / ADD / LINEAR / REDUCE computing only the rows ``index``."""
-        editor = self.editor
+        if node.op is Op.REDUCE:
+            return self._reduce(node, index, shared, depth)
         attrs = dict(node.attrs)
         requests: list[np.ndarray | None] = []  # rows wanted from each src (None: read it as is)
         if node.op in (Op.TRANSFORM, Op.ADD):
             requests = [index] * len(node.srcs)
-        elif node.op is Op.LINEAR:
-            w, x = (editor.nodes[s] for s in node.srcs)
+        else:  # LINEAR
+            w, x = (self.editor.nodes[s] for s in node.srcs)
             _, g2 = linear_grid(node, w, x)
             layouts = [attrs.get("w_layout", "full"), attrs.get("x_layout", "full")]
             for k, (side, layout) in enumerate(zip((w, x), layouts)):
@@ -453,28 +474,69 @@ class RowPlanner:
                 else:
                     requests.append(linear_side_rows(layout, index, g2))
                     attrs["wx"[k] + "_layout"] = "full"
-        else:  # REDUCE: whole segments
-            counts = editor.constants[attrs["counts"]]
-            if attrs.get("kernel") == "strided":  # segment j is rows j, j + n, j + 2n, ...
-                k = int(counts[0]) if counts.size else 0
-                edges = (index[:, None] + node.count * np.arange(k)[None, :]).reshape(-1)
-                attrs["kernel"] = "dense"
-            else:
-                edges = expand_segments((np.cumsum(counts) - counts)[index], counts[index])
-            requests = [edges]
-            new_counts = counts[index]
+        return self._node_plan(node, index, shared, depth, requests, attrs)
+
+    def _reduce(self, node: Node, index: np.ndarray, shared: bool, depth: int) -> _Plan:
+        """Whole segments. Segments of equal length k may also be laid out k-major (the
+        ``strided`` kernel: element t of every segment, then element t + 1, ...): where each
+        segment reads its elements from different CONCAT parts (GraphSAGE: a node's mean and
+        its own value), that layout reads each part in one run (thesis 5.2.9)."""
+        counts = self.editor.constants[node.attrs["counts"]]
+        new_counts = counts[index]
+        if node.attrs.get("kernel") == "strided":  # segment j is rows j, j + n, j + 2n, ...
+            k = int(counts[0]) if counts.size else 0
+            element = node.count * np.arange(k)[None, :] + index[:, None]  # (segment, t) -> row
+        else:
+            k = int(new_counts[0]) if new_counts.size and np.all(new_counts == new_counts[0]) else 0
+            starts = (np.cumsum(counts) - counts)[index]
+            element = starts[:, None] + np.arange(k)[None, :] if k else None
+        consecutive_kernel = "dense" if node.attrs.get("kernel") == "strided" else node.attrs.get("kernel")
+        edges = element.reshape(-1) if element is not None else expand_segments(starts, new_counts)
+        attrs = {**node.attrs, "counts": new_counts}
+        if consecutive_kernel is None:
+            attrs.pop("kernel", None)
+        else:
+            attrs["kernel"] = consecutive_kernel
+        plan = self._node_plan(node, index, shared, depth, [edges], attrs)
+        if (self.policy == UPWARD and self.transpose and plan.cost > 0 and element is not None and k > 1
+                and index.size > 1):
+            strided = self._node_plan(node, index, shared, depth, [element.T.reshape(-1)],
+                                      {**node.attrs, "counts": new_counts, "kernel": "strided"})
+            if strided.cost < plan.cost:
+                return strided
+        return plan
+
+    def transposed(self, node: Node) -> _Plan | None:
+        """REDUCE ``node`` (segments of equal length k) as a strided reduction of its input
+        rows reordered k-major: the same rows, read in an order that may need fewer gathers."""
+        counts = self.editor.constants[node.attrs["counts"]]
+        if (not self.transpose or node.attrs.get("kernel") == "strided" or node.count < 2
+                or counts[0] < 2 or np.any(counts != counts[0])):
+            return None
+        element = (np.cumsum(counts) - counts)[None, :] + np.arange(int(counts[0]))[:, None]
+        return self._node_plan(node, np.arange(node.count), False, 0, [element.reshape(-1)],
+                               {**node.attrs, "counts": counts, "kernel": "strided"})
+
+    def _node_plan(self, node: Node, index: np.ndarray, shared: bool, depth: int,
+                   requests: list[np.ndarray | None], attrs: dict) -> _Plan:
+        """``node`` redefined (or copied, if ``shared``) with ``attrs``, reading ``requests[k]``
+        rows of its k-th input (None: the input as it is). A REDUCE's ``counts`` attr holds
+        the new counts themselves until the plan is built."""
+        editor = self.editor
         reader = None if shared else node.name
         multiplicity = {s: node.srcs.count(s) for s in node.srcs}
         subs = [_Plan(0, 0, (lambda s=s: s)) if rows is None else
-                self.rows(s, rows, reader, depth, node.layer or node.name, shared=shared or multiplicity[s] > 1)
+                self.rows(s, rows, reader, depth, node.layer or node.name,
+                          shared=shared or multiplicity[s] > 1)
                 for s, rows in zip(node.srcs, requests)]
 
         def build():
             srcs = tuple(sub.build() for sub in subs)
             name = editor.fresh(f"{node.name}_rows") if shared else node.name
+            final = dict(attrs)
             if node.op is Op.REDUCE:
-                attrs["counts"] = editor.const(f"counts_{name}", new_counts, owner=name)
-            return editor.define(node.with_(name=name, srcs=srcs, count=int(index.size), attrs=attrs),
+                final["counts"] = editor.const(f"counts_{name}", attrs["counts"], owner=name)
+            return editor.define(node.with_(name=name, srcs=srcs, count=int(index.size), attrs=final),
                                  rows=None if shared else index)
 
         growth = index.size - (0 if shared else node.count)
@@ -487,14 +549,22 @@ def propagate_gathers_up(program: Program, settings: Settings) -> Program:
     """Move gathers into the nodes before them, latest gathers first (thesis 5.2.7)."""
     editor = Editor(program)
     planner = RowPlanner(editor, settings, UPWARD)
-    for name in reversed([n.name for n in program.nodes if n.op is Op.GATHER]):
-        if not editor.is_live(name) or name in planner.left or editor.nodes[name].op is not Op.GATHER:
+    for name in reversed([n.name for n in program.nodes if n.op in (Op.GATHER, Op.REDUCE)]):
+        if not editor.is_live(name) or name in planner.left:
             continue
-        gather = editor.nodes[name]
-        src = gather.srcs[0]
-        index = editor.index(gather)
+        node = editor.nodes[name]
+        if node.op is Op.REDUCE:
+            # No gather above to push, but reading the segments k-major may absorb gathers below.
+            plan = planner.transposed(node)
+            if plan is not None and plan.cost < 0:
+                plan.build()
+            continue
+        if node.op is not Op.GATHER:
+            continue
+        src = node.srcs[0]
+        index = editor.index(node)
         stay = 0 if is_regular_index(index, editor.nodes[src].count) else 1
-        plan = planner.rows(src, index, name, depth=0, layer=gather.layer or gather.name)
+        plan = planner.rows(src, index, name, depth=0, layer=node.layer or node.name)
         if plan.cost < stay or (plan.cost == stay and plan.growth < 0):
             editor.redirect(name, plan.build())
     return editor.finish()

@@ -1,6 +1,5 @@
 """Deduplication of linear ops and aggregations, with downward gather propagation (thesis 5.2.6)."""
 import numpy as np
-import pytest
 import torch
 from hypothesis import HealthCheck, assume, given, settings
 
@@ -55,7 +54,8 @@ class Builder:
         return self._add(name, Op.GATHER, (src,), len(index), self.nodes[src].shape, index=f"i_{name}")
 
     def concat(self, name, *srcs):
-        return self._add(name, Op.CONCAT, srcs, sum(self.nodes[s].count for s in srcs), self.nodes[srcs[0]].shape)
+        count = sum(self.nodes[s].count for s in srcs)
+        return self._add(name, Op.CONCAT, srcs, count, self.nodes[srcs[0]].shape)
 
     def linear(self, name, w, x, kind=None, count=None, **layouts):
         ws, xs = self.nodes[w].shape, self.nodes[x].shape

@@ -181,6 +181,29 @@ def test_shared_nodes_are_copied_only_when_growth_allows():
     assert_same_function(before, unlimited)
 
 
+@pytest.mark.parametrize("transposed", [True, False])
+def test_equal_segments_from_alternating_parts_become_a_strided_reduction(transposed):
+    # GraphSAGE: every node sums W_l . mean_i and W_r . h_i, read alternately from CONCAT(h, mean).
+    b = Builder()
+    b.fact("h", [[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])
+    b.transform("mean", "h", "tanh")
+    b.concat("cat", "h", "mean")
+    b.gather("x", "cat", [3, 0, 4, 1, 5, 2])
+    b.weights("W", (2, 2), k=2)
+    b.gather("w", "W", [0, 1, 0, 1, 0, 1])
+    b.linear("lin", "w", "x")
+    b.reduce("agg", "lin", [2, 2, 2])
+    before = b.build("agg")
+    after = propagate_gathers_up(before, Settings.preset("upward-00-free", transposed_reductions=transposed))
+    if transposed:  # element 0 of every segment, then element 1: each part in one run
+        assert after.node("agg").attrs["kernel"] == "strided"
+        assert after.node("lin").srcs[1] == "cat" and after.node("cat").srcs == ("mean", "h")
+        assert irregular_gathers(after) == []
+    else:
+        assert after is before
+    assert_same_function(before, after)
+
+
 def test_nothing_to_do_returns_same_program():
     b = Builder()
     b.fact("x", [[1.0], [2.0]])
@@ -193,7 +216,8 @@ def test_nothing_to_do_returns_same_program():
 def upward_settings(draw):
     return Settings.preset(
         "unoptimized", upward=True, upward_growth_abs=draw(st.sampled_from([0, 10, None])),
-        upward_growth_rel=draw(st.sampled_from([0.0, 0.5, None])), upward_max_depth=draw(st.sampled_from([None, 0, 1, 2])),
+        upward_growth_rel=draw(st.sampled_from([0.0, 0.5, None])),
+        upward_max_depth=draw(st.sampled_from([None, 0, 1, 2])),
         dynamic_facts=draw(st.sampled_from([(), ("fact0",), ("unit0", "fact1")])))
 
 
