@@ -51,6 +51,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                            "(default: unoptimized default pyg)")
     what.add_argument("--scale", nargs="+", type=int, default=[1], metavar="K",
                       help="replicate each dataset K times in one batch, e.g. --scale 1 10 100 (default: 1)")
+    what.add_argument("--scale-mode", default="distinct", choices=["distinct", "identical"],
+                      help="TU copies get slightly different node features (default) so no pass can merge "
+                           "them, or stay identical")
     how = parser.add_argument_group("how to measure")
     how.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
     how.add_argument("--dtype", default="float32", choices=["float32", "float64"])
@@ -94,7 +97,8 @@ def config_from_args(args: argparse.Namespace):
 
     return Config(datasets=tuple(args.datasets), models=tuple(args.models) if args.models else None,
                   engines=tuple(args.engines), device=args.device, dtype=args.dtype, warmup=args.warmup,
-                  reps=args.reps, threads=args.threads, scales=tuple(args.scale), data_dir=args.data_dir,
+                  reps=args.reps, threads=args.threads, scales=tuple(args.scale), scale_mode=args.scale_mode,
+                  data_dir=args.data_dir,
                   options=ModelOptions(args.hidden, args.layers, args.dim, args.bond_dim),
                   reference_max_neurons=args.reference_max_neurons, autotune_budget_s=args.autotune_budget,
                   neuralogic_warmup=args.neuralogic_warmup, schedule=args.schedule, progress=not args.quiet)

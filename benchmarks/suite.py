@@ -61,6 +61,7 @@ class Config:
     reps: int = 10
     threads: int | None = None              # None: torch's default
     scales: tuple = (1,)
+    scale_mode: str = "distinct"            # replicated TU copies: "distinct" features or "identical"
     data_dir: str | None = None
     options: ModelOptions = field(default_factory=ModelOptions)
     reference_max_neurons: int = 20_000
@@ -165,7 +166,7 @@ def run(config: Config, custom_engines: dict[str, Callable[[], Engine]] | None =
     for dataset, model, scale, source in cells:
         progress.set_description(f"{dataset}/{model} x{scale} {source}: building the task")
         try:
-            task = make_task(cache, dataset, model, scale, source, config.options)
+            task = make_task(cache, dataset, model, scale, source, config.options, config.scale_mode)
         except Exception as error:
             results["groups"].append({"dataset": dataset, "model": model, "scale": scale, "source": source,
                                       "key": f"{dataset}/{model}", "error": _describe(error), "engines": []})

@@ -5,8 +5,14 @@ A task is one cell of the benchmark grid: ``(dataset, model, scale, source)``.
 * ``dataset``: a TU dataset (``MUTAG``, ``ENZYMES``, ``PROTEINS``) or relational
   ``mutagenesis``; ``model``: ``gcn``, ``sage``, ``gin`` (TU) or ``simple``, ``dims``
   (Mutagenesis, thesis 6.3).
-* ``scale`` k replicates the sample list k times (the whole dataset, k copies, one
-  batch), to see how compile time, step time and memory grow with size.
+* ``scale`` k replicates the dataset k times (one batch), to see how compile time,
+  step time and memory grow with size. Identical copies would flatter neurovec:
+  deduplication and isomorphic compression merge them back into one, while PyG
+  computes every copy. So by default (``scale_mode="distinct"``) every copy of a
+  TU dataset after the first gets its node features multiplied by ``1 + u``,
+  ``u ~ U(-0.05, 0.05)`` per node (seeded): the same graphs and labels, different
+  values, nothing to merge. Relational Mutagenesis has only categorical inputs, so
+  its copies are identical (``scale_mode="identical"`` forces that for TU too).
 * ``source``: ``template`` builds the graph with neurovec's own templates
   (:mod:`neurovec.datasets`); ``neuralogic`` builds the model in PyNeuraLogic and
   imports NeuraLogic's built samples with ``from_neuralogic``, so neurovec and
@@ -20,8 +26,8 @@ minimise the same function.
 The oracle is what every engine's outputs (and, where it has them, gradients) are
 compared with before timing: the PyG twin in float64 for TU templates, the
 neuron-by-neuron reference engine for relational templates, and NeuraLogic's own
-evaluation for imported tasks. It is computed on the unreplicated samples: a
-replicated batch has the same outputs, tiled, and the same mean-loss gradients.
+evaluation for imported tasks. For identical copies it is computed once and
+tiled: the outputs repeat and the mean-loss gradients are the same.
 """
 from __future__ import annotations
 
@@ -34,11 +40,12 @@ import numpy as np
 import torch
 
 from neurovec import datasets as nv_datasets
+from neurovec.datasets.tu import TUDataset
 from neurovec.engines.reference import ReferenceModule
 from neurovec.sources.graph import Graph
 
 __all__ = ["TU_DATASETS", "RELATIONAL_DATASETS", "DATASETS", "MODELS", "ModelOptions", "Oracle", "Task",
-           "DataCache", "models_for", "make_task", "mse"]
+           "DataCache", "models_for", "make_task", "mse", "ReplicatedTU", "replicate_tu"]
 
 TU_DATASETS = ("MUTAG", "ENZYMES", "PROTEINS")
 RELATIONAL_DATASETS = ("mutagenesis",)
@@ -96,6 +103,7 @@ class Task:
     neuralogic: object | None = None  # neuralogic_models.NeuraLogicBuild (source "neuralogic")
     info: dict = field(default_factory=dict)
     notes: list = field(default_factory=list)
+    identical_copies: bool = True   # scale > 1: are the copies equal (oracle tiled) or distinct?
     _oracle: Oracle | None = None
     _oracle_tried: bool = False
 
@@ -172,7 +180,7 @@ class DataCache:
 
 # -- tasks -------------------------------------------------------------------------------------------------
 def make_task(cache: DataCache, dataset: str, model: str, scale: int = 1, source: str = "template",
-              options: ModelOptions = ModelOptions()) -> Task:
+              options: ModelOptions = ModelOptions(), scale_mode: str = "distinct") -> Task:
     """Load the data and build the graph (timed: ``info['template_s']``, ``info['load_s']``)."""
     if dataset not in DATASETS:
         raise ValueError(f"unknown dataset {dataset!r} (expected one of {DATASETS})")
@@ -180,15 +188,26 @@ def make_task(cache: DataCache, dataset: str, model: str, scale: int = 1, source
         raise ValueError(f"model {model!r} does not apply to {dataset} (expected one of {models_for(dataset)})")
     if scale < 1:
         raise ValueError(f"scale must be a positive integer (got {scale})")
+    if scale_mode not in ("distinct", "identical"):
+        raise ValueError(f"scale_mode must be 'distinct' or 'identical' (got {scale_mode!r})")
     data, load_s = cache.get(dataset)
     n = data.n_graphs if dataset in TU_DATASETS else data.n_molecules
-    samples = np.tile(np.arange(n), scale)
+    identical = scale == 1 or scale_mode == "identical" or dataset not in TU_DATASETS
+    if identical:
+        samples = np.tile(np.arange(n), scale)
+    else:
+        data, samples = replicate_tu(data, scale, seed=options.seed), np.arange(n * scale)
     if dataset in TU_DATASETS:
         labels = (data.graph_labels[samples] == data.graph_labels.max()).astype(np.float64)
     else:
         labels = data.labels[samples].astype(np.float64)
-    task = Task(dataset, model, scale, source, options, samples, labels, data=data)
+    task = Task(dataset, model, scale, source, options, samples, labels, data=data, identical_copies=identical)
     task.info["load_s"] = load_s
+    if scale > 1:
+        task.notes.append(f"{scale} copies of the dataset in one batch; " + (
+            "identical copies: passes that merge equal values can compute them once, PyG cannot"
+            if identical else "copies after the first have node features scaled by 1 + U(-0.05, 0.05) per "
+                              "node, so no pass can merge them"))
     if dataset in TU_DATASETS:
         task.spec = nv_datasets.GNNSpec.create(model, data, options.hidden, options.layers)
     if source == "neuralogic":
@@ -202,6 +221,33 @@ def make_task(cache: DataCache, dataset: str, model: str, scale: int = 1, source
         task.info.update(_sizes(task.graph))
     task.info["samples"] = task.n_samples
     return task
+
+
+@dataclass(frozen=True, eq=False)
+class ReplicatedTU(TUDataset):
+    """A TU dataset whose node features are multiplied per node by ``feature_scale`` (see the module doc)."""
+
+    feature_scale: np.ndarray | None = field(repr=False, default=None)
+
+    def node_features(self, use_attributes: bool = False) -> np.ndarray:
+        features = super().node_features(use_attributes)
+        return features if self.feature_scale is None else features * self.feature_scale[:, None]
+
+
+def replicate_tu(data: TUDataset, k: int, seed: int = 0, spread: float = 0.05) -> ReplicatedTU:
+    """``k`` copies of ``data`` as one dataset (graph ``g`` of copy ``c`` is graph ``c * n + g``).
+
+    Copy 0 keeps its features; later copies get theirs scaled by ``1 + U(-spread, spread)``.
+    """
+    n_nodes, n_graphs = data.n_nodes, data.n_graphs
+    copies = np.arange(k)
+    edge_index = np.concatenate([data.edge_index + c * n_nodes for c in copies], axis=1)
+    graph_of_node = np.concatenate([data.graph_of_node + c * n_graphs for c in copies])
+    tile = lambda a: None if a is None else np.concatenate([a] * k)  # noqa: E731
+    scale = np.ones(n_nodes * k)
+    scale[n_nodes:] += np.random.default_rng(seed).uniform(-spread, spread, n_nodes * (k - 1))
+    return ReplicatedTU(f"{data.name}x{k}", edge_index, graph_of_node, tile(data.graph_labels),
+                        tile(data.node_labels), tile(data.node_attributes), data.label_values, feature_scale=scale)
 
 
 def _template(data, dataset: str, model: str, samples: np.ndarray, options: ModelOptions) -> Graph:
@@ -231,15 +277,15 @@ def _compute_oracle(task: Task) -> Oracle | None:
             oracle = _reference_oracle(base)
     if oracle is None:
         return None
-    if task.scale != 1:
+    if task.scale != 1 and task.identical_copies:
         oracle.outputs = np.concatenate([oracle.outputs] * task.scale)
     oracle.seconds = time.perf_counter() - start
     return oracle
 
 
 def make_unscaled(task: Task) -> Task:
-    """The same task on the samples taken once (itself when ``scale`` is 1)."""
-    if task.scale == 1:
+    """The same task on the samples taken once (itself when ``scale`` is 1 or the copies differ)."""
+    if task.scale == 1 or not task.identical_copies:
         return task
     n = task.n_samples // task.scale
     base = Task(task.dataset, task.model, 1, task.source, task.options, task.samples[:n], task.labels[:n],

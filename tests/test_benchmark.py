@@ -15,7 +15,7 @@ import neurovec.benchmark as cli
 from neurovec.benchmarks import measure, report, suite
 from neurovec.benchmarks.contenders import Engine, NeurovecEngine
 from neurovec.benchmarks.neuralogic_models import _mutagenesis_template
-from neurovec.benchmarks.tasks import DataCache, make_task
+from neurovec.benchmarks.tasks import DataCache, make_task, replicate_tu
 
 pytest.importorskip("torch_geometric")
 pytest.importorskip("matplotlib")
@@ -101,14 +101,24 @@ def test_report_files(mutag_run, tmp_path):
     assert "Best neurovec preset against PyG" in text and "**invalid**" in text and "MUTAG/gcn" in text
 
 
-def test_scaling_replicates_the_dataset(tu_dir, tmp_path):
-    results = suite.run(_config(tu_dir, engines=("default",), scales=(1, 2), warmup=0))
+@pytest.mark.parametrize("mode", ["distinct", "identical"])
+def test_scaling_replicates_the_dataset(tu_dir, tmp_path, mode):
+    results = suite.run(_config(tu_dir, engines=("default",), scales=(1, 2), warmup=0, scale_mode=mode))
     small, large = results["groups"]
     assert large["info"]["samples"] == 2 * small["info"]["samples"]
-    assert all(r["status"] == "ok" for g in results["groups"] for r in g["engines"])  # tiled oracle
+    assert all(r["status"] == "ok" for g in results["groups"] for r in g["engines"])  # oracle: tiled or recomputed
     rows = report.scaling_rows(results)
     assert [r["scale"] for r in rows] == [1, 2]
     assert "scaling" in report.write(results, tmp_path)
+
+
+def test_distinct_copies_differ_only_in_features(tu_dir):
+    data, _ = DataCache(tu_dir.parent).get("MUTAG")
+    twice = replicate_tu(data, 2)
+    assert twice.n_graphs == 2 * data.n_graphs and twice.n_edges == 2 * data.n_edges
+    first, second = np.split(twice.node_features(), 2)
+    assert np.array_equal(first, data.node_features())
+    assert not np.array_equal(second, first) and np.array_equal(second != 0, first != 0)
 
 
 def test_task_labels_and_oracle_shapes(tu_dir):
