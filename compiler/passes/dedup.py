@@ -18,21 +18,25 @@ a GATHER composes the inverse index into its own; an elementwise TRANSFORM, or a
 side agrees on the merged rows, shrinks along and passes the reindexing further down; a CONCAT
 shifts its offsets and passes it on; anything else (or the output) reads a new GATHER.
 
-Before (a GCN layer: one weight, 7 distinct one-hot node features, 3371 nodes)::
+Before (MUTAG GCN after ``dedup_facts``: 7 distinct one-hot atom rows, 3371 atoms)::
 
-    %x = GATHER(%f_x; index=idx_x[3371])                  : (3371, 7)
-    %w = GATHER(%w_16x7; index=[0, 0, ...])               : (3371, 16, 7)
-    %lin = LINEAR(%w, %x; kind='matmul')                  : (3371, 16)
-    %agg = REDUCE(%lin; aggregation='sum', counts=[1, ...]) : (3371, 16)
-    %conv_x = GATHER(%agg; index=idx_conv_x[7442])        : (7442, 16)
+    %f_x = FACT(const=facts_f_x[49])                              : (7, 7)
+    %conv1_lin_x = GATHER(%f_x; index=idx_conv1_lin_x[3371])      : (3371, 7)
+    %conv1_lin_w = GATHER(%w_16x7; index=idx_conv1_lin_w[3371])   : (3371, 16, 7)
+    %conv1_lin_lin = LINEAR(%conv1_lin_w, %conv1_lin_x)           : (3371, 16)
+    %conv1_lin_agg = REDUCE(%conv1_lin_lin; counts=[1, ...])      : (3371, 16)
+    %conv1_x = GATHER(%conv1_lin_agg; index=idx_conv1_x[7442])    : (7442, 16)
+    %conv1_agg = REDUCE(%conv1_x; counts=counts_conv1[3371])      : (3371, 16)
 
-After ``dedup_linear`` and ``dedup_aggregations`` (the linear op now runs before the gathers)::
+After ``dedup_linear`` and ``dedup_aggregations``: the linear op runs on the 7 distinct rows,
+before the gather, and the convolution on its 19 distinct neighbourhoods::
 
-    %x = GATHER(%f_x; index=[0, 1, ..., 6])               : (7, 7)
-    %w = GATHER(%w_16x7; index=[0, 0, ...])               : (7, 16, 7)
-    %lin = LINEAR(%w, %x; kind='matmul')                  : (7, 16)
-    %agg = REDUCE(%lin; aggregation='sum', counts=[1, ...]) : (7, 16)
-    %conv_x = GATHER(%agg; index=idx_conv_x[7442])        : (7442, 16)
+    %f_x = FACT(const=facts_f_x[49])                              : (7, 7)
+    %conv1_lin_w = GATHER(%w_16x7; index=[0, 0, 0, 0, 0, 0, 0])   : (7, 16, 7)
+    %conv1_lin_lin = LINEAR(%conv1_lin_w, %f_x)                   : (7, 16)
+    %conv1_lin_agg = REDUCE(%conv1_lin_lin; counts=[1, ...])      : (7, 16)
+    %conv1_x = GATHER(%conv1_lin_agg; index=idx_conv1_x[48])      : (48, 16)
+    %conv1_agg = REDUCE(%conv1_x; counts=counts_conv1_agg[19])    : (19, 16)
 """
 from __future__ import annotations
 

@@ -21,17 +21,19 @@ so the gather keeps travelling up:
 
 Before (the output gather reorders a sigmoid layer)::
 
-    %x = GATHER(%h; index=[0, 3, 3])
-    %s = REDUCE(%x; aggregation='sum', counts=[2, 1])
-    %t = TRANSFORM(%s; fn='sigmoid')
-    %output = GATHER(%t; index=[1, 0])
+    %h = FACT(const=[[0, 1], [2, 3], [4, 5], [6, 7]])    : (4, 2)
+    %x = GATHER(%h; index=[0, 3, 3])                      : (3, 2)
+    %s = REDUCE(%x; aggregation='sum', counts=[2, 1])     : (2, 2)
+    %t = TRANSFORM(%s; fn='sigmoid')                      : (2, 2)
+    %output = GATHER(%t; index=[1, 0])                    : (2, 2)
     return %output
 
-After (``"free"``: nothing is duplicated, one gather less)::
+After (preset ``upward-00-free``: no node grows, so the reordering travels through the
+segments, composes with ``%x``, and ends up in the constant)::
 
-    %x = GATHER(%h; index=[3, 0, 3])      # segment 1, then segment 0
-    %s = REDUCE(%x; aggregation='sum', counts=[1, 2])
-    %t = TRANSFORM(%s; fn='sigmoid')
+    %h = FACT(const=[[6, 7], [0, 1], [6, 7]])             : (3, 2)
+    %s = REDUCE(%h; aggregation='sum', counts=[1, 2])     : (2, 2)
+    %t = TRANSFORM(%s; fn='sigmoid')                      : (2, 2)
     return %t
 
 Knobs (``Settings``): a node may grow from ``old`` to at most ``old * (1 + upward_growth_rel) +
