@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .graph import NO_WEIGHT, FactLayer, Graph, NeuronLayer, Weight
+from .graph import NO_WEIGHT, FactLayer, Graph, NeuronLayer, Weight, product_shape
 
 __all__ = ["from_neuralogic", "weights_to_neuralogic", "neuralogic_outputs", "NeuraLogicImportError",
            "weight_names"]
@@ -412,7 +412,7 @@ def from_neuralogic(model, built, *, warn: bool = True) -> Graph:
         for k, code in enumerate(unique.tolist()):
             w_id, x_id = divmod(code, base)
             w_id -= 1
-            product = _product_shape(None if w_id < 0 else shapes.shapes[w_id], shapes.shapes[x_id])
+            product = product_shape(None if w_id < 0 else shapes.shapes[w_id], shapes.shapes[x_id])
             if product is None:
                 e = edges[np.flatnonzero(inverse.reshape(-1) == k)[0]]
                 raise NeuraLogicImportError(
@@ -450,11 +450,6 @@ def _segment(ufunc, values: np.ndarray, ptr: np.ndarray, neurons: np.ndarray) ->
     out = np.empty(neurons.size, dtype=values.dtype)
     out[order] = reduced
     return out
-
-
-def _product_shape(weight, value):
-    from .graph import product_shape
-    return product_shape(weight, value)
 
 
 def _assemble(nr, weights, constants, shapes, shape, depth, aggregation, plan, edge_weight, edge_shape,
