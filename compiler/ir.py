@@ -96,6 +96,10 @@ class Program:
     constants: dict[str, np.ndarray]
     weights: tuple  # the graph's Weight objects (values are the initial values)
     output: str
+    # Every graph fact layer's value shape (rows included), and the layers declared
+    # replaceable at call time: a dynamic layer may be dead code and still be passed.
+    fact_shapes: dict = field(default_factory=dict, compare=False)
+    dynamic_facts: tuple = ()
 
     def replace(self, **changes) -> "Program":
         return replace(self, **changes)

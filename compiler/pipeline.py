@@ -13,7 +13,7 @@ from typing import Callable
 import torch
 
 from ..engines.torch_module import CompiledModule
-from ..sources.graph import Graph
+from ..sources.graph import FactLayer, Graph
 from .ir import IRError, Program
 from .passes import (cleanup, dedup, dedup_facts, iso_compression, kernels, linear_broadcast, padding, segments,
                      simplify_gathers, unit_facts, upward)
@@ -75,7 +75,10 @@ def build_program(graph: Graph, settings: Settings | None = None, timings: dict 
     """
     settings = settings or Settings()
     start = time.perf_counter()
-    program = vectorize(graph)
+    unknown = set(settings.dynamic_facts) - {layer.name for layer in graph.layers if isinstance(layer, FactLayer)}
+    if unknown:
+        raise ValueError(f"Settings.dynamic_facts names {sorted(unknown)}, which are not fact layers of the graph")
+    program = vectorize(graph).replace(dynamic_facts=tuple(settings.dynamic_facts))
     if timings is not None:
         timings["vectorize"] = time.perf_counter() - start
     ran: list[str] = []

@@ -151,7 +151,8 @@ def vectorize(graph: Graph) -> Program:
 
     out = _concat_index(e, "output", [values[i] for i in np.unique(graph.output_layer)],
                         _local(graph.output_layer), graph.output_ordinal, "output")
-    return Program(tuple(e.nodes), e.constants, graph.weights, out.name)
+    fact_shapes = {layer.name: tuple(layer.values.shape) for layer in graph.layers if isinstance(layer, FactLayer)}
+    return Program(tuple(e.nodes), e.constants, graph.weights, out.name, fact_shapes)
 
 
 def _add_bias(e: _Emitter, name: str, value: Node, bias: np.ndarray, graph: Graph, weights_of_shape) -> Node:

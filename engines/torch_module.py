@@ -197,6 +197,12 @@ class CompiledModule(nn.Module):
         args = list(args)
         position = {layer: k for k, layer in enumerate(self._inputs)}
         for layer, value in facts.items():
+            if layer not in position and layer in self.program.dynamic_facts:
+                # Declared dynamic but nothing computed from it survived: check and ignore.
+                if tuple(torch.as_tensor(value).shape) != self.program.fact_shapes[layer]:
+                    raise GraphError(f"fact layer {layer!r}: replacement has shape {tuple(value.shape)}, "
+                                     f"expected {self.program.fact_shapes[layer]}")
+                continue
             if layer not in position:
                 raise GraphError(f"fact layer {layer!r} cannot be replaced at call time: it is not an input "
                                  "of the compiled program (unknown, or optimized using its values; list it "

@@ -83,10 +83,15 @@ def test_facts_replaced_at_call_time_without_recompiling():
     x = b.facts("x", np.ones((2, 2)))
     layer = b.layer("l", aggregation="sum")
     b.output(layer.neuron([(x[0], w), (x[1], w)]))
-    module = neurovec.compile(b.build())
-    torch.testing.assert_close(module(), torch.tensor([[4.0, 6.0]]))
-    torch.testing.assert_close(module(facts={"x": torch.tensor([[1.0, 0.0], [0.0, 1.0]])}),
-                               torch.tensor([[2.0, 3.0]]))
+    graph = b.build()
+    new_x = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    for preset in neurovec.list_presets():
+        module = neurovec.compile(graph, neurovec.Settings.preset(preset, dynamic_facts=("x",)))
+        torch.testing.assert_close(module(), torch.tensor([[4.0, 6.0]]))
+        torch.testing.assert_close(module(facts={"x": new_x}), torch.tensor([[2.0, 3.0]]), msg=preset)
+    # Undeclared, the default preset deduplicates x by value: replacing it would be wrong, so it is refused.
+    with pytest.raises(GraphError, match="'x' cannot be replaced at call time.*Settings.dynamic_facts"):
+        neurovec.compile(graph)(facts={"x": new_x})
     with pytest.raises(GraphError, match="replacement has shape"):
         module(facts={"x": torch.ones(3, 2)})
     with pytest.raises(GraphError, match="'nope' cannot be replaced"):

@@ -51,3 +51,20 @@ def random_settings(draw):
 def test_random_pass_combinations_equal_reference(graph, options):
     assume(all_finite(graph))
     assert_equivalent(graph, neurovec.compile(graph, options, dtype=torch.float64))
+
+
+@settings(max_examples=100, deadline=None)
+@given(graph=graphs(), preset=st.sampled_from(PRESETS), seed=st.integers(0, 2**16))
+def test_dynamic_facts_replaced_at_call_time(graph, preset, seed):
+    """Declared dynamic facts (unit ones included) may take any values at call time, under every preset."""
+    assume(all_finite(graph))
+    fact_layers = [layer for layer in graph.layers if isinstance(layer, neurovec.FactLayer)]
+    options = Settings.preset(preset, dynamic_facts=tuple(layer.name for layer in fact_layers))
+    module = neurovec.compile(graph, options, dtype=torch.float64)
+    generator = torch.Generator().manual_seed(seed)
+    facts = {layer.name: torch.rand(layer.values.shape, generator=generator, dtype=torch.float64) + 0.5
+             for layer in fact_layers}
+    reference = neurovec.ReferenceModule(graph)
+    expected = reference(facts).detach()
+    assume(bool(torch.isfinite(expected).all()))
+    torch.testing.assert_close(module(facts).detach(), expected, atol=1e-9, rtol=1e-9)

@@ -255,7 +255,7 @@ class Editor:
                 pending[reader] -= 1
                 if pending[reader] == 0:
                     heapq.heappush(ready, (self._key[reader], reader))
-        program = Program(tuple(order), self.constants, self.program.weights, self.output)
+        program = self.program.replace(nodes=tuple(order), constants=self.constants, output=self.output)
         return eliminate_dead_code(program)
 
 
