@@ -37,8 +37,8 @@ from .contenders import AutotuneEngine, Engine, NeurovecEngine, PyGEngine, Refer
 from .measure import MemoryProbe, Stopwatch, summarize, synchronizer
 from .tasks import DATASETS, TU_DATASETS, DataCache, ModelOptions, Task, make_task, models_for
 
-__all__ = ["Config", "SPECIAL_ENGINES", "expand_engines", "plan", "run", "Trial", "measure_engine", "measure_group",
-           "check_engine", "machine_description", "TOLERANCES", "SCHEMA"]
+__all__ = ["Config", "SPECIAL_ENGINES", "expand_engines", "plan", "make_engine", "run", "Trial", "measure_engine",
+           "measure_group", "check_engine", "machine_description", "TOLERANCES", "SCHEMA"]
 
 SCHEMA = "neurovec-benchmark/1"
 SPECIAL_ENGINES = ("pyg", "neuralogic", "reference", "autotune")
@@ -120,7 +120,9 @@ def _engine_names(dataset: str, source: str, engines: list[str]) -> list[str]:
     return [e for e in engines if e != "neuralogic" and (e != "pyg" or dataset in TU_DATASETS)]
 
 
-def _make_engine(name: str, config: Config, custom: dict) -> Engine:
+def make_engine(name: str, config: Config, custom: dict | None = None) -> Engine:
+    """A fresh engine for ``name`` (a preset, one of SPECIAL_ENGINES, or a key of ``custom``)."""
+    custom = custom or {}
     if name in custom:
         return custom[name]()
     if name == "pyg":
@@ -128,7 +130,9 @@ def _make_engine(name: str, config: Config, custom: dict) -> Engine:
     if name == "reference":
         return ReferenceEngine(config.reference_max_neurons)
     if name == "autotune":
-        presets = [e for e in config.engines if e not in SPECIAL_ENGINES] or None
+        # autotune chooses among the presets this run compares (None: its own default list)
+        known = [e for e in config.engines if e not in custom]
+        presets = [e for e in expand_engines(known) if e not in SPECIAL_ENGINES] or None
         return AutotuneEngine(presets, config.autotune_budget_s)
     if name == "neuralogic":
         from .neuralogic_models import NeuraLogicEngine
@@ -176,7 +180,7 @@ def run(config: Config, custom_engines: dict[str, Callable[[], Engine]] | None =
         task.oracle()  # before any engine: its time and memory belong to no engine
         group = {"dataset": dataset, "model": model, "scale": scale, "source": source, "key": task.key,
                  "info": task.info, "notes": task.notes, "engines": []}
-        group_engines = [_make_engine(name, config, custom) for name in _engine_names(dataset, source, engines)]
+        group_engines = [make_engine(name, config, custom) for name in _engine_names(dataset, source, engines)]
         group["engines"] = measure_group(group_engines, task, config, progress)
         group["oracle"] = task.oracle_summary()
         results["groups"].append(group)
@@ -370,7 +374,9 @@ def _describe(error: BaseException) -> str:
 
 
 def _progress_bar(config: Config, cells, engines):
-    total = sum(len(_engine_names(dataset, source, engines)) for dataset, _, _, source in cells) * (1 + config.reps)
+    # One unit per engine preparation (build, check, warm-up) and one per timed iteration.
+    total = sum(len(_engine_names(dataset, source, engines)) for dataset, _, _, source in cells)
+    total *= 1 + config.reps
     try:
         from tqdm.auto import tqdm
     except ImportError:  # tqdm is in the `bench` extra; run without a bar rather than fail

@@ -171,3 +171,23 @@ def test_dims_template_text():
     text = _mutagenesis_template("dims", 3, 1)
     assert "{1,1} bond_embed(B) :- b_7(B)." in text
     assert "l2_embed(X) :- {3,3} l1_embed(X), {3,3} l1_embed(Y), bond(X,Y,B), {3,1} bond_embed(B)." in text
+
+
+def test_autotune_engine(tu_dir, monkeypatch):
+    # Until neurovec.autotune exists the engine is skipped with a reason, never faked.
+    monkeypatch.delattr("neurovec.autotune", raising=False)
+    task = make_task(DataCache(tu_dir.parent), "MUTAG", "gcn")
+    config = _config(tu_dir, engines=("autotune",))
+    assert "not available" in suite.measure_engine(suite.make_engine("autotune", config), task, config)["reason"]
+    # With it, whatever it picks is checked and timed like a preset.
+    calls = []
+
+    def fake_autotune(graph, presets, device, budget_s):
+        calls.append(presets)
+        return "default"
+
+    monkeypatch.setattr("neurovec.autotune", fake_autotune, raising=False)
+    config = _config(tu_dir, engines=("all", "autotune"))
+    record = suite.measure_engine(suite.make_engine("autotune", config), task, config)
+    assert record["status"] == "ok" and record["build"]["chosen"] == "default"
+    assert calls[0] == suite.list_presets()
