@@ -50,11 +50,15 @@ class NeuraLogicImportError(ValueError):
 
 
 # Java class (simple name) -> neurovec aggregation. "" (no combination) is a single input passed through.
+# "concat" and "softmax" are not neurovec aggregations: the importer builds them from fixed placement weights
+# (see _concat_layer); "one" is NeuraLogic's ConstantOne (see from_neuralogic).
 _AGGREGATION = {"": "sum", "Sum": "sum", "Average": "mean", "Maximum": "max", "Minimum": "min",
-                "Product": "prod", "ElementProduct": "prod", "Count": "count"}
+                "Product": "prod", "ElementProduct": "prod", "Count": "count", "Concatenation": "concat",
+                "Softmax": "softmax"}
+_CONCATENATIONS = ("concat", "softmax")
 _NEEDS_EXTENSION = {  # what neurovec's graph would need for the rest
-    "Softmax": "a softmax over a neuron's inputs (a 'concat' aggregation followed by softmax)",
-    "Sparsemax": "a sparsemax over a neuron's inputs", "Concatenation": "a 'concat' aggregation",
+    "Sparsemax": "a 'sparsemax' transformation (a sparsemax over the inputs would then be imported like the "
+                 "softmax combination: the concatenation of the inputs, then sparsemax)",
     "CrossSum": "a cross-sum combination", "CosineSim": "a cosine-similarity combination",
     "FunctionGraph": "nested function graphs inside a rule",
 }
@@ -368,6 +372,25 @@ def from_neuralogic(model, built, *, warn: bool = True) -> Graph:
     plan = np.full(n, None, dtype=object)
     plan[computed] = _per_neuron(nr, np.flatnonzero(computed), nr.transformation, _TRANSFORMATION,
                                  "transformation")
+    # NeuraLogic replaces a softmax or sparsemax of a single input by the constant 1 (ConstantOne) and then
+    # reports neither a combination nor a transformation: ask those neurons' states what they compute with.
+    silent = np.flatnonzero(computed & (nr.combination == "") & (nr.transformation == ""))
+    if silent.size:
+        function = nr.java.state_functions()[silent]
+        aggregation[silent[function == "ConstantOne$State"]] = "one"
+        unknown = np.flatnonzero(~np.isin(function, ("ConstantOne$State", "Identity$State", "")))
+        if unknown.size:
+            raise NeuraLogicImportError(f"{nr.describe(silent[unknown[0]])}: it computes with {function[unknown[0]]} "
+                                        "but reports no combination or transformation; not supported")
+    # A softmax combination is the concatenation of the inputs, then softmax; the neuron's own transformation
+    # comes after that, as extra steps (NeuraLogic computes T(softmax(inputs))).
+    softmax = np.flatnonzero(aggregation == "softmax")
+    for java_name in set(nr.transformation[softmax].tolist()):
+        rows = softmax[nr.transformation[softmax] == java_name]
+        transformation, fixed_bias, steps = _TRANSFORMATION[java_name]
+        own = () if transformation == "identity" and fixed_bias is None else \
+            (_Step(transformation, None, fixed_bias),)
+        plan[rows] = [("softmax", None, own + steps)] * rows.size
     passthrough = computed & (nr.combination == "") & (counts > 1)
     if passthrough.any():
         raise NeuraLogicImportError(f"{nr.describe(int(np.flatnonzero(passthrough)[0]))}: several inputs but no "
@@ -421,21 +444,57 @@ def from_neuralogic(model, built, *, warn: bool = True) -> Graph:
             result[k] = shapes.id(product)
         edge_shape[edges] = result[inverse.reshape(-1)]
         neurons = np.flatnonzero(depth == level)
+        joins = np.isin(aggregation[neurons], _CONCATENATIONS)  # concatenations take inputs of any size
         high = _segment(np.maximum, edge_shape, nr.ptr, neurons)
         # NeuraLogic broadcasts scalar inputs (e.g. an unweighted fact of value 1 in a sum of vectors), so
         # only the non-scalar inputs must agree.
         low_source = np.where(edge_shape == 0, np.iinfo(np.int64).max, edge_shape)
         low = _segment(np.minimum, low_source, nr.ptr, neurons)
         low = np.where(low == np.iinfo(np.int64).max, 0, low)
-        mismatch = np.flatnonzero(high != low)
+        mismatch = np.flatnonzero((high != low) & ~joins)
         if mismatch.size:
             j = int(neurons[mismatch[0]])
             found = sorted({shapes.shapes[s] for s in edge_shape[nr.ptr[j]:nr.ptr[j + 1]]})
             raise NeuraLogicImportError(f"{nr.describe(j)}: its weighted inputs have different shapes {found}")
-        shape[neurons] = np.where(aggregation[neurons] == "count", 0, high)
+        shape[neurons] = np.where(np.isin(aggregation[neurons], ("count", "one")), 0, high)
+        if joins.any():
+            shape[neurons[joins]] = _concatenation_shapes(nr, neurons[joins], edge_shape, offset, weights, shapes)
 
     return _assemble(nr, weights, constants, shapes, shape, depth, aggregation, plan, edge_weight, edge_shape,
                      offset, owner)
+
+
+def _concatenation_shapes(nr, neurons, edge_shape, offset, weights, shapes) -> np.ndarray:
+    """Shape ids of concatenations: a column vector as long as all inputs' (and the offset's) elements.
+
+    NeuraLogic flattens a matrix input too; neurovec cannot (a weight times a matrix stays a matrix), so
+    matrices are refused.
+    """
+    n_elements = np.array([int(np.prod(s, dtype=np.int64)) for s in shapes.shapes], dtype=np.int64)
+    is_matrix = np.array([len(s) > 1 for s in shapes.shapes])
+    offset_shape = _weight_shape_ids(offset[neurons], weights, shapes)  # -1: no offset
+    matrix_input = _segment(np.logical_or, is_matrix[edge_shape], nr.ptr, neurons) | \
+        (is_matrix[offset_shape] & (offset_shape >= 0))
+    if matrix_input.any():
+        j = int(neurons[np.flatnonzero(matrix_input)[0]])
+        raise NeuraLogicImportError(f"{nr.describe(j)}: a concatenation of matrix values (NeuraLogic flattens "
+                                    "them row by row) is not supported; neurovec would need a 'flatten' step")
+    total = _segment(np.add, n_elements[edge_shape], nr.ptr, neurons) + \
+        np.where(offset_shape >= 0, n_elements[offset_shape], 0)
+    unique, inverse = np.unique(total, return_inverse=True)
+    return np.array([shapes.id((int(length),)) for length in unique], dtype=np.int64)[inverse.reshape(-1)]
+
+
+def _weight_shape_ids(weight: np.ndarray, weights: list, shapes) -> np.ndarray:
+    """Shape id of each neurovec weight index (-1 for NO_WEIGHT), one lookup per distinct weight."""
+    unique, inverse = np.unique(weight, return_inverse=True)
+    ids = np.array([-1 if w == NO_WEIGHT else shapes.id(weights[w].shape) for w in unique.tolist()], np.int64)
+    return ids[inverse.reshape(-1)]
+
+
+def _edges_of(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """The edge indices ``starts[j] .. starts[j] + lengths[j] - 1`` of each neuron j, concatenated."""
+    return np.repeat(starts - np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths) + np.arange(lengths.sum())
 
 
 def _segment(ufunc, values: np.ndarray, ptr: np.ndarray, neurons: np.ndarray) -> np.ndarray:
@@ -466,7 +525,7 @@ def _assemble(nr, weights, constants, shapes, shape, depth, aggregation, plan, e
     unit = (shape[fact_positions] == 0) & (nr.fact_values[nr.fact_start] == 1.0) if fact_positions.size else \
         np.zeros(0, dtype=bool)
     unit_positions = fact_positions[unit]
-    needs_unit = bool(np.any(offset[~is_fact] != NO_WEIGHT) or np.any(aggregation == "count"))
+    needs_unit = bool(np.any(offset[~is_fact] != NO_WEIGHT) or np.any(np.isin(aggregation, ("count", "one"))))
     if unit_positions.size or needs_unit:
         layer_of[unit_positions] = len(layers)
         ordinal_of[unit_positions] = np.arange(unit_positions.size)
@@ -497,10 +556,16 @@ def _assemble(nr, weights, constants, shapes, shape, depth, aggregation, plan, e
         probe = members[np.unique(np.linspace(0, members.size - 1, min(members.size, 32)).astype(np.int64))]
         predicates = sorted({_predicate(str(kind), name) for kind, name in zip(nr.kind[probe], nr.names(probe))})
         label = "+".join(predicates[:3]) + ("+..." if len(predicates) > 3 else "")
-        name = f"d{level}:{label}:{nr.transformation[first] or 'identity'}"
-        name = _unique(name, layers)
-        layers.append(_neuron_layer(name, nr, members, agg, transformation, fixed_bias, shapes.shapes[shape_id],
-                                    edge_weight, edge_shape, offset, layer_of, ordinal_of, unit_ref, constants))
+        combination = f"{agg}:" if agg in _CONCATENATIONS else ""
+        name = _unique(f"d{level}:{label}:{combination}{nr.transformation[first] or 'identity'}", layers)
+        if agg in _CONCATENATIONS:
+            layer = _concat_layer(name, nr, members, transformation, fixed_bias, shapes.shapes[shape_id],
+                                  edge_weight, edge_shape, offset, layer_of, ordinal_of, unit_ref, constants,
+                                  weights, shapes, layers)
+        else:
+            layer = _neuron_layer(name, nr, members, agg, transformation, fixed_bias, shapes.shapes[shape_id],
+                                  edge_weight, edge_shape, offset, layer_of, ordinal_of, unit_ref, constants)
+        layers.append(layer)
         layer_of[members] = len(layers) - 1
         ordinal_of[members] = np.arange(members.size)
         for k, step in enumerate(steps):  # e.g. signum's relu: one single-input layer per step
@@ -529,7 +594,7 @@ def _neuron_layer(name, nr, members, agg, transformation, fixed_bias, out_shape,
     """One layer's CSR arrays; offsets become biases (sums) or a first input from the unit fact (others)."""
     starts, ends = nr.ptr[members], nr.ptr[members + 1]
     lengths = ends - starts
-    edges = np.repeat(starts - np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths) + np.arange(lengths.sum())
+    edges = _edges_of(starts, lengths)
     src = nr.inputs[edges]
     in_layer, in_ordinal, in_weight = layer_of[src], ordinal_of[src], edge_weight[edges].copy()
     neuron_offset = offset[members]
@@ -540,17 +605,16 @@ def _neuron_layer(name, nr, members, agg, transformation, fixed_bias, out_shape,
         raise NeuraLogicImportError(f"{nr.describe(members[0])}: {agg} over {out_shape} values selects the input "
                                     "with the largest element sum in NeuraLogic; neurovec would need that "
                                     "'select by sum' aggregation (its max/min are elementwise)")
-    if agg == "count":
-        # count(x_1..x_n) is n: a sum of unit facts, one per input (NeuraLogic counts the offset too).
-        lengths = lengths + (neuron_offset != NO_WEIGHT)
+    if agg in ("count", "one"):
+        # count(x_1..x_n) is n: a sum of unit facts, one per input (NeuraLogic counts the offset too);
+        # NeuraLogic's ConstantOne ("one") is a single unit fact.
+        lengths = lengths + (neuron_offset != NO_WEIGHT) if agg == "count" else np.ones_like(lengths)
         total = int(lengths.sum())
+        if fixed_bias is not None:
+            bias[:] = constants.get(repr(fixed_bias), fixed_bias)
         return NeuronLayer(name, counts=lengths, input_layer=np.full(total, unit_ref[0]),
                            input_ordinal=np.full(total, unit_ref[1]), bias=bias, aggregation="sum",
-                           transformation=transformation) if fixed_bias is None else \
-            NeuronLayer(name, counts=lengths, input_layer=np.full(total, unit_ref[0]),
-                        input_ordinal=np.full(total, unit_ref[1]),
-                        bias=np.full(members.size, constants.get(repr(fixed_bias), fixed_bias)),
-                        aggregation="sum", transformation=transformation)
+                           transformation=transformation)
     elif out_shape != ():
         # NeuraLogic broadcasts a scalar input over the others' shape; neurovec's aggregations take equal
         # shapes: widen it by a fixed weight of ones (ones * s is exactly s everywhere).
@@ -573,20 +637,79 @@ def _neuron_layer(name, nr, members, agg, transformation, fixed_bias, out_shape,
             raise NeuraLogicImportError(f"{nr.describe(j)}: an offset in a product of {out_shape} values is not "
                                         "supported")
         # The offset is NeuraLogic's first input: unit fact times the offset weight.
-        new_lengths = lengths + has_offset
-        new_ptr = np.concatenate([[0], np.cumsum(new_lengths)])
-        regular = np.ones(int(new_ptr[-1]), dtype=bool)
-        regular[new_ptr[:-1][has_offset]] = False
-        grown = []
-        for old, extra in ((in_layer, unit_ref[0]), (in_ordinal, unit_ref[1]), (in_weight, None)):
-            new = np.empty(regular.size, dtype=np.int64)
-            new[regular] = old
-            new[~regular] = extra if extra is not None else neuron_offset[has_offset]
-            grown.append(new)
-        in_layer, in_ordinal, in_weight = grown
-        lengths = new_lengths
+        lengths, (in_layer, in_ordinal, in_weight) = _prepend(lengths, has_offset, [in_layer, in_ordinal, in_weight],
+                                                              [unit_ref[0], unit_ref[1], neuron_offset[has_offset]])
     return NeuronLayer(name, counts=lengths, input_layer=in_layer, input_ordinal=in_ordinal,
                        input_weight=in_weight, bias=bias, aggregation=agg, transformation=transformation)
+
+
+def _concat_layer(name, nr, members, transformation, fixed_bias, out_shape, edge_weight, edge_shape, offset,
+                  layer_of, ordinal_of, unit_ref, constants, weights, shapes, layers) -> NeuronLayer:
+    """NeuraLogic's concatenation ``[offset; y_1; ...; y_k]`` as neurovec's ``sum_i P_i y_i``.
+
+    ``P_i`` is a fixed placement: a one-hot vector ``(L,)`` for a scalar ``y_i`` (scalar times vector
+    broadcasts), a matrix ``(L, d)`` with an identity block for a vector; its entries are 0 and 1, so the sum is
+    exact. One placement weight per (L, slot, size), shared by all neurons. neurovec multiplies an input by one
+    weight only, so a weighted input ``y_i = W_i x_i`` and an offset (NeuraLogic's first input, here a unit
+    fact times the offset weight) are computed first, by single-input neurons of layers appended to
+    ``layers`` here (one per value shape); the returned layer reads them.
+    """
+    starts = nr.ptr[members]
+    lengths = nr.ptr[members + 1] - starts
+    edges = _edges_of(starts, lengths)
+    src = nr.inputs[edges]
+    columns = [layer_of[src], ordinal_of[src], edge_weight[edges], edge_shape[edges]]
+    has_offset = offset[members] != NO_WEIGHT
+    if has_offset.any():
+        offsets = offset[members][has_offset]
+        lengths, columns = _prepend(lengths, has_offset, columns, [
+            unit_ref[0], unit_ref[1], offsets, _weight_shape_ids(offsets, weights, shapes)])
+    in_layer, in_ordinal, in_weight, in_shape = columns
+    weighted = in_weight != NO_WEIGHT
+    for shape_id in np.unique(in_shape[weighted]).tolist():
+        rows = np.flatnonzero(weighted & (in_shape == shape_id))
+        dims = "x".join(map(str, shapes.shapes[shape_id])) or "scalar"
+        layers.append(NeuronLayer(_unique(f"{name}/inputs:{dims}", layers), counts=np.ones(rows.size, np.int64),
+                                  input_layer=in_layer[rows], input_ordinal=in_ordinal[rows],
+                                  input_weight=in_weight[rows]))
+        in_layer[rows], in_ordinal[rows] = len(layers) - 1, np.arange(rows.size)
+
+    # Slot of each input: where its elements start in the concatenation.
+    n_elements = np.array([int(np.prod(s, dtype=np.int64)) for s in shapes.shapes], dtype=np.int64)
+    size = n_elements[in_shape]
+    end = np.cumsum(size)
+    first_edge = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    slot = end - size - np.repeat(end[first_edge] - size[first_edge], lengths)
+    is_vector = np.array([len(s) == 1 for s in shapes.shapes])[in_shape]
+    (length,) = out_shape
+    keys, inverse = np.unique(np.stack([slot, size, is_vector]), axis=1, return_inverse=True)
+    placement = []
+    for start, d, vector in keys.T.tolist():
+        if vector:
+            value = np.zeros((length, d))
+            value[start + np.arange(d), np.arange(d)] = 1.0
+            placement.append(constants.get(f"place{length}[{start}:{start + d}]", value))
+        else:
+            placement.append(constants.get(f"place{length}[{start}]", np.eye(length)[start]))
+    bias = np.full(members.size, NO_WEIGHT if fixed_bias is None else constants.get(repr(fixed_bias), fixed_bias))
+    return NeuronLayer(name, counts=lengths, input_layer=in_layer, input_ordinal=in_ordinal,
+                       input_weight=np.asarray(placement, dtype=np.int64)[inverse.reshape(-1)], bias=bias,
+                       aggregation="sum", transformation=transformation)
+
+
+def _prepend(lengths: np.ndarray, where: np.ndarray, columns: list, firsts: list) -> tuple:
+    """Insert one edge at the front of the neurons ``where`` (a mask): ``firsts[c]`` into ``columns[c]``."""
+    new_lengths = lengths + where
+    new_ptr = np.concatenate([[0], np.cumsum(new_lengths)])
+    regular = np.ones(int(new_ptr[-1]), dtype=bool)
+    regular[new_ptr[:-1][where]] = False
+    grown = []
+    for old, first in zip(columns, firsts):
+        new = np.empty(regular.size, dtype=np.int64)
+        new[regular] = old
+        new[~regular] = first
+        grown.append(new)
+    return new_lengths, grown
 
 
 # -- outputs and weights back -------------------------------------------------------------------------------------

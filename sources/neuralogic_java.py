@@ -53,6 +53,8 @@ class SampleArrays:
     fact_learnable: np.ndarray
     query: np.ndarray
     java_neurons: object = None
+    # () -> per neuron, the class of the function its state computes with (see JavaReader.state_function).
+    state_functions: object = None
 
     def names(self, positions) -> list:
         """Neuron names (NeuraLogic's ``getName()``), one JVM call each: for messages and layer names."""
@@ -156,17 +158,41 @@ class JavaReader:
         self.query_index = fn(then(then(query, field(_NEURONS + "QueryNeuron", "neuron")),
                                    virtual(cls(_NEURONS + "Neurons"), "getIndex", cls("java.lang.Integer"))))
         self._array_list = J("java.util.ArrayList")
+        # The function a neuron's state really computes with. Usually it is what getCombination() and
+        # getTransformation() say, but NeuraLogic replaces a softmax/sparsemax of a single input by a constant
+        # one (ConstantOne) and then reports neither. The field is private: read it through a getter made from
+        # the reflected field (setAccessible is allowed: NeuraLogic runs in the unnamed module).
+        standard = cls(_NEURONS + "states.States$ComputationStateStandard")
+        fcn_field = standard.getDeclaredField("fcnState")
+        fcn_field.setAccessible(True)
+        state = MH.insertArguments(virtual(base, "getComputationView", computation, int_t), 1,
+                                   J("java.lang.Integer").valueOf(0))
+        self._fcn_field = fcn_field
+        self.state_function = fn(MH.guardWithTest(
+            then(state, is_instance.bindTo(standard)),
+            then(then(state, lookup.unreflectGetter(fcn_field)), class_code),
+            MH.dropArguments(MH.constant(int_t, J("java.lang.Integer").valueOf(0)), 0, base)), to_int)
+
+    def _state_function_name(self, neuron) -> str:
+        """The class of a neuron's state function, e.g. ``ConstantOne$State`` (``""`` for none)."""
+        state = neuron.getComputationView(0)
+        if not self._fcn_field.getDeclaringClass().isInstance(state):
+            return ""
+        function = self._fcn_field.get(state)
+        return "" if function is None else str(function.getClass().getName()).rsplit(".", 1)[-1]
 
 
     def _ints(self, int_stream) -> np.ndarray:
         return np.asarray(memoryview(int_stream.toArray()), dtype=np.int64).copy()
 
     @staticmethod
-    def _decode(codes: np.ndarray, neurons, get, positions=None) -> np.ndarray:
-        """Class-name codes -> simple class names, reading one representative neuron per distinct code."""
+    def _decode(codes: np.ndarray, neurons, get, positions=None, named=False) -> np.ndarray:
+        """Class-name codes -> simple class names, reading one representative neuron per distinct code
+        (``get(neuron)`` is the Java object whose class is named, or the name itself if ``named``)."""
         unique, first, inverse = np.unique(codes, return_index=True, return_inverse=True)
         rows = first if positions is None else positions[first]
-        names = np.array([_simple_name(get(neurons.get(int(k)))) for k in rows] + [""], dtype=object)
+        name = (lambda n: get(n)) if named else (lambda n: _simple_name(get(n)))  # noqa: E731
+        names = np.array([name(neurons.get(int(k))) for k in rows] + [""], dtype=object)
         return names[inverse.reshape(-1)] if codes.size else names[:0]
 
     def read(self, java_samples) -> SampleArrays:
@@ -214,6 +240,9 @@ class JavaReader:
             # A WeightedNeuron subclass this module does not know: the per-weighted-neuron arrays would misalign.
             unknown = sorted(set(arrays.kind.tolist()) - _WEIGHTED_KINDS - _UNWEIGHTED_KINDS)
             raise NotImplementedError(f"NeuraLogic neuron classes {unknown} are not supported by neurovec's importer")
+        arrays.state_functions = lambda: self._decode(  # on demand: only for neurons reporting no function
+            self._ints(neurons.stream().mapToInt(self.state_function)), neurons, self._state_function_name,
+            named=True)
         return arrays
 
 

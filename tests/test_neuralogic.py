@@ -17,7 +17,8 @@ if shutil.which("java") is None:  # pragma: no cover - CI has Java
     pytest.skip("PyNeuraLogic needs a Java runtime and none is on the PATH", allow_module_level=True)
 
 import neuralogic.logging  # noqa: E402
-from neuralogic.core import Aggregation, Metadata, Model, R, Settings, Transformation, V  # noqa: E402
+from neuralogic.core import (  # noqa: E402
+    Aggregation, Combination, Metadata, Model, R, Settings, Transformation, V)
 from neuralogic.dataset import Dataset  # noqa: E402
 from neuralogic.utils import data as nl_data  # noqa: E402
 
@@ -134,11 +135,73 @@ def test_softmax_transformation_on_vectors():
     assert_same(model, build(model, ds, **UNPRUNED))
 
 
+# -- concat and softmax combinations ---------------------------------------------------------------------------
+def three_scalars() -> Dataset:
+    ds = Dataset()
+    for a, b, c in [(-1.3, 0.25, 2.0), (0.0, 2.0, -0.5), (0.4, -0.5, 0.0)]:
+        ds.add(R.h[1.0], [R.a[a], R.b[b], R.c[c]])
+    return ds
+
+
 @pytest.mark.parametrize("combination", ["concat", "softmax"])
-def test_unsupported_combination_names_neuron(tmp_path, combination):
-    model = template(f"h :- 1.0 a, 1.0 b. [combination={combination}]\n", tmp_path)
-    built = build(model, scalar_dataset(INPUTS[:1]), **UNPRUNED)
-    with pytest.raises(NeuraLogicImportError, match=r"neuron \d+ \(WeightedRuleNeuron .*combination"):
+@pytest.mark.parametrize("body, transformation", [
+    ("a, b, c, a", "identity"),               # unweighted scalars, a repeated: one slot per input, in body order
+    ("2.0 a, -1.5 b, c, 0.25", "identity"),   # weighted, and the offset: the first slot
+    ("2.0 a, -1.5 b, c, 0.25", "reverse"),    # the neuron's transformation comes after the combination
+    ("2.0 a", "identity"),                    # one input: no combination, except softmax: the constant 1
+    ("2.0 a", "sigmoid"),                     # ... unless transformed: then softmax of a length-1 vector
+], ids=["unweighted", "weighted-offset", "weighted-reverse", "one-input", "one-input-sigmoid"])
+@pytest.mark.parametrize("settings", [PRUNED, UNPRUNED], ids=["pruned", "unpruned"])
+def test_concat_and_softmax_of_scalars(tmp_path, combination, body, transformation, settings):
+    model = template(f"h :- {body}. [combination={combination}, transformation={transformation}]\n", tmp_path)
+    assert_same(model, build(model, three_scalars(), **settings))
+
+
+@pytest.mark.parametrize("settings", [PRUNED, UNPRUNED], ids=["pruned", "unpruned"])
+def test_concat_of_vectors_and_scalars(tmp_path, settings):
+    """Slots of any length: a matrix-weighted vector, a vector, a scalar fact, a vector weight times a scalar and a
+    vector offset (first), then a layer reading the concatenation as a column vector."""
+    model = template("h :- {3,2} a, b, c, {2} c, [0.5, -1.0]. [combination=concat, transformation=tanh]\n"
+                     "q :- {2,10} h. [transformation=sigmoid]\n", tmp_path)
+    ds = Dataset()
+    ds.add(R.q[[1.0, 0.0]], [R.a[[1.0, 2.0]], R.b[[0.5, -0.25]], R.c[0.3]])
+    ds.add(R.q[[0.0, 1.0]], [R.a[[-1.0, 0.5]], R.b[[2.0, 1.0]], R.c[-1.7]])
+    graph = assert_same(model, build(model, ds, **settings))
+    # Placements are fixed and shared: one per (length, slot); offset and weighted inputs get a layer first.
+    placements = [w for w in graph.weights if w.name.startswith("neuralogic:place")]
+    assert all(not w.learnable for w in placements) and len(placements) == 5
+    assert any("/inputs" in layer.name for layer in graph.layers)
+
+
+@pytest.mark.parametrize("settings", [PRUNED, UNPRUNED], ids=["pruned", "unpruned"])
+def test_softmax_over_scalars_from_vectors(settings):
+    """softmax over a neuron's inputs (NeuraLogic's softmax takes scalar inputs only: vector inputs fail its
+    build), here of dot products of vectors: in a rule (s), and in an atom combining two rules (t); both feed
+    a vector layer."""
+    model = Model()
+    model += (R.s <= (R.a[[[1.0, -0.5]]], R.b[[[0.25, 2.0]]], R.a[[[-1.0, 0.0]]])) | \
+        Metadata(combination=Combination.SOFTMAX)
+    model += R.t <= (R.a[[[0.5, 0.5]]], R.b[[[1.0, 1.0]]])
+    model += R.t <= R.b[[[0.5, -0.5]]]
+    model += R.t / 0 | Metadata(combination=Combination.SOFTMAX)
+    model += (R.h <= (R.s[[[1.0, 0.0, -1.0], [2.0, 1.0, 0.5]]], R.t[[[1.0, 2.0], [-1.0, 0.5]]])) | \
+        Metadata(transformation=Transformation.TANH)
+    ds = Dataset()
+    ds.add(R.h[[1.0, 0.0]], [R.a[[1.0, 2.0]], R.b[[0.5, -0.25]]])
+    ds.add(R.h[[0.0, 1.0]], [R.a[[-1.0, 0.5]], R.b[[2.0, 1.0]]])
+    assert_same(model, build(model, ds, **settings))
+
+
+@pytest.mark.parametrize("combination, facts, match", [
+    ("sparsemax", [R.a[0.5], R.b[-1.0]], r"combination 'Sparsemax' .*'sparsemax' transformation"),
+    ("concat", [R.a[[[1.0, 2.0], [3.0, 4.0]]], R.b[[1.0, 2.0]]], r"concatenation of matrix values"),
+])
+def test_unsupported_combination_names_neuron(tmp_path, combination, facts, match):
+    model = template(f"h :- a, b. [combination={combination}]\n", tmp_path)
+    ds = Dataset()
+    ds.add(R.h[1.0], facts)
+    built = build(model, ds, **UNPRUNED)
+    with pytest.raises(NeuraLogicImportError, match=r"neuron \d+ \(RuleNeuron .*" + match):
         from_neuralogic(model, built, warn=False)
 
 
@@ -233,10 +296,16 @@ def test_gnn_on_all_of_mutag(mutag, kind):
 
 
 # -- training in neurovec, weights back into NeuraLogic ---------------------------------------------------------
-@pytest.mark.parametrize("case", ["xor", "gcn"])
-def test_training_step_then_weights_back(case, mutag):
+@pytest.mark.parametrize("case", ["xor", "gcn", "softmax"])
+def test_training_step_then_weights_back(case, mutag, tmp_path):
     if case == "xor":
         model, dataset = nl_data.XOR()
+    elif case == "softmax":  # learnable weights and offset inside a softmax combination
+        model = template("h :- 2.0 a, -1.5 b, c, 0.25. [combination=softmax]\nq :- {1,4} h. [transformation=sigmoid]\n",
+                         tmp_path)
+        dataset = Dataset()
+        for k, (a, b, c) in enumerate([(-1.3, 0.25, 2.0), (0.0, 2.0, -0.5), (0.4, -0.5, 0.0)]):
+            dataset.add(R.q[float(k % 2)], [R.a[a], R.b[b], R.c[c]])
     else:
         model = gnn_model("gcn", mutag.node_features().shape[1], hidden=8)
         dataset = tu_dataset(mutag, samples=np.arange(12))
