@@ -20,7 +20,8 @@ Ops (``Node.attrs`` in brackets):
 ``LINEAR``      per-row product ``W_e . x_e`` [``kind``: ``"matmul"`` or ``"mul"``;
                 ``w_layout``, ``x_layout``: see below]
 ``REDUCE``      segment reduction of consecutive rows [``aggregation``, ``counts``: const key,
-                ``kernel``: ``"scatter"``, ``"segment"``, ``"dense"`` or ``"strided"``]
+                ``kernel``: ``"scatter"``, ``"segment"``, ``"dense"``, ``"strided"`` or
+                ``"sparse_mm"`` (then also ``index``: a fused gather, see below)]
 ``ADD``         ``x + b`` row by row (``b`` broadcasts over the value shape)
 ``TRANSFORM``   elementwise / per-row function [``fn``]
 ==============  =====================================================================
@@ -40,6 +41,8 @@ of ``counts[j]`` rows (scatter_reduce vs. CSR kernels with a gather backward);
 ``dense`` needs equal counts ``k`` and reduces a ``(n, k, ...)`` view;
 ``strided`` also needs equal counts but its segment j is rows ``j, j + n,
 j + 2n, ...``: a ``(k, n, ...)`` view reduced over axis 0 (thesis 5.2.9).
+``sparse_mm`` fuses a gather into a sum or mean: the REDUCE reads rows
+``index[e]`` of its source, as one sparse CSR matrix product (thesis 3.4).
 """
 from __future__ import annotations
 
@@ -50,7 +53,7 @@ import numpy as np
 
 __all__ = ["Op", "Node", "Program", "IRError", "INDEXING", "REDUCE_KERNELS", "LAYOUTS", "linear_grid"]
 
-REDUCE_KERNELS = ("scatter", "segment", "dense", "strided")
+REDUCE_KERNELS = ("scatter", "segment", "dense", "strided", "sparse_mm")
 LAYOUTS = ("full", "tile", "interleave")
 
 
@@ -154,9 +157,17 @@ class Program:
                     raise IRError(f"%{n.name} {n.op.name} count mismatch")
             elif n.op is Op.REDUCE:
                 counts = self.constants[n.attrs["counts"]]
-                if counts.shape != (n.count,) or int(counts.sum()) != srcs[0].count:
-                    raise IRError(f"%{n.name} REDUCE counts do not cover %{srcs[0].name}")
                 kernel = n.attrs.get("kernel", "scatter")
+                rows = srcs[0].count
+                if kernel == "sparse_mm":
+                    index = self.constants[n.attrs["index"]]
+                    if n.attrs["aggregation"] not in ("sum", "mean"):
+                        raise IRError(f"%{n.name} REDUCE sparse_mm only sums or averages")
+                    if index.size and (index.min() < 0 or index.max() >= rows):
+                        raise IRError(f"%{n.name} REDUCE sparse_mm index out of range for %{srcs[0].name}")
+                    rows = index.size
+                if counts.shape != (n.count,) or int(counts.sum()) != rows:
+                    raise IRError(f"%{n.name} REDUCE counts do not cover %{srcs[0].name}")
                 if kernel not in REDUCE_KERNELS:
                     raise IRError(f"%{n.name} REDUCE has unknown kernel {kernel!r}")
                 if kernel in ("dense", "strided") and np.any(counts != counts[0]):

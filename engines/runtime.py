@@ -2,8 +2,32 @@
 from __future__ import annotations
 
 import torch
+from torch import nn
 
-__all__ = ["strided_reduce"]
+from . import kernels
+
+__all__ = ["strided_reduce", "CSRIndices", "gather_sum"]
+
+
+class CSRIndices(nn.Module):
+    """The index tensors of one fused gather + sum (a sparse matrix and its transpose).
+
+    A module of non-persistent buffers, so ``.to(device)`` moves them and the
+    generated code can pass them as one argument.
+    """
+
+    def __init__(self, tensors: dict[str, torch.Tensor]):
+        super().__init__()
+        for name, tensor in tensors.items():
+            self.register_buffer(name, tensor, persistent=False)
+
+    def forward(self):  # pragma: no cover - a container
+        raise RuntimeError("CSRIndices is a container")
+
+
+def gather_sum(x: torch.Tensor, csr: CSRIndices) -> torch.Tensor:
+    """``y[j] = sum of x[index[e]]`` over the edges e of segment j, as one sparse matmul."""
+    return kernels.gather_segment_sum(x, csr.ptr, csr.index, csr.seg_id, csr.t_ptr, csr.t_col, csr.t_perm)
 
 
 def strided_reduce(x: torch.Tensor, k: int, aggregation: str) -> torch.Tensor:

@@ -68,6 +68,9 @@ def _expression(node: Node, nodes: dict[str, Node]) -> str:
     if node.op is Op.REDUCE:
         key, agg = node.attrs["counts"], node.attrs["aggregation"]
         kernel = node.attrs.get("kernel", "scatter")
+        if kernel == "sparse_mm":
+            call = f"gather_sum({names[0]}, self.csr_{node.name})"
+            return call if agg == "sum" else f"{call} / self.cnt_{key}{_rows(node.shape)}"
         if kernel == "segment":
             return f"segment_reduce({names[0]}, self.ptr_{key}, self.seg_{key}, self.cnt_{key}, {agg!r})"
         if kernel == "dense":
@@ -183,6 +186,11 @@ class CompiledModule(nn.Module):
                 self.register_buffer(f"ptr_{key}", torch.cat([counts.new_zeros(1), counts.cumsum(0)]),
                                      persistent=False)
                 self.register_buffer(f"cnt_{key}", counts.to(dtype), persistent=False)
+            if node.op is Op.REDUCE and node.attrs.get("kernel") == "sparse_mm":
+                fused = kernels.GatherSum.from_index(program.constants[node.attrs["index"]],
+                                                     program.constants[node.attrs["counts"]],
+                                                     program.node(node.srcs[0]).count)
+                self.add_module(f"csr_{node.name}", runtime.CSRIndices(fused.buffers()))
         self._inputs = {n.attrs["fact_layer"]: n for n in input_facts(program)}
         self.code = generate_source(program)
         self._program = _load(self.code)
@@ -241,6 +249,6 @@ def _load(source: str):
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     namespace = {"torch": torch, "T": TRANSFORM_FUNCTIONS, "segment_reduce": kernels.segment_reduce,
                  "scatter_reduce": kernels.scatter_reduce_native, "dense_reduce": kernels.dense_reduce,
-                 "strided_reduce": runtime.strided_reduce}
+                 "strided_reduce": runtime.strided_reduce, "gather_sum": runtime.gather_sum}
     exec(compile(source, filename, "exec"), namespace)
     return namespace["program"]

@@ -19,7 +19,8 @@ from neurovec import datasets
 
 PRESETS = {
     "unoptimized": "Thesis Fig. 6.8: every weight is gathered once per row.",
-    "default": "Thesis Fig. 6.9: one GEMM per layer on the distinct rows, then gathers; 7 input rows.",
+    "default": ("Thesis Fig. 6.9: one GEMM per layer on the distinct rows, then the gathers (here fused "
+                "with the sums into sparse matrix products); 7 input rows."),
     "upward-17-aggressive": "Thesis Fig. 6.10: no gathers left; the input is duplicated instead.",
 }
 BEGIN, END = "<!-- BEGIN GENERATED PROGRAMS -->", "<!-- END GENERATED PROGRAMS -->"

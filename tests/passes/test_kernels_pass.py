@@ -1,0 +1,63 @@
+"""The kernel-choice pass: dense for equal counts, fused sparse matmul after a gather, forced choices."""
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import neurovec
+from neurovec.compiler.ir import Node, Op, Program
+from neurovec.compiler.passes.kernels import choose_kernels
+from neurovec.compiler.settings import Settings
+from neurovec.engines.torch_module import CompiledModule
+
+from ..equivalence import assert_equivalent
+from ..strategies import graphs
+from ..test_equivalence import all_finite
+
+
+def gather_reduce(counts, aggregation="sum"):
+    x = np.random.default_rng(0).normal(size=(5, 3))
+    index = np.random.default_rng(1).integers(0, 5, int(np.sum(counts)))
+    nodes = (Node("x", Op.FACT, (), 5, (3,), {"const": "cx"}),
+             Node("g", Op.GATHER, ("x",), index.size, (3,), {"index": "idx"}),
+             Node("r", Op.REDUCE, ("g",), len(counts), (3,),
+                  {"aggregation": aggregation, "counts": "cnt", "kernel": "scatter"}))
+    return Program(nodes, {"cx": x, "idx": index, "cnt": np.asarray(counts)}, (), "r")
+
+
+def run(program):
+    return CompiledModule(program, torch.float64)().detach()
+
+
+@pytest.mark.parametrize("aggregation", ["sum", "mean"])
+def test_sum_after_gather_fuses_into_sparse_mm(aggregation):
+    before = gather_reduce([1, 4, 2], aggregation)
+    after = choose_kernels(before, Settings())
+    assert [n.op for n in after.nodes] == [Op.FACT, Op.REDUCE]
+    reduce = after.nodes[-1]
+    assert reduce.attrs["kernel"] == "sparse_mm" and reduce.srcs == ("x",) and reduce.attrs["index"] == "idx"
+    assert "gather_sum(x, self.csr_r)" in CompiledModule(after).code
+    torch.testing.assert_close(run(after), run(before), rtol=1e-12, atol=1e-12)
+
+
+def test_equal_counts_go_dense_and_max_stays_segment():
+    assert choose_kernels(gather_reduce([2, 2, 2]), Settings()).nodes[-1].attrs["kernel"] == "dense"
+    after = choose_kernels(gather_reduce([1, 3, 2], "max"), Settings())
+    assert after.nodes[-1].attrs["kernel"] == "segment"
+
+
+def test_forced_kernels_fall_back_where_they_cannot_apply():
+    program = gather_reduce([1, 3, 2], "max")
+    for forced, expected in [("scatter", "scatter"), ("dense", "segment"), ("sparse_mm", "segment")]:
+        after = choose_kernels(program, Settings(reduce_kernel=forced))
+        assert after.nodes[-1].attrs["kernel"] == expected
+        torch.testing.assert_close(run(after), run(program), rtol=1e-12, atol=1e-12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(graph=graphs(), kernel=st.sampled_from(["auto", "scatter", "segment", "dense", "sparse_mm"]))
+def test_random_graphs_under_every_kernel(graph, kernel):
+    from hypothesis import assume
+    assume(all_finite(graph))
+    assert_equivalent(graph, neurovec.compile(graph, Settings(reduce_kernel=kernel), dtype=torch.float64))
