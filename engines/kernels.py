@@ -298,6 +298,16 @@ class SegmentMin(_SegmentExtremum):
     reduce = "min"
 
 
+# torch.segment_reduce's own backward kernel: one fused pass, zero-exact for prod
+# (checked against torch.prod in the tests) and ~2x faster on CPU than the formula
+# below, which stays as the fallback should this private op go away. (Not used for
+# max/min: it does not split *negative* gradients among ties -- torch 2.13.)
+try:
+    _fused_prod_backward = torch.ops.aten._segment_reduce_backward
+except (AttributeError, RuntimeError):
+    _fused_prod_backward = None
+
+
 class SegmentProd(torch.autograd.Function):
     """``y[j] = prod(x[seg j], 0)``, with the exact gradient also where ``x`` has zeros.
 
@@ -319,6 +329,11 @@ class SegmentProd(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad):
         x, out, ptr, seg_id = ctx.saved_tensors
+        if _fused_prod_backward is not None:
+            try:
+                return _fused_prod_backward(grad.contiguous(), out, x, "prod", offsets=ptr, axis=0), None, None, None
+            except RuntimeError:  # e.g. a dtype or device the private op lacks: use the formula
+                pass
         g = grad.index_select(0, seg_id)
         # A zero row makes its segment's product 0 (or NaN next to an inf), so the
         # (S, F) output tells cheaply whether the zero-aware terms are needed at all.

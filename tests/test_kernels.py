@@ -96,8 +96,18 @@ def test_extremum_backward_equals_scatter_reduce(reduce, impl):
     torch.testing.assert_close(gx, gx2, atol=0, rtol=0)
 
 
+@pytest.fixture(params=["fused", "formula"])
+def prod_backward(request, monkeypatch):
+    """Run a test with torch's fused prod backward and with the fallback formula."""
+    if request.param == "formula":
+        monkeypatch.setattr(K, "_fused_prod_backward", None)
+    elif K._fused_prod_backward is None:
+        pytest.skip("torch lacks aten::_segment_reduce_backward")
+    return request.param
+
+
 @pytest.mark.parametrize("impl", impls_for("prod"))
-def test_prod_with_zeros(impl):
+def test_prod_with_zeros(impl, prod_backward):
     """Segments with no, one and several zeros (per feature): torch.prod's gradient."""
     counts = [3, 3, 3, 1, 2]
     x = torch.tensor([[2.0, 0.0], [3.0, 4.0], [0.5, 0.0],    # feature 1: two zeros
@@ -106,6 +116,21 @@ def test_prod_with_zeros(impl):
                       [0.0, 0.0],
                       [0.0, 2.0], [4.0, 0.0]], dtype=F64)
     check_against_reference(x, counts, "prod", impl)
+
+
+@settings(max_examples=30)
+@given(counts=st.lists(st.integers(1, 5), min_size=1, max_size=12), width=st.sampled_from([(), (2,), (2, 2)]),
+       seed=st.integers(0, 2**16), formula=st.booleans())
+def test_prod_random_zeros(counts, width, seed, formula):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randint(-2, 3, (sum(counts),) + width, generator=gen).to(F64)  # ~1 in 5 is zero
+    saved = K._fused_prod_backward
+    try:
+        if formula:
+            K._fused_prod_backward = None
+        check_against_reference(x, counts, "prod", "auto")
+    finally:
+        K._fused_prod_backward = saved
 
 
 @settings(max_examples=40)
@@ -133,6 +158,13 @@ def test_float32(reduce, impl):
 
 
 # --------------------------------------------------------------------------- gradcheck
+
+def test_prod_gradcheck_formula(monkeypatch):
+    monkeypatch.setattr(K, "_fused_prod_backward", None)
+    seg = K.Segments.from_counts([2, 1, 3], dtype=F64)
+    x = ((torch.arange(12, dtype=F64).view(6, 2) + 1) / 7).requires_grad_()
+    assert torch.autograd.gradcheck(lambda t: seg.reduce(t, "prod"), (x,))
+
 
 @pytest.mark.parametrize("reduce,impl", CASES)
 def test_gradcheck(reduce, impl):
