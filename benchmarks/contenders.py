@@ -191,7 +191,11 @@ class ReferenceEngine(TorchEngine):
 
 
 class AutotuneEngine(TorchEngine):
-    """``neurovec.autotune(graph, presets=..., device=..., budget_s=...)``; its time is the compile time."""
+    """``neurovec.autotune``: times candidate presets and kernels, returns the winner's module.
+
+    Its whole tuning time is this engine's compile time: that is what a user pays
+    to get the module. The winner and every candidate's row go to the results.
+    """
 
     kind = "autotune"
 
@@ -206,29 +210,10 @@ class AutotuneEngine(TorchEngine):
             raise Skipped("neurovec.autotune is not available in this version of neurovec")
         if task.graph is None:
             raise Skipped("no neurovec graph for this task")
-        result = autotune(task.graph, presets=self.presets, device=device, budget_s=self.budget_s)
-        module, chosen = _autotune_module(result, task, dtype)
-        self.module = module.to(device=device)
+        result = autotune(task.graph, presets=self.presets, device=device, budget_s=self.budget_s, dtype=dtype)
+        self.module = result.module.to(device)
         self._prepare(dict(self.module.weights.named_parameters()), task, device, dtype)
-        return {"chosen": chosen}
+        return {"chosen": f"{result.preset}/{result.kernel}", "candidates": result.table.as_records()}
 
     def forward(self) -> torch.Tensor:
         return self.module()
-
-
-def _autotune_module(result, task: Task, dtype: torch.dtype) -> tuple[torch.nn.Module, str]:
-    """Accept what autotune may return: a module, Settings, a preset name, or an object holding one."""
-    for attribute in ("module", "settings", "preset", "best"):
-        inner = getattr(result, attribute, None)
-        if inner is not None and not isinstance(result, (torch.nn.Module, Settings, str)):
-            module, chosen = _autotune_module(inner, task, dtype)
-            if chosen == "?" and attribute != "preset" and getattr(result, "preset", None):
-                chosen = str(result.preset)
-            return module, chosen
-    if isinstance(result, torch.nn.Module):
-        return result.to(dtype=dtype), str(getattr(result, "preset", "?"))
-    if isinstance(result, (Settings, str)):
-        settings = Settings.preset(result, verify=False) if isinstance(result, str) else result
-        chosen = result if isinstance(result, str) else "custom settings"
-        return CompiledModule(build_program(task.graph, settings), dtype), chosen
-    raise TypeError(f"neurovec.autotune returned {type(result).__name__}; expected a module, Settings or preset")

@@ -353,6 +353,7 @@ def plot_iterations(results: dict, path: Path) -> bool:
             ax.axvspan(0.5, warmup + 0.5, color="0.9", zorder=0)
         ax.set_title(group["key"], fontsize=9)
         ax.set_xlabel("iteration (shaded: warm-up, not counted)")
+        ax.xaxis.get_major_locator().set_params(integer=True)
         ax.set_ylabel("training step (ms)")
         ax.set_yscale("log")
         ax.legend(fontsize=7)

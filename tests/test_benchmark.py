@@ -6,11 +6,13 @@ writes its files, and refuses to trust an engine whose outputs are wrong.
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
+import neurovec
 import neurovec.benchmark as cli
 from neurovec.benchmarks import measure, report, suite
 from neurovec.benchmarks.contenders import Engine, NeurovecEngine
@@ -182,12 +184,14 @@ def test_autotune_engine(tu_dir, monkeypatch):
     # With it, whatever it picks is checked and timed like a preset.
     calls = []
 
-    def fake_autotune(graph, presets, device, budget_s):
+    def fake_autotune(graph, presets, device, budget_s, dtype):
         calls.append(presets)
-        return "default"
+        module = neurovec.compile(graph, "default", dtype)
+        table = SimpleNamespace(as_records=lambda: [{"preset": "default", "status": "ok"}])
+        return SimpleNamespace(module=module, table=table, preset="default", kernel="auto")
 
     monkeypatch.setattr("neurovec.autotune", fake_autotune, raising=False)
     config = _config(tu_dir, engines=("all", "autotune"))
     record = suite.measure_engine(suite.make_engine("autotune", config), task, config)
-    assert record["status"] == "ok" and record["build"]["chosen"] == "default"
+    assert record["status"] == "ok" and record["build"]["chosen"] == "default/auto"
     assert calls[0] == suite.list_presets()
