@@ -135,14 +135,6 @@ def test_graph_without_learnable_weights():
     assert_equivalent(graph, neurovec.compile(graph, result.settings, torch.float64))
 
 
-def test_benchmark_adapter_reads_the_result(small_gcn):
-    # benchmarks/contenders.py accepts "an object holding a module": it must find ours.
-    contenders = pytest.importorskip("neurovec.benchmarks.contenders")
-    result = autotune(small_gcn, presets=["default"], kernels=[None], budget_s=30.0, repeat=1, warmup=0)
-    module, chosen = contenders._autotune_module(result, None, torch.float32)
-    assert module is result.module and chosen == "default"
-
-
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 def test_cuda(small_gcn):
     result = autotune(small_gcn, presets=["default", "upward-05-rel-0.5"], device="cuda", budget_s=30.0)
