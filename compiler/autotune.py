@@ -70,9 +70,9 @@ PRESET_ORDER: tuple[str, ...] = (
     "upward-02-rel-0.05", "upward-01-rel-0.01", "upward-00-free", "upward-13-depth-2",
 )
 
-#: Presets tried only after the kernels of the best ones: those that may grow layers
-#: without bound (3-50x slower steps on MUTAG and PROTEINS GCN, and up to 5x the
-#: compile time), then no optimization at all.
+#: Presets tried only after the kernels of the best ones: those whose layers may grow
+#: without practical bound (3-150x slower steps than the best on MUTAG and PROTEINS GCN,
+#: and up to 5x the compile time), then no optimization at all.
 LATE_PRESETS: tuple[str, ...] = (
     "upward-12-depth-1", "upward-14-depth-3", "upward-11-abs-100k", "upward-16-before-linear-unlimited",
     "upward-17-aggressive", "unoptimized",
@@ -184,7 +184,8 @@ class AutotuneTable:
             default = next((r for r in self.rows if r.preset == "default"), None)
             default = default and self.timed(default)
             if default is not None and default is not self.best:
-                head += f", {default.median_ms / self.best.median_ms:.2f}x faster than default ({default.median_ms:.2f} ms)"
+                head += (f", {default.median_ms / self.best.median_ms:.2f}x faster than default "
+                         f"({default.median_ms:.2f} ms)")
         width = max([len(r.preset) for r in self.rows] + [6])
 
         def num(value, digits):
@@ -209,8 +210,8 @@ class AutotuneResult(NamedTuple):
     """What :func:`autotune` returns: unpacks as ``module, table``.
 
     ``module`` is compiled with the winning settings and holds the graph's initial
-    weights (timing trained a throwaway); ``settings``, ``preset`` and ``kernel`` say
-    what won.
+    weights (its parameters are reset after timing trained them); ``settings``,
+    ``preset`` and ``kernel`` say what won.
     """
 
     module: CompiledModule
