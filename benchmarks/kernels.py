@@ -20,6 +20,11 @@ so that load from other processes spreads over all of them:
 * and for gather + sum: ``index_select`` + each of the above vs. one sparse CSR
   matmul (:class:`~neurovec.engines.kernels.GatherSum`).
 
+Only the neurovec rows and ``scatter_reduce`` have the reference engine's gradient
+semantics for max/min (ties share the gradient evenly): torch-scatter routes all
+of it to one argmax, and ``torch.segment_reduce`` (torch 2.13) does not divide
+*negative* gradients among ties. Their rows are timings, not alternatives.
+
 Note on CPU timings: glibc serves blocks over 32 MiB with fresh ``mmap`` and
 unmaps them on free, so every op whose output exceeds that (here the ``(E, 64)``
 float32 gradient of the backward) pays ~13k page faults per call, often more than

@@ -627,7 +627,8 @@ def dense_reduce(x: torch.Tensor, k: int, reduce: str) -> torch.Tensor:
 
 def choose_kernel(n_edges: int, n_segments: int, counts, feature_size: int, device: torch.device | str,
                   has_torch_scatter: bool = HAS_TORCH_SCATTER, *, reduce: str = "sum",
-                  after_gather: bool = False, dtype: torch.dtype | None = None) -> str:
+                  after_gather: bool = False, dtype: torch.dtype | None = None,
+                  rows_sorted: bool = True) -> str:
     """Pick how a layer reduces its edge values into its ``n_segments`` neurons.
 
     Returns one of ``"dense"`` (:func:`dense_reduce`), ``"sparse_mm"``
@@ -636,7 +637,9 @@ def choose_kernel(n_edges: int, n_segments: int, counts, feature_size: int, devi
     size) or ``"scatter"`` (:func:`scatter_reduce_native`).
 
     ``counts`` are the segment sizes (array-like, or None if unknown);
-    ``feature_size`` is the number of values per row (``prod(shape)``).
+    ``feature_size`` is the number of values per row (``prod(shape)``);
+    ``rows_sorted`` says whether the rows come grouped by segment (CSR); ``dtype``
+    is the values' dtype if known (CPU sparse matmul has no half precision).
 
     Rules, from ``benchmarks/kernels.py`` (2 CPU threads; see its output):
 
@@ -653,6 +656,8 @@ def choose_kernel(n_edges: int, n_segments: int, counts, feature_size: int, devi
        never have; it is kept as the plain-torch fallback (e.g. for tracing).
     """
     del n_segments, has_torch_scatter  # the per-device forward choice is made inside "segment"
+    if not rows_sorted:
+        return "scatter"
     if counts is not None:
         c = _as_numpy_int(counts, "counts")
         if c.size and (c == c[0]).all() and c[0] * c.size == n_edges:

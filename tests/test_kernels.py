@@ -353,6 +353,7 @@ def test_choose_kernel_rules():
     assert K.choose_kernel(10, 4, [3, 3, 3, 1], 8, cpu, False, reduce="sum", after_gather=True) == "sparse_mm"
     assert K.choose_kernel(10, 4, [3, 3, 3, 1], 8, cpu, False, reduce="max", after_gather=True) == "segment"
     assert K.choose_kernel(10, 4, None, 8, cpu, True) == "segment"
+    assert K.choose_kernel(10, 4, [3, 3, 3, 1], 8, cpu, True, rows_sorted=False) == "scatter"
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
