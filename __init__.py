@@ -5,11 +5,12 @@
     print(module.program)                             # its forward, as readable Python
 """
 from .compiler import Program, Settings, compile, iter_presets, list_presets
+from .compiler.autotune import autotune
 from .engines.reference import ReferenceModule
 from .sources import FactLayer, Graph, GraphBuilder, GraphError, NeuronLayer, Ref, Weight, load_json, save_json
 
 __all__ = [
-    "Program", "ReferenceModule", "Settings", "compile", "iter_presets", "list_presets",
+    "Program", "ReferenceModule", "Settings", "autotune", "compile", "iter_presets", "list_presets",
     "FactLayer", "Graph", "GraphBuilder", "GraphError", "NeuronLayer", "Ref", "Weight",
     "load_json", "save_json",
 ]
