@@ -48,7 +48,12 @@ def _expression(node: Node, nodes: dict[str, Node]) -> str:
     if node.op is Op.FACT:
         return f"self.{node.attrs['const']}"
     if node.op is Op.WEIGHTS:
-        parts = ", ".join(f"w[{n!r}]" for n in node.attrs["names"])
+        names_ = node.attrs["names"]
+        distinct = list(dict.fromkeys(names_))
+        parts = ", ".join(f"w[{n!r}]" for n in distinct)
+        if len(distinct) < len(names_):
+            # Upward propagation repeats weights row by row: stack each once, then gather.
+            return f"torch.stack([{parts}]).index_select(0, self.wsel_{node.name})"
         return f"torch.stack([{parts}])"
     if node.op is Op.CONCAT:
         return f"torch.cat([{', '.join(names)}])"
@@ -178,6 +183,10 @@ class CompiledModule(nn.Module):
         for key, array in program.constants.items():
             self.register_buffer(key, _tensor(array, dtype), persistent=False)
         for node in program.nodes:
+            if node.op is Op.WEIGHTS and len(set(node.attrs["names"])) < len(node.attrs["names"]):
+                distinct = {n: k for k, n in enumerate(dict.fromkeys(node.attrs["names"]))}
+                rows = torch.tensor([distinct[n] for n in node.attrs["names"]], dtype=torch.int64)
+                self.register_buffer(f"wsel_{node.name}", rows, persistent=False)
             if node.op is Op.REDUCE and not hasattr(self, f"seg_{node.attrs['counts']}"):
                 key = node.attrs["counts"]
                 counts = torch.from_numpy(np.ascontiguousarray(program.constants[key], dtype=np.int64))
