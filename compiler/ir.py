@@ -51,7 +51,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-__all__ = ["Op", "Node", "Program", "IRError", "INDEXING", "REDUCE_KERNELS", "LAYOUTS", "linear_grid"]
+__all__ = ["Op", "Node", "Program", "IRError", "INDEXING", "REDUCE_KERNELS", "LAYOUTS", "linear_grid",
+           "unique_name", "users_of"]
 
 REDUCE_KERNELS = ("scatter", "segment", "dense", "strided", "sparse_mm")
 LAYOUTS = ("full", "tile", "interleave")
@@ -115,11 +116,7 @@ class Program:
 
     def users(self) -> dict[str, list[str]]:
         """For every node, the names of the nodes that read it."""
-        result: dict[str, list[str]] = {n.name: [] for n in self.nodes}
-        for n in self.nodes:
-            for s in n.srcs:
-                result[s].append(n.name)
-        return result
+        return users_of(self.nodes)
 
     def __str__(self) -> str:
         lines = []
@@ -181,6 +178,26 @@ class Program:
             seen[n.name] = n
         if self.output not in seen:
             raise IRError(f"output %{self.output} is not defined")
+
+
+def users_of(nodes) -> dict[str, list[str]]:
+    """For every node of ``nodes``, the names of the nodes that read it (a reader reading twice twice)."""
+    result: dict[str, list[str]] = {n.name: [] for n in nodes}
+    for n in nodes:
+        for s in n.srcs:
+            result[s].append(n.name)
+    return result
+
+
+def unique_name(base: str, taken) -> str:
+    """``base``, or ``base_2``, ``base_3``, ... : the first one not in ``taken`` (which it joins)."""
+    name, k = base, 1
+    while name in taken:
+        k += 1
+        name = f"{base}_{k}"
+    if isinstance(taken, set):
+        taken.add(name)
+    return name
 
 
 def linear_grid(node: Node, w: Node, x: Node) -> tuple[int, int]:

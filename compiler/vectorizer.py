@@ -21,7 +21,7 @@ import re
 import numpy as np
 
 from ..sources.graph import NO_WEIGHT, FactLayer, Graph
-from .ir import Node, Op, Program
+from .ir import Node, Op, Program, unique_name
 
 __all__ = ["vectorize"]
 
@@ -38,12 +38,7 @@ class _Emitter:
         base = re.sub(r"\W+", "_", base).strip("_") or "v"
         if base[0].isdigit():
             base = "_" + base
-        name, k = base, 1
-        while name in self._taken:
-            k += 1
-            name = f"{base}_{k}"
-        self._taken.add(name)
-        return name
+        return unique_name(base, self._taken)
 
     def const(self, base: str, array: np.ndarray) -> str:
         key = self.name(base)

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..ir import Node, Op, Program
+from ..ir import Node, Op, Program, unique_name, users_of
 from ..settings import Settings
 
 __all__ = ["broadcast_linear", "resolve_rows", "tile_period", "interleave_count", "SideRows", "Layout",
@@ -214,19 +214,10 @@ class NodeEditor:
         return {n.name: n for n in self.nodes}
 
     def users(self) -> dict[str, list[str]]:
-        result: dict[str, list[str]] = {n.name: [] for n in self.nodes}
-        for n in self.nodes:
-            for s in n.srcs:
-                result[s].append(n.name)
-        return result
+        return users_of(self.nodes)
 
     def fresh(self, base: str) -> str:
-        name, k = base, 1
-        while name in self._taken:
-            k += 1
-            name = f"{base}_{k}"
-        self._taken.add(name)
-        return name
+        return unique_name(base, self._taken)
 
     def const(self, base: str, array: np.ndarray) -> str:
         key = self.fresh(base)

@@ -61,7 +61,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..ir import Node, Op, Program, linear_grid
+from ..ir import Node, Op, Program, linear_grid, unique_name
 from ..rewrite import eliminate_dead_code
 from ..settings import Settings
 
@@ -137,6 +137,16 @@ def linear_side_rows(layout: str, index: np.ndarray, g2: int) -> np.ndarray:
 
 # -- a program under rewriting --------------------------------------------------------------------
 
+class _Either:
+    """``name in _Either(a, b)``: taken as a node name or as a constant key."""
+
+    def __init__(self, *spaces):
+        self.spaces = spaces
+
+    def __contains__(self, name) -> bool:
+        return any(name in space for space in self.spaces)
+
+
 class Editor:
     """A program being rewritten: node definitions by name, constants, output.
 
@@ -190,11 +200,7 @@ class Editor:
 
     # -- edits
     def fresh(self, base: str) -> str:
-        name, k = base, 1
-        while name in self.nodes or name in self.constants:
-            k += 1
-            name = f"{base}_{k}"
-        return name
+        return unique_name(base, _Either(self.nodes, self.constants))
 
     def const(self, base: str, array: np.ndarray, owner: str | None = None) -> str:
         """Store ``array`` under a fresh key; ``owner``: the node being (re)defined with it, which
