@@ -212,7 +212,7 @@ def keep_freed_memory():
     libc = ctypes.CDLL("libc.so.6")
     m_trim_threshold, m_mmap_threshold = -1, -3
     libc.mallopt(m_mmap_threshold, 1 << 30)
-    libc.mallopt(m_trim_threshold, 1 << 31 - 1)
+    libc.mallopt(m_trim_threshold, (1 << 31) - 1)
 
 
 def main():
