@@ -160,6 +160,9 @@ def _width(x: torch.Tensor) -> int:
 
 
 def _auto_impl(x: torch.Tensor, reduce: str, allow_torch_scatter: bool) -> str:
+    if torch.compiler.is_compiling():
+        # Dynamo cannot trace sparse CSR tensors: a dense kernel keeps the graph whole.
+        return "segment_reduce"
     if x.device.type != "cpu":
         # Unmeasured here; the thesis found segment_csr fastest on the GPU forward.
         if allow_torch_scatter and HAS_TORCH_SCATTER and reduce in _IMPL_REDUCTIONS["torch_scatter"]:
@@ -517,6 +520,12 @@ def gather_segment_sum(x: torch.Tensor, ptr: torch.Tensor, index: torch.Tensor, 
     Returns:
         ``(S, *shape)``.
     """
+    if torch.compiler.is_compiling():
+        # Same function without sparse tensors, which dynamo cannot trace.
+        rows = x.index_select(0, index.long())
+        if coef is not None:
+            rows = rows * coef.to(x.dtype).view((-1,) + (1,) * (x.dim() - 1))
+        return segment_reduce(rows, ptr.long(), seg_id, None, "sum")
     return _GatherSumCSR.apply(x, coef, ptr, index, seg_id, t_ptr, t_col, t_perm)
 
 
