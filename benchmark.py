@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import sys
 from pathlib import Path
 
@@ -76,6 +77,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     io.add_argument("--data-dir", default=None, help="dataset folder (default: $NEUROVEC_DATA, else the cache)")
     io.add_argument("--out", default=None, help="results folder (default: benchmark-results/<date>-<device>)")
     io.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    io.add_argument("--report-only", metavar="JSON", default=None,
+                    help="measure nothing: rewrite results.md and the plots of an earlier results.json "
+                         "(into --out, default: its folder)")
     io.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
     for name in ("warmup", "reps", "hidden", "layers", "dim", "bond_dim"):
@@ -109,6 +113,14 @@ def main(argv=None) -> int:
     import torch
 
     from neurovec.benchmarks import report, suite
+
+    if args.report_only:
+        source = Path(args.report_only)
+        results = json.loads(source.read_text())
+        paths = report.write(results, Path(args.out) if args.out else source.parent, plots=not args.no_plots,
+                             raw=False)
+        print(f"rewrote: {', '.join(str(p) for p in paths.values())}")
+        return 0
 
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print(f"benchmark: --device {args.device} asked for, but CUDA is not available here "

@@ -286,6 +286,12 @@ def _grid(plt, n: int, width: float = 5.5, height: float = 3.6):
     return figure, list(axes.flat[:n])
 
 
+def _title(figure, text: str) -> None:
+    """A figure title with half an inch kept free for it, whatever the figure's height."""
+    figure.suptitle(text)
+    figure.tight_layout(rect=(0, 0, 1, 1 - 0.5 / figure.get_figheight()))
+
+
 def _timed_groups(results: dict) -> list[dict]:
     return [g for g in results["groups"] if any(_median(r) is not None for r in g.get("engines", []))]
 
@@ -318,9 +324,8 @@ def plot_engines(results: dict, lap: str, path: Path) -> bool:
         if values and max(values) / min(values) > 50:
             ax.set_yscale("log")
         ax.grid(axis="y", alpha=0.3)
-    figure.suptitle(f"{lap} time per engine and preset (green: best preset; hatched: failed the check)")
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
+    _title(figure, f"{lap} time per engine and preset (green: best preset; hatched: failed the check)")
+    figure.savefig(path, dpi=90)
     plt.close(figure)
     return True
 
@@ -358,9 +363,8 @@ def plot_iterations(results: dict, path: Path) -> bool:
         ax.set_yscale("log")
         ax.legend(fontsize=7)
         ax.grid(alpha=0.3)
-    figure.suptitle("training step per iteration: best neurovec preset against the baselines")
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
+    _title(figure, "training step per iteration: best neurovec preset against the baselines")
+    figure.savefig(path, dpi=90)
     plt.close(figure)
     return True
 
@@ -386,9 +390,8 @@ def plot_best(results: dict, path: Path) -> bool:
         ax.set_ylabel("median time (ms)")
         ax.legend(fontsize=7)
         ax.grid(axis="y", alpha=0.3)
-    figure.suptitle("best neurovec preset (by training step) against the baselines; NeuraLogic's step is an epoch")
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
+    _title(figure, "best neurovec preset (by training step) against the baselines; NeuraLogic's step is an epoch")
+    figure.savefig(path, dpi=90)
     plt.close(figure)
     return True
 
@@ -418,18 +421,23 @@ def plot_scaling(results: dict, path: Path) -> bool:
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7)
     figure.tight_layout()
-    figure.savefig(path, dpi=110)
+    figure.savefig(path, dpi=90)
     plt.close(figure)
     return True
 
 
 # -- files -------------------------------------------------------------------------------------------------
-def write(results: dict, out_dir: str | Path, plots: bool = True) -> dict[str, Path]:
-    """Write ``results.json``, ``results.md`` and (with ``plots``) the PNGs; returns the paths by name."""
+def write(results: dict, out_dir: str | Path, plots: bool = True, raw: bool = True) -> dict[str, Path]:
+    """Write ``results.json`` (unless not ``raw``), ``results.md`` and (with ``plots``) the PNGs.
+
+    Returns the written paths by name.
+    """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    paths = {"json": out / "results.json", "markdown": out / "results.md"}
-    paths["json"].write_text(json.dumps(results, indent=1, default=_jsonable) + "\n")
+    paths = {"markdown": out / "results.md"}
+    if raw:
+        paths["json"] = out / "results.json"
+        paths["json"].write_text(json.dumps(results, indent=1, default=_jsonable) + "\n")
     paths["markdown"].write_text(markdown(results))
     if plots:
         for lap in ("step", "forward", "backward"):

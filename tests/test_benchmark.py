@@ -103,6 +103,13 @@ def test_report_files(mutag_run, tmp_path):
     assert "Best neurovec preset against PyG" in text and "**invalid**" in text and "MUTAG/gcn" in text
 
 
+def test_report_only_rewrites_tables_and_plots(mutag_run, tmp_path):
+    report.write(mutag_run, tmp_path / "run", plots=False)
+    assert cli.main(["--report-only", str(tmp_path / "run" / "results.json"), "--out", str(tmp_path / "again")]) == 0
+    assert (tmp_path / "again" / "results.md").read_text() == (tmp_path / "run" / "results.md").read_text()
+    assert (tmp_path / "again" / "step.png").is_file() and not (tmp_path / "again" / "results.json").exists()
+
+
 @pytest.mark.parametrize("mode", ["distinct", "identical"])
 def test_scaling_replicates_the_dataset(tu_dir, tmp_path, mode):
     results = suite.run(_config(tu_dir, engines=("default",), scales=(1, 2), warmup=0, scale_mode=mode))
