@@ -275,6 +275,39 @@ def side_node(editor: NodeEditor, rows: SideRows, index: np.ndarray, base: str, 
 # The pass
 # ---------------------------------------------------------------------------------------------
 
+# A weight side made of a few long constant runs (GraphSAGE: lin_r on the roots, lin_l on the
+# means) is neither periodic nor worth padding; one GEMM per run beats a per-row weight gather.
+MAX_RUNS, MIN_MEAN_RUN = 8, 32
+
+
+def weight_runs(index: np.ndarray) -> np.ndarray | None:
+    """Start of each run of equal weight rows, if there are 2..MAX_RUNS long runs; else None."""
+    starts = np.concatenate([[0], np.flatnonzero(np.diff(index) != 0) + 1])
+    if not 2 <= starts.size <= MAX_RUNS or index.size < MIN_MEAN_RUN * starts.size:
+        return None
+    return starts
+
+
+def split_by_runs(editor: NodeEditor, linear: Node, w: SideRows, x: SideRows, starts: np.ndarray) -> list[Node]:
+    """One shared-weight LINEAR per run of rows, concatenated back under the LINEAR's name::
+
+        %lin = LINEAR(GATHER(%w; [1,1,1,0,0,...]), %x)   ->   %lin_run = LINEAR(%w[1], %x[0:3]; w_layout='tile')
+                                                               %lin_run_2 = LINEAR(%w[0], %x[3:]; w_layout='tile')
+                                                               %lin = CONCAT(%lin_run, %lin_run_2)
+    """
+    ends = np.append(starts[1:], w.index.size)
+    made, parts = [], []
+    for start, end in zip(starts, ends):
+        w_nodes = side_node(editor, w, w.index[start:start + 1], f"{linear.name}_w", linear.layer)
+        x_nodes = side_node(editor, x, x.index[start:end], f"{linear.name}_x", linear.layer)
+        srcs = (w_nodes[0].name if w_nodes else w.source, x_nodes[0].name if x_nodes else x.source)
+        run = Node(editor.fresh(f"{linear.name}_run"), Op.LINEAR, srcs, int(end - start), linear.shape,
+                   {**linear.attrs, "w_layout": "tile", "x_layout": "full"}, linear.layer)
+        made += w_nodes + x_nodes + [run]
+        parts.append(run.name)
+    return made + [Node(linear.name, Op.CONCAT, tuple(parts), linear.count, linear.shape, {}, linear.layer)]
+
+
 def broadcast_linear(program: Program, settings: Settings) -> Program:
     """Give every LINEAR node with repeating sides the cheapest broadcast layout (thesis 5.2.3)."""
     editor = NodeEditor(program)
@@ -287,6 +320,10 @@ def broadcast_linear(program: Program, settings: Settings) -> Program:
         x = resolve_rows(nodes, editor.constants, linear.srcs[1])
         layout = best_layout(w, x)
         if layout.w_layout == "full" and layout.x_layout == "full":
+            runs = weight_runs(w.index)
+            if runs is not None:
+                editor.replace(linear.name, split_by_runs(editor, linear, w, x, runs))
+                editor.drop_unused(list(linear.srcs))
             continue
         new_nodes, srcs = [], list(linear.srcs)
         for k, (rows, side_layout, index) in enumerate(((w, layout.w_layout, layout.w_index),

@@ -250,3 +250,25 @@ def test_gcn_weight_gathers_disappear(tu_dir):
     module = neurovec.compile(graph, SETTINGS, dtype=torch.float64)
     reference = neurovec.compile(graph, "unoptimized", dtype=torch.float64)
     torch.testing.assert_close(module(), reference(), rtol=1e-12, atol=1e-12)
+
+
+def test_weight_runs_split_into_one_gemm_per_run():
+    """GraphSAGE's shape: lin_r on a few root rows, lin_l on many mean rows -> two GEMMs and a CONCAT."""
+    rng = np.random.default_rng(3)
+    weights = (Weight("l", rng.normal(size=(4, 3))), Weight("r", rng.normal(size=(4, 3))))
+    index = np.array([1] * 41 + [0] * 60)  # no common period: no broadcast layout fits
+    nodes = (Node("x", Op.FACT, (), 101, (3,), {"const": "cx"}),
+             Node("w", Op.WEIGHTS, (), 2, (4, 3), {"names": ("l", "r")}),
+             Node("lin_w", Op.GATHER, ("w",), 101, (4, 3), {"index": "iw"}),
+             Node("lin", Op.LINEAR, ("lin_w", "x"), 101, (4,), {"kind": "matmul"}))
+    before = Program(nodes, {"cx": rng.normal(size=(101, 3)), "iw": index}, weights, "lin")
+    after = broadcast_linear(before, Settings())
+    runs = [n for n in after.nodes if n.op is Op.LINEAR]
+    assert [r.count for r in runs] == [41, 60] and all(r.attrs["w_layout"] == "tile" for r in runs)
+    assert after.node("lin").op is Op.CONCAT
+    assert not [n for n in after.nodes if n.op is Op.GATHER and n.count == 101]  # no per-row weight gather
+    run = lambda p: CompiledModule(p, torch.float64)().detach()  # noqa: E731
+    torch.testing.assert_close(run(after), run(before), rtol=1e-12, atol=1e-12)
+    # Many short runs stay as they are: one GEMM each would cost more than the gather.
+    short = before.replace(constants={**before.constants, "iw": (np.arange(101) // 3) % 2})
+    assert not [n for n in broadcast_linear(short, Settings()).nodes if n.op is Op.CONCAT]
