@@ -448,7 +448,9 @@ def machine_description(device: torch.device) -> dict:
         "memory_bytes": memory, "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
         "device": str(device), "neurovec": neurovec.__version__,
         "neurovec_commit": _git("rev-parse", "HEAD"),
-        "neurovec_dirty_files": len((_git("status", "--porcelain", "--untracked-files=no") or "").splitlines()),
+        # modified tracked files, committed benchmark results aside: is the measured code the commit's?
+        "neurovec_dirty_files": len((_git("status", "--porcelain", "--untracked-files=no", "--", ".",
+                                          ":!benchmarks/results") or "").splitlines()),
         "packages": {name: _version(name) for name in ("torch_geometric", "torch_scatter", "neuralogic",
                                                        "numpy", "matplotlib")},
     }
