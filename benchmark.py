@@ -1,6 +1,6 @@
 """neurovec's benchmark: compiled modules against PyTorch Geometric and NeuraLogic, reproducibly.
 
-    python benchmark.py                                   # quick: MUTAG, GCN/SAGE/GIN, 2 presets vs PyG
+    python benchmark.py                                   # quick: MUTAG, GCN/SAGE/GIN, 3 presets vs PyG
     python benchmark.py --datasets MUTAG ENZYMES PROTEINS mutagenesis --engines all pyg neuralogic
     python benchmark.py --datasets PROTEINS --models gcn --engines default pyg --scale 1 10
     python benchmark.py --device cuda --dtype float64 --reps 50
@@ -47,9 +47,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     what.add_argument("--models", nargs="+", default=None, choices=MODELS, metavar="NAME",
                       help=f"models: {', '.join(MODELS)} (default: every model that applies to each dataset: "
                            "gcn sage gin for TU, simple dims for mutagenesis)")
-    what.add_argument("--engines", nargs="+", default=["unoptimized", "default", "pyg"], metavar="NAME",
+    what.add_argument("--engines", nargs="+", default=["unoptimized", "default", "upward-05-rel-0.5", "pyg"], metavar="NAME",
                       help="neurovec presets by name, 'all', 'autotune', 'pyg', 'neuralogic', 'reference' "
-                           "(default: unoptimized default pyg)")
+                           "(default: unoptimized default upward-05-rel-0.5 pyg)")
     what.add_argument("--scale", nargs="+", type=int, default=[1], metavar="K",
                       help="replicate each dataset K times in one batch, e.g. --scale 1 10 100 (default: 1)")
     what.add_argument("--scale-mode", default="distinct", choices=["distinct", "identical"],

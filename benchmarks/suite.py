@@ -54,7 +54,7 @@ class Config:
 
     datasets: tuple = ("MUTAG",)
     models: tuple | None = None             # None: every model that applies to each dataset
-    engines: tuple = ("unoptimized", "default", "pyg")
+    engines: tuple = ("unoptimized", "default", "upward-05-rel-0.5", "pyg")
     device: str = "cpu"
     dtype: str = "float32"
     warmup: int = 3
