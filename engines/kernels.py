@@ -472,41 +472,52 @@ class Segments:
 # --------------------------------------------------------------------------- gather + sum
 
 class _GatherSumCSR(torch.autograd.Function):
-    """``y = A @ x`` with ``A[j, index[e]] += coef[e]`` for the edges ``e`` of segment ``j``.
+    """``y = A @ x`` with ``A[j, index[e]] += c[e]`` for the edges ``e`` of segment ``j``.
 
-    Backward: ``grad_x = A^T @ grad_y`` with ``A^T``'s structure prebuilt, and, if
-    ``coef`` needs a gradient, ``grad_coef[e] = <grad_y[seg_id[e]], x[index[e]]>``.
+    ``c`` is ``values`` (constant per-edge coefficients, e.g. GCN's normalisation),
+    else ``coef`` (a tensor that may need a gradient), else 1. Backward:
+    ``grad_x = A^T @ grad_y`` with ``A^T``'s structure (and, for constant values,
+    its values ``t_values``) prebuilt, and, if ``coef`` needs a gradient,
+    ``grad_coef[e] = <grad_y[seg_id[e]], x[index[e]]>``.
     """
 
     @staticmethod
-    def forward(ctx, x, coef, ptr, index, seg_id, t_ptr, t_col, t_perm):
+    def forward(ctx, x, coef, ptr, index, seg_id, t_ptr, t_col, t_perm, values, t_values):
         e, n_src = index.numel(), x.shape[0]
-        values = _ones(e, x.dtype, x.device) if coef is None else coef.to(x.dtype)
+        c = values if values is not None else coef
+        c = _ones(e, x.dtype, x.device) if c is None else c.to(x.dtype)
         ctx.save_for_backward(x if coef is not None and coef.requires_grad else None,
-                              coef, index, seg_id, t_ptr, t_col, t_perm)
+                              coef, index, seg_id, t_ptr, t_col, t_perm, values, t_values)
         ctx.n_src = n_src
-        return _spmm(_csr(ptr, index, values, (ptr.numel() - 1, n_src)), x)
+        return _spmm(_csr(ptr, index, c, (ptr.numel() - 1, n_src)), x)
 
     @staticmethod
     def backward(ctx, grad):
-        x, coef, index, seg_id, t_ptr, t_col, t_perm = ctx.saved_tensors
+        x, coef, index, seg_id, t_ptr, t_col, t_perm, values, t_values = ctx.saved_tensors
         grad_x = grad_coef = None
         if ctx.needs_input_grad[0]:
-            e = index.numel()
-            t_values = _ones(e, grad.dtype, grad.device) if coef is None else coef.to(grad.dtype)[t_perm]
-            grad_x = _spmm(_csr(t_ptr, t_col, t_values, (ctx.n_src, grad.shape[0])), grad)
+            if t_values is not None:
+                t_c = t_values.to(grad.dtype)
+            elif values is not None:
+                t_c = values.to(grad.dtype)[t_perm]
+            elif coef is not None:
+                t_c = coef.to(grad.dtype)[t_perm]
+            else:
+                t_c = _ones(index.numel(), grad.dtype, grad.device)
+            grad_x = _spmm(_csr(t_ptr, t_col, t_c, (ctx.n_src, grad.shape[0])), grad)
         if ctx.needs_input_grad[1]:
             prod = grad.index_select(0, seg_id) * x.index_select(0, index)
             grad_coef = prod.reshape(prod.shape[0], -1).sum(1).to(coef.dtype)
-        return grad_x, grad_coef, None, None, None, None, None, None
+        return grad_x, grad_coef, None, None, None, None, None, None, None, None
 
 
 def gather_segment_sum(x: torch.Tensor, ptr: torch.Tensor, index: torch.Tensor, seg_id: torch.Tensor,
                        t_ptr: torch.Tensor, t_col: torch.Tensor, t_perm: torch.Tensor,
-                       coef: torch.Tensor | None = None) -> torch.Tensor:
-    """``y[j] = sum_{e in ptr[j]:ptr[j+1]} coef[e] * x[index[e]]`` as one sparse CSR matmul.
+                       coef: torch.Tensor | None = None, *, values: torch.Tensor | None = None,
+                       t_values: torch.Tensor | None = None) -> torch.Tensor:
+    """``y[j] = sum_{e in ptr[j]:ptr[j+1]} c[e] * x[index[e]]`` as one sparse CSR matmul.
 
-    Same value as ``segment_reduce(coef * x.index_select(0, index), ptr, ...,
+    Same value as ``segment_reduce(c * x.index_select(0, index), ptr, ...,
     "sum")`` without materializing the ``(E, *shape)`` gathered rows.
 
     Args:
@@ -516,40 +527,60 @@ def gather_segment_sum(x: torch.Tensor, ptr: torch.Tensor, index: torch.Tensor, 
         t_ptr, t_col, t_perm: ``(N + 1,)``, ``(E,)``, ``(E,)`` -- the CSR of ``A^T`` (same
             dtype as ``ptr``) and which edge each of its entries is (see
             :meth:`GatherSum.from_index`).
-        coef: optional ``(E,)`` per-edge scalars (default 1); may require grad.
+        coef: optional ``(E,)`` per-edge scalars that may require grad.
+        values: optional ``(E,)`` constant per-edge scalars (no gradient), the CSR values
+            of ``A``; ``t_values = values[t_perm]`` are those of ``A^T`` (computed here
+            if not given). At most one of ``coef`` and ``values``; neither means 1.
     Returns:
         ``(S, *shape)``.
     """
+    if coef is not None and values is not None:
+        raise ValueError("gather_segment_sum takes coef (learnable) or values (constant), not both")
+    if values is not None and values.requires_grad:
+        raise ValueError("values are constant per-edge coefficients; pass a coef that needs a gradient as coef=")
     if torch.compiler.is_compiling():
         # Same function without sparse tensors, which dynamo cannot trace.
         rows = x.index_select(0, index.long())
-        if coef is not None:
-            rows = rows * coef.to(x.dtype).view((-1,) + (1,) * (x.dim() - 1))
+        c = values if values is not None else coef
+        if c is not None:
+            rows = rows * c.to(x.dtype).view((-1,) + (1,) * (x.dim() - 1))
         return segment_reduce(rows, ptr.long(), seg_id, None, "sum")
-    return _GatherSumCSR.apply(x, coef, ptr, index, seg_id, t_ptr, t_col, t_perm)
+    return _GatherSumCSR.apply(x, coef, ptr, index, seg_id, t_ptr, t_col, t_perm, values, t_values)
 
 
 class GatherSum:
     """Precomputed CSR indices of a fused gather + segment sum (and of its transpose).
 
-    Attributes (integer tensors): ``ptr`` ``(S+1,)``, ``index`` ``(E,)`` (the source row
-    of each edge), ``t_ptr`` ``(N+1,)``, ``t_col`` ``(E,)`` -- int32 when they fit, for
+    Attributes (tensors): ``ptr`` ``(S+1,)``, ``index`` ``(E,)`` (the source row of
+    each edge), ``t_ptr`` ``(N+1,)``, ``t_col`` ``(E,)`` -- int32 when they fit, for
     the sparse matmuls -- and int64 ``seg_id`` ``(E,)``, ``t_perm`` ``(E,)``;
-    ``n_sources`` is ``N``.
+    ``values`` / ``t_values`` ``(E,)`` the constant per-edge coefficients of ``A``
+    and ``A^T`` (floating point, or None for all ones); ``n_sources`` is ``N``.
     """
 
-    __slots__ = ("ptr", "index", "seg_id", "t_ptr", "t_col", "t_perm")
+    __slots__ = ("ptr", "index", "seg_id", "t_ptr", "t_col", "t_perm", "values", "t_values", "exact_values")
 
-    def __init__(self, ptr, index, seg_id, t_ptr, t_col, t_perm):
+    def __init__(self, ptr, index, seg_id, t_ptr, t_col, t_perm, values=None, t_values=None, exact_values=None):
         self.ptr, self.index, self.seg_id = ptr, index, seg_id
         self.t_ptr, self.t_col, self.t_perm = t_ptr, t_col, t_perm
+        self.values, self.t_values = values, t_values
+        #: float64 numpy copy of ``values`` (None without), to re-create them exactly in another dtype.
+        self.exact_values = exact_values
 
     @classmethod
     def from_index(cls, index: np.ndarray | torch.Tensor | Sequence[int],
-                   counts: np.ndarray | torch.Tensor | Sequence[int], n_sources: int, *,
-                   device: torch.device | str | None = None) -> "GatherSum":
-        """Edge ``e`` reads source row ``index[e]``; segment ``j`` owns the next
-        ``counts[j]`` edges (non-empty). Sources may be read any number of times."""
+                   counts: np.ndarray | torch.Tensor | Sequence[int], n_sources: int,
+                   values: np.ndarray | torch.Tensor | Sequence[float] | None = None, *, mean: bool = False,
+                   dtype: torch.dtype | None = None, device: torch.device | str | None = None) -> "GatherSum":
+        """Edge ``e`` reads source row ``index[e]`` (times ``values[e]`` if given);
+        segment ``j`` owns the next ``counts[j]`` edges (non-empty). Sources may be
+        read any number of times.
+
+        ``mean=True`` makes it a *mean* over each segment (of ``values[e] *
+        x[index[e]]``): ``1 / counts[j]`` is folded into the per-edge values, so the
+        kernel is the same sparse product (equal to sum-then-divide up to rounding).
+        ``values`` are kept in ``dtype`` (default: torch's default dtype).
+        """
         idx = _as_numpy_int(index, "index")
         seg = Segments.from_counts(counts)
         if idx.size != seg.n_edges:
@@ -557,6 +588,16 @@ class GatherSum:
         if idx.size and (idx.min() < 0 or idx.max() >= n_sources):
             raise ValueError(f"index out of range for {n_sources} sources")
         seg_id = seg.seg_id.numpy()
+        coefficients = None
+        if values is not None:
+            v = values.detach().cpu().numpy() if isinstance(values, torch.Tensor) else np.asarray(values)
+            if v.shape != idx.shape or not (np.issubdtype(v.dtype, np.floating) or np.issubdtype(v.dtype, np.integer)):
+                raise ValueError(f"values must be a 1-D real array of {idx.size} per-edge coefficients, "
+                                 f"got shape {v.shape} dtype {v.dtype}")
+            coefficients = v.astype(np.float64)
+        if mean:
+            per_edge = 1.0 / seg.counts.numpy().astype(np.float64)[seg_id]
+            coefficients = per_edge if coefficients is None else coefficients * per_edge
         # A^T in CSR: edges grouped by source; the stable sort keeps each source's
         # segments ascending, t_perm says which edge (hence which coef) each entry is.
         t_perm = np.argsort(idx, kind="stable")
@@ -566,8 +607,13 @@ class GatherSum:
         # (see _csr_index_dtype); seg_id / t_perm stay int64 for index_select.
         csr = np.int32 if _csr_index_dtype(max(idx.size, n_sources, 1)) == torch.int32 else np.int64
         t = lambda a, dt=np.int64: torch.from_numpy(np.ascontiguousarray(a, dtype=dt)).to(device)  # noqa: E731
+        vals = t_vals = None
+        if coefficients is not None:
+            dtype = dtype or torch.get_default_dtype()
+            vals = torch.from_numpy(coefficients).to(device=device, dtype=dtype)
+            t_vals = torch.from_numpy(np.ascontiguousarray(coefficients[t_perm])).to(device=device, dtype=dtype)
         return cls(t(seg.ptr.numpy(), csr), t(idx, csr), seg.seg_id.to(device), t(t_ptr, csr),
-                   t(seg_id[t_perm], csr), t(t_perm))
+                   t(seg_id[t_perm], csr), t(t_perm), vals, t_vals, coefficients)
 
     @property
     def n_sources(self) -> int:
@@ -578,17 +624,24 @@ class GatherSum:
         return self.ptr.numel() - 1
 
     def to(self, device: torch.device | str | None = None) -> "GatherSum":
-        return GatherSum(*(getattr(self, k).to(device) for k in self.__slots__))
+        moved = (None if getattr(self, k) is None else getattr(self, k).to(device) for k in self._TENSORS)
+        return GatherSum(*moved, exact_values=self.exact_values)
 
-    def buffers(self) -> dict[str, torch.Tensor]:
-        return {k: getattr(self, k) for k in self.__slots__}
+    _TENSORS = ("ptr", "index", "seg_id", "t_ptr", "t_col", "t_perm", "values", "t_values")
+
+    def buffers(self) -> dict[str, torch.Tensor | None]:
+        """Every tensor by name; ``values`` / ``t_values`` are None without coefficients."""
+        return {k: getattr(self, k) for k in self._TENSORS}
 
     def __call__(self, x: torch.Tensor, coef: torch.Tensor | None = None) -> torch.Tensor:
-        """:func:`gather_segment_sum` with these indices."""
-        return gather_segment_sum(x, self.ptr, self.index, self.seg_id, self.t_ptr, self.t_col, self.t_perm, coef)
+        """:func:`gather_segment_sum` with these indices (and constant values, if any);
+        ``coef`` is a learnable per-edge factor, only without constant values."""
+        return gather_segment_sum(x, self.ptr, self.index, self.seg_id, self.t_ptr, self.t_col, self.t_perm, coef,
+                                  values=self.values, t_values=self.t_values)
 
     def __repr__(self) -> str:
-        return f"GatherSum(n_segments={self.n_segments}, n_edges={self.index.numel()}, n_sources={self.n_sources})"
+        return (f"GatherSum(n_segments={self.n_segments}, n_edges={self.index.numel()}, "
+                f"n_sources={self.n_sources}, values={self.values is not None})")
 
 
 # --------------------------------------------------------------------------- alternatives

@@ -10,24 +10,42 @@ __all__ = ["strided_reduce", "CSRIndices", "gather_sum"]
 
 
 class CSRIndices(nn.Module):
-    """The index tensors of one fused gather + sum (a sparse matrix and its transpose).
+    """The index tensors of one fused gather + sum (a sparse matrix and its transpose),
+    and its constant per-edge values if it has any (``values``/``t_values``, else None).
 
     A module of non-persistent buffers, so ``.to(device)`` moves them and the
-    generated code can pass them as one argument.
+    generated code can pass them as one argument. The values follow the module's
+    dtype, re-created from float64 on every dtype change (``.double()`` after
+    ``.float()`` gives the exact values back, not upcast roundings).
     """
 
-    def __init__(self, tensors: dict[str, torch.Tensor]):
+    def __init__(self, fused: kernels.GatherSum | dict[str, torch.Tensor | None]):
         super().__init__()
+        tensors = fused.buffers() if isinstance(fused, kernels.GatherSum) else fused
         for name, tensor in tensors.items():
             self.register_buffer(name, tensor, persistent=False)
+        self._exact = {}
+        exact = getattr(fused, "exact_values", None)
+        if exact is not None:
+            values = torch.from_numpy(exact)
+            self._exact = {"values": values, "t_values": values[tensors["t_perm"].cpu()]}
+
+    def _apply(self, fn, recurse=True):
+        super()._apply(fn, recurse)
+        for name, exact in self._exact.items():
+            current = getattr(self, name)
+            setattr(self, name, exact.to(device=current.device, dtype=current.dtype))
+        return self
 
     def forward(self):  # pragma: no cover - a container
         raise RuntimeError("CSRIndices is a container")
 
 
 def gather_sum(x: torch.Tensor, csr: CSRIndices) -> torch.Tensor:
-    """``y[j] = sum of x[index[e]]`` over the edges e of segment j, as one sparse matmul."""
-    return kernels.gather_segment_sum(x, csr.ptr, csr.index, csr.seg_id, csr.t_ptr, csr.t_col, csr.t_perm)
+    """``y[j] = sum of values[e] * x[index[e]]`` over the edges e of segment j (values
+    default to 1), as one sparse matmul."""
+    return kernels.gather_segment_sum(x, csr.ptr, csr.index, csr.seg_id, csr.t_ptr, csr.t_col, csr.t_perm,
+                                      values=csr.values, t_values=csr.t_values)
 
 
 def strided_reduce(x: torch.Tensor, k: int, aggregation: str) -> torch.Tensor:

@@ -196,10 +196,12 @@ class CompiledModule(nn.Module):
                                      persistent=False)
                 self.register_buffer(f"cnt_{key}", counts.to(dtype), persistent=False)
             if node.op is Op.REDUCE and node.attrs.get("kernel") == "sparse_mm":
+                coef = node.attrs.get("coef")  # constant per-edge coefficients, if any
                 fused = kernels.GatherSum.from_index(program.constants[node.attrs["index"]],
                                                      program.constants[node.attrs["counts"]],
-                                                     program.node(node.srcs[0]).count)
-                self.add_module(f"csr_{node.name}", runtime.CSRIndices(fused.buffers()))
+                                                     program.node(node.srcs[0]).count,
+                                                     None if coef is None else program.constants[coef], dtype=dtype)
+                self.add_module(f"csr_{node.name}", runtime.CSRIndices(fused))
         self._inputs = {n.attrs["fact_layer"]: n for n in input_facts(program)}
         self.code = generate_source(program)
         self._program = _load(self.code)

@@ -331,6 +331,58 @@ def test_gather_sum_validation():
     assert gs.t_ptr.tolist() == [0, 1, 3, 3] and gs.t_col.tolist() == [0, 0, 1] and gs.t_perm.tolist() == [1, 0, 2]
 
 
+def _dense_matrix(index, counts, n_sources, values=None, mean=False) -> torch.Tensor:
+    """``A`` with ``A[j, index[e]] += c[e]`` over the edges of segment j, built edge by edge."""
+    a = torch.zeros(len(counts), n_sources, dtype=F64)
+    e = 0
+    for j, k in enumerate(counts):
+        for _ in range(k):
+            c = 1.0 if values is None else float(values[e])
+            a[j, int(index[e])] += c / k if mean else c
+            e += 1
+    return a
+
+
+@settings(max_examples=60, deadline=None)
+@given(counts=st.lists(st.integers(1, 5), min_size=1, max_size=10), n_sources=st.integers(1, 6),
+       width=st.sampled_from([(), (1,), (3,), (2, 2)]), with_values=st.booleans(), mean=st.booleans(),
+       seed=st.integers(0, 2**16), data=st.data())
+def test_gather_sum_with_values_matches_dense(counts, n_sources, width, with_values, mean, seed, data):
+    """Constant per-edge values (and mean): output and gradient equal ``A @ x`` / ``A^T @ g``."""
+    e = sum(counts)
+    # Repeated sources, also within one segment; single-edge segments come from counts.
+    index = data.draw(st.lists(st.integers(0, n_sources - 1), min_size=e, max_size=e))
+    gen = torch.Generator().manual_seed(seed)
+    values = (torch.randn(e, dtype=F64, generator=gen) if with_values else None)
+    gs = K.GatherSum.from_index(index, counts, n_sources, values, mean=mean, dtype=F64)
+    a = _dense_matrix(index, counts, n_sources, values, mean)
+    x = torch.randn((n_sources,) + width, dtype=F64, generator=gen)
+    y, gx, g = forward_backward(gs, x, seed=seed)
+    flat = x.reshape(n_sources, -1)
+    torch.testing.assert_close(y, (a @ flat).reshape(y.shape), atol=1e-12, rtol=1e-12)
+    torch.testing.assert_close(gx, (a.T @ g.reshape(len(counts), -1)).reshape(x.shape), atol=1e-12, rtol=1e-12)
+
+
+def test_gather_sum_values_follow_dtype_exactly():
+    """``values`` are stored in the requested dtype; CSRIndices re-creates them exactly on .double()."""
+    from neurovec.engines import runtime
+
+    values = np.array([0.1, 1 / 3, 2.0])
+    gs = K.GatherSum.from_index([0, 1, 1], [2, 1], 2, values, dtype=torch.float32)
+    assert gs.values.dtype == torch.float32 and gs.t_values.tolist() == pytest.approx([0.1, 1 / 3, 2.0])
+    assert gs.t_perm.tolist() == [0, 1, 2]
+    csr = runtime.CSRIndices(gs).double()
+    assert csr.values.tolist() == values.tolist()  # exact, not float32 rounded and upcast
+    x = torch.randn(2, 3, dtype=F64)
+    torch.testing.assert_close(runtime.gather_sum(x, csr),
+                               torch.stack([0.1 * x[0] + (1 / 3) * x[1], 2.0 * x[1]]), atol=1e-15, rtol=1e-15)
+    assert csr.float().values.dtype == torch.float32
+    with pytest.raises(ValueError, match="per-edge"):
+        K.GatherSum.from_index([0, 1], [2], 2, [1.0])
+    with pytest.raises(ValueError, match="not both"):
+        gs(x.float(), torch.ones(3))
+
+
 # --------------------------------------------------------------------------- other kernels
 
 @pytest.mark.parametrize("reduce", K.REDUCTIONS)

@@ -61,3 +61,19 @@ def test_random_graphs_under_every_kernel(graph, kernel):
     from hypothesis import assume
     assume(all_finite(graph))
     assert_equivalent(graph, neurovec.compile(graph, Settings(reduce_kernel=kernel), dtype=torch.float64))
+
+
+@pytest.mark.parametrize("aggregation", ["sum", "mean"])
+def test_sparse_mm_with_constant_coefficients(aggregation):
+    """A fused REDUCE with a ``coef`` attr (per-edge constants) multiplies each edge
+    by its coefficient before the sum (the mean still divides by the counts)."""
+    rng = np.random.default_rng(2)
+    x, index, coef, counts = rng.normal(size=(5, 3)), np.array([0, 1, 1, 4, 2, 2, 3]), rng.normal(size=7), [2, 3, 2]
+    nodes = (Node("x", Op.FACT, (), 5, (3,), {"const": "cx"}),
+             Node("r", Op.REDUCE, ("x",), 3, (3,), {"aggregation": aggregation, "counts": "cnt", "kernel": "sparse_mm",
+                                                    "index": "idx", "coef": "cf"}))
+    module = CompiledModule(Program(nodes, {"cx": x, "idx": index, "cnt": np.array(counts), "cf": coef}, (), "r"),
+                            torch.float64)
+    rows = np.split(coef[:, None] * x[index], np.cumsum(counts)[:-1])
+    expected = np.stack([r.sum(0) if aggregation == "sum" else r.mean(0) for r in rows])
+    np.testing.assert_allclose(module().numpy(), expected, rtol=1e-12, atol=1e-12)
