@@ -75,11 +75,18 @@ class LayerBuilder:
             if not isinstance(ref, Ref):
                 raise GraphError(f"layer {self.name!r}, neuron {len(self)}: input {count} is not a Ref "
                                  f"(got {type(ref).__name__})")
+            if not _is_integer(ref.ordinal):
+                raise GraphError(f"layer {self.name!r}, neuron {len(self)}, input {count}: the ordinal of "
+                                 f"{ref!r} must be an integer (got {type(ref.ordinal).__name__})")
             self._inputs.append((ref.layer, int(ref.ordinal), _weight_name(weight)))
             count += 1
         self._counts.append(count)
         self._bias.append(_weight_name(bias))
         return Ref(self.name, len(self._counts) - 1)
+
+
+def _is_integer(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 
 
 def _weight_name(weight) -> str | None:
@@ -97,7 +104,7 @@ class GraphBuilder:
     def weight(self, name: str, value, learnable: bool = True) -> Weight:
         if name in self._weights:
             raise GraphError(f"weight {name!r} is defined twice")
-        w = Weight(name, np.asarray(value, dtype=np.float64), learnable)
+        w = Weight(name, value, learnable)
         self._weights[name] = w
         return w
 
@@ -156,4 +163,8 @@ class GraphBuilder:
                 input_ordinal=[o for _, o, _ in layer._inputs], input_weight=wts, bias=bias,
                 aggregation=layer.aggregation, transformation=layer.transformation))
         out_layer = [layer_id(f"output {k}", ref.layer) for k, ref in enumerate(self._outputs)]
+        for k, ref in enumerate(self._outputs):
+            if not _is_integer(ref.ordinal):
+                raise GraphError(f"output {k}: the ordinal of {ref!r} must be an integer "
+                                 f"(got {type(ref.ordinal).__name__})")
         return Graph(layers, list(self._weights.values()), out_layer, [r.ordinal for r in self._outputs])

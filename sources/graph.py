@@ -22,6 +22,13 @@ The edges of a neuron layer are stored CSR-style in flat numpy arrays
 ``input_weight`` per edge), so graphs with millions of neurons are cheap to
 build, validate and compile. :class:`neurovec.sources.GraphBuilder` builds the
 same object neuron by neuron.
+
+Input is checked strictly when a layer, weight or graph is constructed:
+indices, ordinals and counts must be integer arrays, values real floating or
+integer arrays; nothing is rounded, truncated or cast silently. The arrays a
+layer keeps are read-only and its own: an array passed in is copied unless the
+dtype conversion already made a fresh one, so changing the caller's array later
+cannot change a validated graph.
 """
 from __future__ import annotations
 
@@ -56,6 +63,104 @@ class GraphError(ValueError):
     """Raised for a malformed neuron graph; the message names the layer and neuron."""
 
 
+_INT64_MAX = np.iinfo(np.int64).max
+
+
+def _owned(array: np.ndarray, source) -> np.ndarray:
+    """``array`` as a read-only array that nobody else can write to.
+
+    ``array`` came from ``np.asarray(source, ...)``. A fresh conversion is kept; the
+    caller's own array (or a view of another buffer) is copied, unless it is already
+    frozen, e.g. the array of another validated layer: sharing that costs no memory.
+    """
+    if (array is source or array.base is not None) and not _frozen(array):
+        array = array.copy()
+    array.flags.writeable = False
+    return array
+
+
+def _frozen(array: np.ndarray) -> bool:
+    """True if no one can write to ``array``: it and every array it views are read-only."""
+    while isinstance(array, np.ndarray):
+        if array.flags.writeable:
+            return False
+        if array.base is None:
+            return True
+        array = array.base
+    return False  # a view of a foreign buffer (a memory map, a torch tensor): it may change
+
+
+def integer_array(value, where: str, field: str) -> np.ndarray:
+    """``value`` as a private read-only 1-D int64 array; a :class:`GraphError` names ``where`` and ``field``.
+
+    Accepts signed or unsigned integer arrays (and lists of Python ints). Floats
+    (even integral ones), booleans, complex numbers, strings and integers beyond
+    int64 are refused rather than cast.
+    """
+    array = np.asarray(value)
+    problem = f"{where}, {field}"
+    if array.ndim != 1:
+        raise GraphError(f"{problem}: expected a 1-D array (got shape {array.shape})")
+    if array.size == 0:  # np.asarray([]) is float64; an empty list has no wrong values
+        return _owned(np.zeros(0, np.int64), None)
+    kind = array.dtype.kind
+    if kind == "u":
+        too_big = np.flatnonzero(array > _INT64_MAX)
+        if too_big.size:
+            k = int(too_big[0])
+            raise GraphError(f"{problem}: value {int(array[k])} at position {k} is beyond the int64 range")
+    elif kind == "O":  # numpy keeps Python ints beyond int64 as objects
+        for k, v in enumerate(array.tolist()):
+            if isinstance(v, int) and not isinstance(v, bool) and not -_INT64_MAX - 1 <= v <= _INT64_MAX:
+                raise GraphError(f"{problem}: value {v} at position {k} is beyond the int64 range")
+        raise GraphError(f"{problem}: expected an integer array (got {_describe(array)})")
+    elif kind != "i":
+        raise GraphError(f"{problem}: expected an integer array (got {_describe(array)})")
+    return _owned(np.asarray(array, dtype=np.int64, order="C"), value)
+
+
+def real_array(value, where: str, field: str) -> np.ndarray:
+    """``value`` as a private read-only float64 array.
+
+    Refuses what float64 cannot hold exactly: complex, boolean and non-numeric
+    input, floats wider than 64 bits, and integers beyond 2**53.
+    """
+    array = np.asarray(value)
+    kind = array.dtype.kind
+    if kind not in "iuf" or (kind == "f" and array.dtype.itemsize > 8):
+        got = f"{array.dtype}, wider than float64" if kind == "f" else _describe(array)
+        raise GraphError(f"{where}, {field}: expected real floating or integer values (got {got})")
+    if kind in "iu" and array.size:
+        flat = array.reshape(-1)
+        inexact = np.flatnonzero((flat > 2 ** 53) | (flat < -2 ** 53))
+        if inexact.size:
+            k = int(inexact[0])
+            raise GraphError(f"{where}, {field}: integer {flat[k]} at position {k} is beyond +-2**53, "
+                             "where float64 no longer holds every integer exactly")
+    return _owned(np.asarray(array, dtype=np.float64, order="C"), value)
+
+
+def _describe(array: np.ndarray) -> str:
+    """The dtype, and for a wrong kind of number the first value it would have lost."""
+    kind = array.dtype.kind
+    flat = array.reshape(-1)
+    if kind == "f":
+        fractional = np.flatnonzero(flat != np.trunc(flat))
+        if fractional.size:
+            k = int(fractional[0])
+            return f"{array.dtype}, e.g. {flat[k].item()!r} at position {k}, which would be truncated"
+        return f"{array.dtype}; pass integers, e.g. array.astype(np.int64), if the values are whole"
+    if kind == "c":
+        imaginary = np.flatnonzero(flat.imag != 0)
+        at = f", e.g. {flat[int(imaginary[0])].item()!r} at position {int(imaginary[0])}" if imaginary.size else ""
+        return f"complex {array.dtype}{at}, whose imaginary part would be dropped"
+    if kind == "b":
+        return "booleans"
+    if kind == "O":
+        return "Python objects, e.g. " + (repr(flat[0]) if flat.size else "none")
+    return str(array.dtype)
+
+
 @dataclass(frozen=True, eq=False)
 class Weight:
     """A weight tensor: learnable parameter or fixed value.
@@ -68,7 +173,7 @@ class Weight:
     learnable: bool = True
 
     def __post_init__(self):
-        object.__setattr__(self, "value", np.asarray(self.value, dtype=np.float64))
+        object.__setattr__(self, "value", real_array(self.value, f"weight {self.name!r}", "value"))
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -84,7 +189,7 @@ class FactLayer:
     unit: bool = False
 
     def __post_init__(self):
-        object.__setattr__(self, "values", np.asarray(self.values, dtype=np.float64))
+        object.__setattr__(self, "values", real_array(self.values, f"fact layer {self.name!r}", "values"))
 
     @classmethod
     def units(cls, name: str, count: int) -> "FactLayer":
@@ -120,15 +225,14 @@ class NeuronLayer:
     transformation: str = "identity"
 
     def __post_init__(self):
-        ints = lambda a: np.ascontiguousarray(a, dtype=np.int64).reshape(-1)  # noqa: E731
-        object.__setattr__(self, "counts", ints(self.counts))
-        object.__setattr__(self, "input_layer", ints(self.input_layer))
-        object.__setattr__(self, "input_ordinal", ints(self.input_ordinal))
+        where = f"layer {self.name!r}"
+        for field_name in ("counts", "input_layer", "input_ordinal"):
+            object.__setattr__(self, field_name, integer_array(getattr(self, field_name), where, field_name))
         n_edges = self.input_layer.shape[0]
         weight = np.full(n_edges, NO_WEIGHT) if self.input_weight is None else self.input_weight
-        object.__setattr__(self, "input_weight", ints(weight))
+        object.__setattr__(self, "input_weight", integer_array(weight, where, "input_weight"))
         bias = np.full(self.counts.shape[0], NO_WEIGHT) if self.bias is None else self.bias
-        object.__setattr__(self, "bias", ints(bias))
+        object.__setattr__(self, "bias", integer_array(bias, where, "bias"))
 
     @property
     def size(self) -> int:
@@ -189,8 +293,8 @@ class Graph:
     def __post_init__(self):
         object.__setattr__(self, "layers", tuple(self.layers))
         object.__setattr__(self, "weights", tuple(self.weights))
-        object.__setattr__(self, "output_layer", np.asarray(self.output_layer, np.int64).reshape(-1))
-        object.__setattr__(self, "output_ordinal", np.asarray(self.output_ordinal, np.int64).reshape(-1))
+        object.__setattr__(self, "output_layer", integer_array(self.output_layer, "graph", "output_layer"))
+        object.__setattr__(self, "output_ordinal", integer_array(self.output_ordinal, "graph", "output_ordinal"))
         object.__setattr__(self, "layer_shapes", tuple(self._validate()))
 
     # -- lookup -----------------------------------------------------------------
