@@ -11,7 +11,9 @@ edges into ``i``; ``act`` = ReLU after every convolution except the last):
 * **GCN** (PyG ``GCNConv``): ``lin_i = W h_i`` (layer ``convK.lin``), then
   ``convK_i = act(sum_{j in N(i) + i} c_ij lin_j + b)`` with the fixed scalar
   weights ``c_ij = 1/sqrt(deg_i deg_j)`` (degrees counting the self-loop) when
-  ``normalize``, else ``c_ij = 1`` and no self-loop.
+  ``normalize``, else ``c_ij = 1`` and no self-loop. As in ``GCNConv``, a node has
+  exactly one self loop under ``normalize`` (a listed one is not counted twice),
+  and an edge listed twice counts twice.
 * **SAGE** (PyG ``SAGEConv``, mean): ``convK.mean_i = mean_{j in N(i)} h_j``, then
   ``convK_i = act(W_l mean_i + W_r h_i + b_l)``.
 * **GIN** (PyG ``GINConv``): ``convK.agg_i = (1+eps) h_i + sum_{j in N(i)} h_j``,
@@ -159,9 +161,13 @@ def build_gnn(ds: TUDataset, spec: GNNSpec, samples=None, seed: int = 0) -> Grap
                 np.concatenate([np.full(src.size, -1), np.full(isolated.size, zero if zero is not None else -1)]))
 
     if spec.kind == "gcn" and spec.normalize:
-        deg = in_degree + 1  # the self-loop counts
+        # GCNConv (add_remaining_self_loops) gives every node exactly one self loop of weight 1:
+        # a listed loop is replaced by it, not counted on top. Repeated edges count each time.
+        listed = src != dst
+        gcn_src, gcn_dst = src[listed], dst[listed]
+        deg = np.bincount(gcn_dst, minlength=n) + 1
         # c_ij = 1/sqrt(deg_i deg_j) depends only on deg_i * deg_j: one fixed weight per product.
-        products = np.concatenate([deg * deg, deg[dst] * deg[src]])
+        products = np.concatenate([deg * deg, deg[gcn_dst] * deg[gcn_src]])
         norm_ids = weights.fixed_scalars("gcn_norm.deg", products, lambda p: 1.0 / np.sqrt(p))
         norm_self, norm_edge = norm_ids[:n], norm_ids[n:]
 
@@ -173,8 +179,8 @@ def build_gnn(ds: TUDataset, spec: GNNSpec, samples=None, seed: int = 0) -> Grap
             w, b = _layer_init(rng, width, in_dim)
             lin = stack.add(_dense(f"{conv}.lin", n, h, weights.add(f"{conv}.lin.weight", w), None, "identity"))
             if spec.normalize:
-                owner = np.concatenate([np.arange(n), dst])
-                source = np.concatenate([np.arange(n), src])
+                owner = np.concatenate([np.arange(n), gcn_dst])
+                source = np.concatenate([np.arange(n), gcn_src])
                 weight = np.concatenate([norm_self, norm_edge])
             else:
                 owner, source, weight = neighbours_or_zero()
