@@ -9,6 +9,7 @@
 
 ``python -m neurovec.datasets`` times loading and building the graphs.
 """
+from . import pyg_twins  # torch_geometric itself is imported only when a twin is built
 from ._common import DatasetError
 from .gnn import GNNSpec, TUBatch, build_gnn, gcn, gin, sage, tu_batch
 from .mutagenesis import Mutagenesis, MutagenesisError, create_database, load_mutagenesis
@@ -18,5 +19,5 @@ from .tu import TUDataset, TUFormatError, load_tu
 __all__ = [
     "DatasetError", "GNNSpec", "Mutagenesis", "MutagenesisError", "TUBatch", "TUDataset", "TUFormatError",
     "build_gnn", "create_database", "gcn", "gin", "load_mutagenesis", "load_tu", "mutagenesis_dims",
-    "mutagenesis_simple", "mutagenesis_template", "sage", "tu_batch",
+    "mutagenesis_simple", "mutagenesis_template", "pyg_twins", "sage", "tu_batch",
 ]

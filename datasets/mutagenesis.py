@@ -14,6 +14,12 @@ by window functions and every bond is joined to its two atoms (and thereby its
 molecule), so no key is parsed in Python. Bonds are undirected; the dataset
 lists each once and :attr:`Mutagenesis.directed` gives both directions.
 
+Bad data is refused with a :class:`MutagenesisError`, never a raw database
+error: a repeated id, a bond from an atom to itself, a bond listed twice (in
+either direction), or a label other than yes/no names the CSV file and its
+1-based line; the same checks run in SQL on any database that is read. Reading
+never creates anything: a missing SQLite file is an error, not a new empty one.
+
 As in the original source, chlorine and bromine are stored as element ``c``
 with type 93 and element ``b`` with type 94; :func:`load_mutagenesis` maps them
 to the elements ``cl`` and ``br`` (thesis 6.3: 8 atom types C, O, Br, I, F, H, N, Cl).
@@ -125,7 +131,9 @@ def find_csv_dir(csv_dir: str | os.PathLike | None = None) -> Path:
         else:
             raise MutagenesisError("no Mutagenesis CSV folder given: pass one, or set NEUROVEC_MUTAGENESIS "
                                    "(or NEUROVEC_DATA with a mutagenesis/ subfolder)")
-    folder = Path(csv_dir)
+    folder = Path(csv_dir).expanduser()
+    if not folder.is_dir():
+        raise MutagenesisError(f"the Mutagenesis CSV folder {str(folder)!r} does not exist")
     for table in _CSV_COLUMNS:
         if not (folder / f"{table}.csv").is_file():
             raise MutagenesisError(f"missing {table}.csv in {folder}")
@@ -167,21 +175,23 @@ def _schema():
     return meta
 
 
-def _read_csv(path: Path, columns: tuple[str, ...], types: dict) -> list[dict]:
+def _read_csv(path: Path, columns: tuple[str, ...], types: dict) -> tuple[list[dict], list[int]]:
+    """The rows (the needed columns, parsed) and the 1-based file line of each."""
     with open(path, newline="") as handle:
         reader = csv.DictReader(handle)
         missing = [c for c in columns if c not in (reader.fieldnames or [])]
         if missing:
             raise MutagenesisError(f"{path.name}: missing column {missing[0]!r} (header: {reader.fieldnames})")
-        rows = []
-        for line, row in enumerate(reader, start=2):
+        rows, lines = [], []
+        for row in reader:
             try:
                 rows.append({c: types.get(c, str)(row[c].strip()) for c in columns})
             except (ValueError, AttributeError):
                 bad = next(c for c in columns if row.get(c) is None or not _parses(types.get(c, str), row[c]))
-                raise MutagenesisError(f"{path.name}, line {line}: bad value {row.get(bad)!r} in column "
-                                       f"{bad!r}") from None
-    return rows
+                raise MutagenesisError(f"{path.name}, line {reader.line_num}: bad value {row.get(bad)!r} in "
+                                       f"column {bad!r}") from None
+            lines.append(reader.line_num)
+    return rows, lines
 
 
 def _parses(kind, text) -> bool:
@@ -201,23 +211,31 @@ def create_database(csv_dir: str | os.PathLike | None = None, url_or_path: str |
     before it commits.
     """
     from sqlalchemy import inspect
-    from sqlalchemy.exc import IntegrityError
+    from sqlalchemy.exc import DBAPIError, IntegrityError
 
     folder = find_csv_dir(csv_dir)
     url = database_url(url_or_path)
+    file = _sqlite_file(url)
+    if file is not None and not file.parent.is_dir():
+        raise MutagenesisError(f"cannot create the SQLite database {str(file)!r}: folder {str(file.parent)!r} "
+                               "does not exist")
     engine = _engine(url)
     meta = _schema()
-    existing = set(inspect(engine).get_table_names()) & set(meta.tables)
-    if existing and not replace:
-        raise MutagenesisError(f"database {str(engine.url)!r} already has table(s) {sorted(existing)}; "
-                               "pass replace=True to overwrite them")
     try:
+        existing = set(inspect(engine).get_table_names()) & set(meta.tables)
+        if existing and not replace:
+            again = str(url_or_path) if file is None else str(file)
+            raise MutagenesisError(f"database {again!r} already has the Mutagenesis table(s) {sorted(existing)}: "
+                                   f"read it with load_mutagenesis({again!r}), or pass replace=True to "
+                                   "re-create the tables from the CSVs")
         with engine.begin() as conn:
             meta.drop_all(conn)
             _fill(conn, folder, meta)
             _check_integrity(conn, _reflect(conn))
     except IntegrityError as error:
-        raise MutagenesisError(f"the Mutagenesis CSVs violate the schema: {error.orig}") from None
+        raise MutagenesisError(f"the Mutagenesis CSVs in {folder} violate the schema: {error.orig}") from None
+    except DBAPIError as error:
+        raise MutagenesisError(f"database {url!r}: {error.orig}") from None
     finally:
         engine.dispose()
     return url
@@ -246,7 +264,7 @@ def _reflect(conn) -> dict:
 
 def _check_integrity(conn, t: dict) -> None:
     """Referential checks in SQL (anti-joins), so even a database without enforced keys is caught."""
-    from sqlalchemy import select
+    from sqlalchemy import func, select
 
     molecule, atom, bond = t["molecule"], t["atom"], t["bond"]
     orphan = conn.execute(
@@ -273,6 +291,24 @@ def _check_integrity(conn, t: dict) -> None:
     if crossing:
         raise MutagenesisError(f"bond ({crossing[0]!r}, {crossing[1]!r}) joins atoms of molecules "
                                f"{crossing[2]!r} and {crossing[3]!r}")
+    for table, key in ((molecule, "molecule_id"), (atom, "atom_id")):
+        repeated = conn.execute(select(table.c[key]).group_by(table.c[key])
+                                .having(func.count() > 1).limit(1)).first()
+        if repeated:
+            raise MutagenesisError(f"{table.name} {repeated[0]!r} is listed more than once (column "
+                                   f"{table.name}.{key} must be unique)")
+    loop = conn.execute(select(bond.c.atom1_id).where(bond.c.atom1_id == bond.c.atom2_id).limit(1)).first()
+    if loop:
+        raise MutagenesisError(f"bond ({loop[0]!r}, {loop[0]!r}) joins atom {loop[0]!r} to itself")
+    b1, b2 = bond.alias("b1"), bond.alias("b2")
+    twice = conn.execute(
+        select(b1.c.atom1_id, b1.c.atom2_id, func.count()).select_from(b1)
+        .join(b2, ((b1.c.atom1_id == b2.c.atom1_id) & (b1.c.atom2_id == b2.c.atom2_id))
+              | ((b1.c.atom1_id == b2.c.atom2_id) & (b1.c.atom2_id == b2.c.atom1_id)))
+        .group_by(b1.c.atom1_id, b1.c.atom2_id).having(func.count() > 1).limit(1)).first()
+    if twice:
+        raise MutagenesisError(f"bond ({twice[0]!r}, {twice[1]!r}) is listed more than once (bonds are "
+                               "undirected: a bond and its reverse are the same bond)")
     bad_label = conn.execute(select(molecule.c.molecule_id, molecule.c.mutagenic)
                              .where(molecule.c.mutagenic.not_in(["yes", "no"])
                                     | molecule.c.mutagenic.is_(None)).limit(1)).first()
@@ -343,34 +379,103 @@ def load_mutagenesis(source: str | os.PathLike | None = None) -> Mutagenesis:
 
     A CSV folder (or ``None``: the folder from the environment, see
     :func:`find_csv_dir`) is first loaded into an in-memory SQLite database, so
-    the data always comes back through the same SQL.
+    the data always comes back through the same SQL. Nothing is created: a
+    missing SQLite file is an error, not a new empty database.
     """
-    if source is not None and ("://" in str(source) or Path(source).is_file()):
-        engine = _engine(source)
+    from sqlalchemy.exc import DBAPIError
+
+    if source is None:
+        return _load_csv(find_csv_dir(None))
+    text = str(source)
+    if "://" in text:
+        file = _sqlite_file(text)
+        if file is not None and not file.is_file():
+            raise MutagenesisError(f"no SQLite database file {str(file)!r} (from the URL {text!r}); create it with "
+                                   "create_database(csv_dir, path)")
+        url, label = text, text
     else:
-        folder = find_csv_dir(source)
-        engine = _engine("sqlite://")
-        # An in-memory SQLite database lives as long as its connection: fill and read on one.
-        try:
-            with engine.connect() as conn:
-                _fill(conn, folder, _schema())
-                return _read(conn)
-        finally:
-            engine.dispose()
+        path = Path(text).expanduser()
+        if path.is_dir():
+            return _load_csv(find_csv_dir(path))
+        if not path.is_file():
+            raise MutagenesisError(f"{str(path)!r} does not exist (expected an SQLite database file made by "
+                                   "create_database, a folder with the Mutagenesis CSVs, or a database URL)")
+        url, label = database_url(path), str(path)
+    engine = _engine(url)
     try:
         with engine.connect() as conn:
             return _read(conn)
+    except DBAPIError as error:
+        raise MutagenesisError(f"{label}: cannot read the database ({error.orig})") from None
     finally:
         engine.dispose()
 
 
+def _load_csv(folder: Path) -> Mutagenesis:
+    from sqlalchemy.exc import IntegrityError
+
+    engine = _engine("sqlite://")
+    # An in-memory SQLite database lives as long as its connection: fill and read on one.
+    try:
+        with engine.connect() as conn:
+            _fill(conn, folder, _schema())
+            return _read(conn)
+    except IntegrityError as error:
+        raise MutagenesisError(f"the Mutagenesis CSVs in {folder} violate the schema: {error.orig}") from None
+    finally:
+        engine.dispose()
+
+
+def _sqlite_file(url: str) -> Path | None:
+    """The file behind an SQLite URL; ``None`` for other databases and in-memory SQLite."""
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(url)
+    database = parsed.database
+    if parsed.get_backend_name() != "sqlite" or not database or database == ":memory:" or \
+            database.startswith("file:"):
+        return None
+    return Path(database).expanduser()
+
+
 def _fill(conn, folder: Path, meta) -> None:
-    """Create the tables on ``conn`` and insert the CSV rows, parents first (foreign keys)."""
+    """Create the tables on ``conn`` and insert the CSV rows, parents first (foreign keys).
+
+    Keys are checked on the CSV rows first, so that a repeated id, a bond from an atom
+    to itself or a bond listed twice (in either direction) names its file and line.
+    """
     number = lambda text: float(text) if text else None  # noqa: E731 (an empty cell is NULL)
     types = {"molecule": {"ind1": int, "inda": int, "logp": number, "lumo": number},
              "atom": {"type": int, "charge": number}, "bond": {"type": int}}
-    rows = {table: _read_csv(folder / f"{table}.csv", _CSV_COLUMNS[table], types[table]) for table in types}
+    rows = {}
+    for table in types:
+        path = folder / f"{table}.csv"
+        rows[table], lines = _read_csv(path, _CSV_COLUMNS[table], types[table])
+        _check_csv_keys(path, table, rows[table], lines)
     meta.create_all(conn)
     for table in ("molecule", "atom", "bond"):
         if rows[table]:
             conn.execute(meta.tables[table].insert(), rows[table])
+
+
+def _check_csv_keys(path: Path, table: str, rows: list[dict], lines: list[int]) -> None:
+    seen: dict = {}
+    for row, line in zip(rows, lines):
+        if table == "bond":
+            a, b = row["atom1_id"], row["atom2_id"]
+            if a == b:
+                raise MutagenesisError(f"{path.name}, line {line}: bond ({a!r}, {b!r}) joins atom {a!r} to itself")
+            key, shown = frozenset((a, b)), f"bond ({a!r}, {b!r})"
+        else:
+            key = row[f"{table}_id"]
+            shown = f"{table}_id {key!r}"
+            if table == "molecule" and row["mutagenic"] not in ("yes", "no"):
+                raise MutagenesisError(f"{path.name}, line {line}: column mutagenic must be 'yes' or 'no' "
+                                       f"(got {row['mutagenic']!r})")
+        if key in seen:
+            first_line, first = seen[key]
+            reversed_ = table == "bond" and first["atom1_id"] != row["atom1_id"]
+            detail = (f" (line {first_line} lists ({first['atom1_id']!r}, {first['atom2_id']!r}); bonds are "
+                      "undirected, so list each once)") if reversed_ else ""
+            raise MutagenesisError(f"{path.name}, line {line}: {shown} repeats line {first_line}{detail}")
+        seen[key] = (line, row)

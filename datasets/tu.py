@@ -40,6 +40,8 @@ found is the dataset downloaded, into the cache, with a message through
   column whose one-hot would be mostly empty: wider than 64 columns and more than
   twice as wide as its number of distinct labels (one label of 100000 among 0..6
   would make PyG build 100001 columns). Errors name the file and the 1-based line.
+* *An edge label carried only by removed self loops*, as the largest of its
+  column, gets no one-hot column (PyG keeps an all-zero one).
 * *Negative labels* are shifted like any other (as PyG does), with a warning
   through :mod:`logging`, since every other label's one-hot column moves too.
 * *Nodes without labels or attributes* get one constant feature 1 (PyG: none).

@@ -71,8 +71,11 @@ def test_csv_folder_and_env_vars(mutagenesis_dir, tmp_path, monkeypatch):
 def test_url_and_refusing_to_overwrite(database, mutagenesis_dir):
     path, url = database
     assert load_mutagenesis(url).n_molecules == 188
-    with pytest.raises(MutagenesisError, match="already has table"):
+    with pytest.raises(MutagenesisError, match=r"already has the Mutagenesis table\(s\) \['atom', 'bond', "
+                                               r"'molecule'\]: read it with load_mutagenesis\('.*mutagenesis\.db'\), "
+                                               r"or pass replace=True"):
         create_database(mutagenesis_dir, path)
+    assert create_database(mutagenesis_dir, path, replace=True) == url
 
 
 @pytest.fixture
@@ -133,3 +136,91 @@ def test_malformed_csv(mutagenesis_dir, tmp_path):
     (csvs / "atom.csv").write_text("atom_id,molecule_id,element,type,charge\nd1_1,d1,c,twenty,0.1\n")
     with pytest.raises(MutagenesisError, match="atom.csv, line 2: bad value 'twenty' in column 'type'"):
         create_database(csvs, tmp_path / "bad2.db")
+
+
+# -- bonds and keys: clear errors with the CSV line, also through load_mutagenesis ------------------
+
+@pytest.fixture
+def csvs(mutagenesis_dir, tmp_path):
+    folder = tmp_path / "csv"
+    shutil.copytree(mutagenesis_dir, folder)
+    return folder
+
+
+def _append(path, line):
+    with open(path, "a") as handle:
+        handle.write(line + "\n")
+
+
+def _first_bond(csvs):
+    return (csvs / "bond.csv").read_text().splitlines()[1].split(",")
+
+
+@pytest.mark.parametrize("loader", ["create", "load"])
+def test_bond_from_an_atom_to_itself(csvs, tmp_path, loader):
+    _append(csvs / "bond.csv", "d1_1,d1_1,1")
+    lines = len((csvs / "bond.csv").read_text().splitlines())
+    with pytest.raises(MutagenesisError, match=rf"bond\.csv, line {lines}: bond \('d1_1', 'd1_1'\) joins atom "
+                                               r"'d1_1' to itself"):
+        create_database(csvs, tmp_path / "bad.db") if loader == "create" else load_mutagenesis(csvs)
+
+
+@pytest.mark.parametrize("loader", ["create", "load"])
+def test_reversed_duplicate_bond(csvs, tmp_path, loader):
+    a, b, kind = _first_bond(csvs)
+    _append(csvs / "bond.csv", f"{b},{a},{kind}")
+    lines = len((csvs / "bond.csv").read_text().splitlines())
+    with pytest.raises(MutagenesisError, match=rf"bond\.csv, line {lines}: bond \('{b}', '{a}'\) repeats line 2 "
+                                               rf"\(line 2 lists \('{a}', '{b}'\); bonds are undirected"):
+        create_database(csvs, tmp_path / "bad.db") if loader == "create" else load_mutagenesis(csvs)
+
+
+@pytest.mark.parametrize("table, line, message", [
+    ("atom", "d1_1,d1,c,22,-0.117", r"atom\.csv, line \d+: atom_id 'd1_1' repeats line 2"),
+    ("bond", None, r"bond\.csv, line \d+: bond \('.*'\) repeats line 2$"),
+    ("molecule", "d1,1,0,4.23,-1.246,maybe", r"molecule\.csv, line \d+: column mutagenic must be 'yes' or 'no' "
+                                             r"\(got 'maybe'\)"),
+])
+def test_key_violations_are_clear_errors_not_integrity_errors(csvs, table, line, message):
+    """These raised sqlalchemy's IntegrityError from load_mutagenesis before."""
+    _append(csvs / f"{table}.csv", line or ",".join(_first_bond(csvs)))
+    if table == "molecule":  # a new molecule id, so that only the label is wrong
+        text = (csvs / "molecule.csv").read_text().replace("d1,1,0,4.23,-1.246,maybe", "dnew,1,0,4.23,-1.246,maybe")
+        (csvs / "molecule.csv").write_text(text)
+    with pytest.raises(MutagenesisError, match=message):
+        load_mutagenesis(csvs)
+
+
+def test_self_loop_and_reversed_bond_in_a_database(copy_db):
+    _execute(copy_db, "INSERT INTO bond (atom1_id, atom2_id, type) VALUES ('d1_1', 'd1_1', 1)")
+    with pytest.raises(MutagenesisError, match=r"bond \('d1_1', 'd1_1'\) joins atom 'd1_1' to itself"):
+        load_mutagenesis(copy_db)
+    _execute(copy_db, "DELETE FROM bond WHERE atom1_id = atom2_id",
+             "INSERT INTO bond (atom1_id, atom2_id, type) SELECT atom2_id, atom1_id, type FROM bond LIMIT 1")
+    with pytest.raises(MutagenesisError, match=r"bond \(.*\) is listed more than once \(bonds are undirected"):
+        load_mutagenesis(copy_db)
+
+
+# -- paths: nothing is created by reading --------------------------------------------------------
+
+def test_missing_sqlite_file_is_an_error_not_a_new_database(tmp_path):
+    missing = tmp_path / "typo.db"
+    with pytest.raises(MutagenesisError, match=r"'.*typo\.db' does not exist \(expected an SQLite database"):
+        load_mutagenesis(missing)
+    with pytest.raises(MutagenesisError, match=r"no SQLite database file '.*typo\.db' \(from the URL"):
+        load_mutagenesis(f"sqlite:///{missing}")
+    assert not missing.exists()
+
+
+def test_file_that_is_not_a_database(tmp_path, mutagenesis_dir):
+    path = tmp_path / "molecule.csv"
+    shutil.copy(mutagenesis_dir / "molecule.csv", path)
+    with pytest.raises(MutagenesisError, match=r"molecule\.csv: cannot read the database \(file is not a database\)"):
+        load_mutagenesis(path)
+
+
+def test_create_database_in_a_missing_folder(mutagenesis_dir, tmp_path):
+    with pytest.raises(MutagenesisError, match=r"folder '.*no_such_dir' does not exist"):
+        create_database(mutagenesis_dir, tmp_path / "no_such_dir" / "m.db")
+    with pytest.raises(MutagenesisError, match=r"CSV folder '.*nope' does not exist"):
+        create_database(tmp_path / "nope", tmp_path / "m.db")

@@ -124,3 +124,13 @@ def test_pyg_batch_matches_template_order(datasets):
     assert n == 2 and x.shape[0] == sizes[2] + sizes[0]
     assert batch.tolist() == [0] * sizes[2] + [1] * sizes[0]
     assert edge_index.max() < x.shape[0]
+
+
+def test_twins_reachable_as_in_the_readme():
+    """``datasets.pyg_twins.gcn_twin`` after ``from neurovec import datasets`` (a fresh interpreter)."""
+    import subprocess
+    import sys
+    code = "from neurovec import datasets; print(datasets.pyg_twins.gcn_twin.__name__)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "gcn_twin"
