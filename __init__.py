@@ -4,10 +4,15 @@
     module = neurovec.compile(graph)                  # a torch.nn.Module
     print(module.program)                             # its forward, as readable Python
 """
+import sys as _sys
+
 from .compiler import Program, Settings, compile, iter_presets, list_presets
 from .compiler.autotune import autotune
 from .engines.reference import ReferenceModule
 from .sources import FactLayer, Graph, GraphBuilder, GraphError, NeuronLayer, Ref, Weight, load_json, save_json
+from .sources import relational  # neurovec.relational: templates grounded by joins (also importable by that name)
+
+_sys.modules[f"{__name__}.relational"] = relational
 
 __all__ = [
     "Program", "ReferenceModule", "Settings", "autotune", "compile", "iter_presets", "list_presets",

@@ -1,0 +1,377 @@
+"""Groundings -> the layers of a :class:`neurovec.Graph`, in NeuraLogic 0.9.2's semantics.
+
+NeuraLogic computes three kinds of neurons (``docs/neuralogic.md``); each becomes layers here:
+
+* a **rule neuron** per grounding: ``T_r(C_r(offset, W_1 x_1, ..., W_n x_n))`` over the body's input
+  literals, in body order;
+* an **aggregation neuron** per rule and head atom: ``A_r`` of that head's rule neurons;
+* an **atom neuron** per derived atom: ``T_p(C_p(offset, W_h1 agg_1, ...))`` over the rules that derive it,
+  in template order, with their head weights. The predicate offset counts only in atoms with a weighted
+  input (NeuraLogic's ``WeightedAtomNeuron``).
+
+neurovec computes ``T(A(W_i x_i) + b)``: a sum's offset is the bias ``b``; any other combination's offset is
+an extra first input (the unit fact times the offset weight), as NeuraLogic puts it first. One layer holds
+the neurons of one rule (rule and aggregation neurons) or one predicate (atom neurons) at one stage, so the
+grouping is the thesis' 5.1.8 by construction. Neuron lists are built as whole arrays: CSR ``counts`` and
+edge columns per layer.
+
+With ``prune`` (the default), a neuron that passes its single input on unchanged (a one-grounding
+aggregation, a one-rule unweighted atom with the identity, a rule of one unweighted literal) is left out
+and its readers read its input instead; a rule neuron that multiplies one input by a scalar fact ``c`` (GCN's
+normalization) becomes an edge of its aggregation neuron with the fixed weight ``c``. Both compute the same
+floating-point numbers.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from ..graph import NO_WEIGHT, FactLayer, Graph, NeuronLayer, Weight
+from .joins import row_keys, unique_keys
+from .plan import TRANSFORMATIONS, Plan
+
+__all__ = ["assemble"]
+
+_COMBINATION = {"sum": "sum", "avg": "mean", "max": "max", "min": "min", "product": "prod", "elproduct": "prod"}
+_UNIT = 0   # layer 0 is one unit fact: offsets and counts read it; unit facts of the data are all this neuron
+_MAX_CONSTANTS = 4096   # a product's scalar fact becomes a fixed edge weight when its values are this few
+
+
+def assemble(plan: Plan, tables: dict, fact_tables: dict, stages: list, targets: dict, needed: dict,
+             prune: bool = True) -> Graph:
+    builder = _Assembler(plan, tables, fact_tables, needed, prune)
+    builder.plan_inlining(stages, targets)
+    builder.facts()
+    for stage in stages:
+        builder.stage(stage)
+    return builder.graph(targets)
+
+
+class _Assembler:
+    def __init__(self, plan: Plan, tables: dict, fact_tables: dict, needed: dict, prune: bool):
+        self.plan, self.tables, self.fact_tables, self.needed, self.prune = plan, tables, fact_tables, needed, prune
+        self.layers: list = [FactLayer.units("unit", 1)]
+        self.weights = [Weight(w.name, w.value, w.learnable) for w in plan.weights.values()]
+        self.weight_index = {w.name: i for i, w in enumerate(self.weights)}
+        # Where each atom's value is: per table, layer and ordinal of every atom (-1: not built).
+        self.ref = {name: (np.full(t.size, -1, np.int64), np.full(t.size, -1, np.int64)) for name, t in tables.items()}
+
+    # -- helpers ---------------------------------------------------------------------------------------------------
+    def weight(self, name: str | None) -> int:
+        return NO_WEIGHT if name is None else self.weight_index[name]
+
+    def constant(self, value) -> int:
+        """A fixed weight holding ``value`` (one per distinct value)."""
+        value = np.asarray(value, dtype=np.float64)
+        name = f"const:{value.tolist()!r}" if value.ndim else f"const:{float(value)!r}"
+        if name not in self.weight_index:
+            self.weight_index[name] = len(self.weights)
+            self.weights.append(Weight(name, value, learnable=False))
+        return self.weight_index[name]
+
+    def add(self, layer) -> int:
+        taken = {existing.name for existing in self.layers}
+        name, k = layer.name, 1
+        while name in taken:
+            k += 1
+            name = f"{layer.name}#{k}"
+        self.layers.append(layer if name == layer.name else replace(layer, name=name))
+        return len(self.layers) - 1
+
+    def neurons(self, name: str, counts, in_layer, in_ordinal, in_weight, offset, combination: str,
+                transformation: str, shape: tuple, scalar_edges=None) -> int:
+        """One layer of NeuraLogic neurons ``T(C(offset, inputs))`` (edges CSR-ordered by neuron); returns the index
+        of the layer holding their values (after follow-up steps such as signum's relu)."""
+        counts = np.asarray(counts, np.int64)
+        n = counts.size
+        function, fixed_bias, steps = TRANSFORMATIONS[transformation]
+        in_weight = np.array(in_weight, dtype=np.int64, copy=True)
+        if combination == "count":  # the number of inputs: a sum of unit facts
+            total = int(counts.sum())
+            in_layer, in_ordinal = np.full(total, _UNIT), np.zeros(total, np.int64)
+            in_weight = np.full(total, NO_WEIGHT)
+            aggregation = "sum"
+        else:
+            aggregation = _COMBINATION[combination]
+            if scalar_edges is not None and shape != () and scalar_edges.any():
+                # NeuraLogic broadcasts a scalar input over the others' shape: ones * s is s in every element.
+                in_weight[scalar_edges] = self.constant(np.ones(shape))
+        bias = np.full(n, NO_WEIGHT if fixed_bias is None else self.constant(fixed_bias), np.int64)
+        has_offset = np.asarray(offset) != NO_WEIGHT if offset is not None else np.zeros(n, bool)
+        if has_offset.any():
+            if aggregation == "sum" and fixed_bias is None:
+                bias[has_offset] = np.asarray(offset)[has_offset]
+            else:  # the offset is NeuraLogic's first input: the unit fact times the offset weight
+                counts, (in_layer, in_ordinal, in_weight) = _prepend(
+                    counts, has_offset, [in_layer, in_ordinal, in_weight],
+                    [_UNIT, 0, np.asarray(offset)[has_offset]])
+        index = self.add(NeuronLayer(name, counts, in_layer, in_ordinal, in_weight, bias, aggregation, function))
+        for k, (step, weight, step_bias) in enumerate(steps):
+            w = NO_WEIGHT if weight is None else self.constant(weight)
+            b = NO_WEIGHT if step_bias is None else self.constant(step_bias)
+            index = self.add(NeuronLayer(f"{name}/{transformation}{k + 1}", np.ones(n, np.int64), np.full(n, index),
+                                         np.arange(n), np.full(n, w), np.full(n, b), "sum", step))
+        return index
+
+    def is_identity(self, transformation: str) -> bool:
+        return TRANSFORMATIONS[transformation] == ("identity", None, ())
+
+    # -- facts -----------------------------------------------------------------------------------------------------
+    def facts(self) -> None:
+        """Fact neurons of every needed atom that no rule derives: one layer per predicate with values, the unit
+        neuron for unit facts, an embedding layer (unit times a learnable weight) for weighted template facts."""
+        by_predicate: dict[str, list] = {}
+        for name, table in self.tables.items():
+            wanted = np.flatnonzero(self.used[name] & ~table.derived & (table.fact_row >= 0))
+            if wanted.size:
+                by_predicate.setdefault(table.predicate, []).append((name, wanted))
+        for predicate, parts in by_predicate.items():
+            facts = self.fact_tables[predicate]
+            rows = [facts.value_row[self.tables[name].fact_row[atoms]] for name, atoms in parts]
+            if facts.values is None and facts.weights is None:
+                for name, atoms in parts:
+                    self.ref[name][0][atoms], self.ref[name][1][atoms] = _UNIT, 0
+                continue
+            distinct, inverse = _distinct_sorted(np.concatenate(rows))
+            if facts.weights is None:
+                layer = self.add(FactLayer(predicate if predicate not in self.plan.derived else f"{predicate}:facts",
+                                           facts.values[distinct]))
+                ordinal = inverse.reshape(-1)
+                layers = np.full(ordinal.size, layer)
+            else:  # template facts
+                names = [facts.weights[r] for r in distinct.tolist()]
+                weighted = np.array([w is not None for w in names])
+                layers, ordinal = np.full(distinct.size, _UNIT), np.zeros(distinct.size, np.int64)
+                if weighted.any():
+                    n = int(weighted.sum())
+                    layer = self.add(NeuronLayer(f"{predicate}:embedding", np.ones(n, np.int64), np.full(n, _UNIT),
+                                                 np.zeros(n, np.int64),
+                                                 [self.weight(w) for w, ok in zip(names, weighted) if ok]))
+                    layers[weighted], ordinal[weighted] = layer, np.arange(n)
+                inverse = inverse.reshape(-1)
+                layers, ordinal = layers[inverse], ordinal[inverse]
+            start = 0
+            for name, atoms in parts:
+                self.ref[name][0][atoms] = layers[start:start + atoms.size]
+                self.ref[name][1][atoms] = ordinal[start:start + atoms.size]
+                start += atoms.size
+
+    # -- a stage: rule, aggregation and atom neurons -----------------------------------------------------------------
+    def stage(self, stage) -> None:
+        suffix = stage.label[stage.label.index("@"):] if "@" in stage.label else ""
+        aggregated = []
+        for g in stage.groundings:
+            aggregated.append(self.rule(g, suffix))
+        for table_name, atoms in stage.atoms.items():
+            if atoms.size:
+                self.atoms(table_name, atoms, [(g, ref) for g, ref in zip(stage.groundings, aggregated)
+                                               if g.head_table == table_name], suffix)
+
+    def input_refs(self, g, i: int, name: str) -> tuple[np.ndarray, np.ndarray]:
+        lit = g.rule.literals[i]
+        layer, ordinal = self.ref[g.input_tables[i]]
+        ids = g.inputs[i]
+        if lit.function is None:
+            return layer[ids], ordinal[ids]
+        # NeuraLogic's negation neuron: the literal's function of the atom, one neuron per distinct atom.
+        distinct, inverse = np.unique(ids, return_inverse=True)
+        n = distinct.size
+        index = self.neurons(f"{name}:{lit.function}({lit.name})", np.ones(n, np.int64), layer[distinct],
+                             ordinal[distinct], np.full(n, NO_WEIGHT), None, "sum", lit.function.name,
+                             self.plan.shape[lit.name])
+        return np.full(ids.size, index), inverse.reshape(-1)
+
+    def rule(self, g, suffix: str):
+        """Rule neurons (one per grounding) and aggregation neurons (one per head) of one rule; returns the heads
+        and where each head's aggregated value is."""
+        rule, plan = g.rule, self.plan
+        mode = self.inlining[id(g)]  # groundings come sorted by head, then inputs
+        name = f"rule{rule.index}:{rule.head.name}{suffix}"
+        literals = rule.literals
+        read = range(len(literals)) if mode is None else [mode[1]]
+        refs = {i: self.input_refs(g, i, name) for i in read}
+        offset_name = plan.rule_weights[(rule.index, "offset")]
+        transformation = plan.rule_transformation(rule)
+        n = g.size
+        # The value of each rule neuron as "weight . neuron" when no neuron is needed for it (an unchanged input, or
+        # an input times a scalar fact of a product), else a neuron of the rule's own layer.
+        inline = self.inline(g, refs, mode)
+        if inline is not None:
+            rule_layer, rule_ordinal, rule_weight = inline
+        else:
+            k = len(literals)
+            in_layer = np.stack([refs[i][0] for i in range(k)], axis=1).reshape(-1)
+            in_ordinal = np.stack([refs[i][1] for i in range(k)], axis=1).reshape(-1)
+            weights = [self.weight(plan.rule_weights[(rule.index, i)]) for i in range(k)]
+            in_weight = np.tile(np.asarray(weights, np.int64), n)
+            scalar = np.array([plan.shape[lit.name] == () and lit.weight is None for lit in literals])
+            index = self.neurons(name, np.full(n, k), in_layer, in_ordinal, in_weight,
+                                 np.full(n, self.weight(offset_name)), plan.combination(rule), transformation,
+                                 plan.body_shape[rule.index], np.tile(scalar, n))
+            rule_layer, rule_ordinal, rule_weight = np.full(n, index), np.arange(n), np.full(n, NO_WEIGHT)
+        first = np.flatnonzero(np.concatenate([[True], g.head[1:] != g.head[:-1]]))  # groundings sorted by head
+        heads, counts = g.head[first], np.diff(np.append(first, n))
+        aggregation = plan.aggregation(rule)
+        agg_layer, agg_ordinal = rule_layer[first], rule_ordinal[first]
+        build = np.ones(heads.size, bool)
+        if self.prune and aggregation != "count":  # one grounding, nothing to aggregate: read its value
+            build = (counts > 1) | (rule_weight[first] != NO_WEIGHT)
+        if build.any():
+            members = np.repeat(build, counts)
+            index = self.neurons(f"{name}:{aggregation}", counts[build], rule_layer[members], rule_ordinal[members],
+                                 rule_weight[members], None, aggregation, "identity", plan.body_shape[rule.index])
+            agg_layer[build], agg_ordinal[build] = index, np.arange(int(build.sum()))
+        return heads, agg_layer, agg_ordinal
+
+    def plan_inlining(self, stages: list, targets: dict) -> None:
+        """Decide per rule which neurons are inlined (see :meth:`inlining_mode`), and so which atoms are read."""
+        self.inlining, self._constants = {}, {}
+        self.used = {name: np.zeros(t.size, bool) for name, t in self.tables.items()}
+        for name in set(targets["table"]):
+            rows = np.flatnonzero(np.asarray(targets["table"], dtype=object) == name)
+            self.used[name][targets["atom"][rows]] = True
+        for stage in stages:
+            for g in stage.groundings:
+                mode = self.inlining_mode(g) if self.prune else None
+                self.inlining[id(g)] = mode
+                read = range(len(g.inputs)) if mode is None else [mode[1]]
+                for i in read:
+                    self.used[g.input_tables[i]][g.inputs[i]] = True
+
+    def inlining_mode(self, g):
+        """``("input", i)`` when each rule neuron is its input ``i`` unchanged; ``("product", i, j)`` when it is input
+        ``i`` times the scalar fact of input ``j`` (``j`` None: times unit facts only), in a product; else None.
+
+        * one unweighted input, no offset, the identity: the input itself;
+        * a product of one unweighted input, unit facts (times 1, exactly) and at most one scalar fact ``c`` of the
+          data: ``c . input``, one fixed weight per distinct ``c`` (when there are few).
+        """
+        rule, plan = g.rule, self.plan
+        literals = rule.literals
+        if plan.rule_weights[(rule.index, "offset")] is not None or \
+                not self.is_identity(plan.rule_transformation(rule)):
+            return None
+        if len(literals) == 1:
+            return ("input", 0) if literals[0].weight is None else None
+        if plan.combination(rule) not in ("product", "elproduct"):
+            return None
+        units, scalars, others = [], [], []
+        for i, lit in enumerate(literals):
+            facts = self.fact_tables.get(lit.name)
+            plain_fact = (lit.name not in plan.derived and facts is not None and facts.weights is None
+                          and lit.weight is None and lit.function is None)
+            if plain_fact and facts.values is None:
+                units.append(i)
+            elif plain_fact and facts.values.ndim == 1:
+                scalars.append(i)
+            else:
+                others.append(i)
+        if len(others) != 1 or len(scalars) > 1 or literals[others[0]].weight is not None:
+            return None
+        if not scalars:
+            return ("product", others[0], None)
+        distinct, inverse = self.fact_constants(g, scalars[0])
+        if distinct.size > _MAX_CONSTANTS:
+            return None
+        return ("product", others[0], scalars[0], distinct, inverse)
+
+    def fact_constants(self, g, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """The distinct values of the scalar facts of input ``i`` (bit patterns, so 0.0 and -0.0 stay apart) and
+        which one each grounding reads; the distinct values are found once per predicate."""
+        predicate = g.rule.literals[i].name
+        facts = self.fact_tables[predicate]
+        if predicate not in self._constants:
+            bits = facts.values.view(np.int64)
+            distinct = unique_keys(bits)
+            self._constants[predicate] = (distinct.view(np.float64), np.searchsorted(distinct, bits))
+        distinct, of_row = self._constants[predicate]
+        table = self.tables[g.input_tables[i]]
+        return distinct, of_row[facts.value_row[table.fact_row[g.inputs[i]]]]
+
+    def inline(self, g, refs: list, mode):
+        """``(layer, ordinal, weight)`` of each rule neuron's value when it needs no neuron, else None."""
+        if mode is None:
+            return None
+        layer, ordinal = refs[mode[1]]
+        if mode[0] == "input" or mode[2] is None:
+            return layer, ordinal, np.full(g.size, NO_WEIGHT)
+        distinct, inverse = mode[3], mode[4]
+        ids = np.array([self.constant(v) for v in distinct.tolist()], np.int64)
+        return layer, ordinal, ids[inverse]
+
+    def atoms(self, table_name: str, atoms: np.ndarray, rules: list, suffix: str) -> None:
+        """Atom neurons of ``atoms`` (sorted atom ids of one table): the rules that derive each, in template order."""
+        predicate = self.tables[table_name].predicate
+        plan = self.plan
+        owner, rank, layer, ordinal, weight = [], [], [], [], []
+        for g, (heads, agg_layer, agg_ordinal) in rules:
+            owner.append(np.searchsorted(atoms, heads))
+            rank.append(np.full(heads.size, g.rule.index))
+            layer.append(agg_layer)
+            ordinal.append(agg_ordinal)
+            weight.append(np.full(heads.size, self.weight(plan.rule_weights[(g.rule.index, "head")])))
+        owner, rank = np.concatenate(owner), np.concatenate(rank)
+        order = np.lexsort((rank, owner))
+        owner, layer, ordinal, weight = (owner[order], np.concatenate(layer)[order], np.concatenate(ordinal)[order],
+                                         np.concatenate(weight)[order])
+        counts = np.bincount(owner, minlength=atoms.size)
+        weighted = np.bincount(owner, weights=(weight != NO_WEIGHT).astype(float), minlength=atoms.size) > 0
+        offset = np.where(weighted, self.weight(plan.predicate_offsets.get(predicate)), NO_WEIGHT)
+        transformation = plan.atom_transformation(predicate)
+        ref_layer, ref_ordinal = self.ref[table_name]
+        build = np.ones(atoms.size, bool)
+        if self.prune and self.is_identity(transformation):
+            single = (counts == 1) & (offset == NO_WEIGHT)
+            first = np.concatenate([[0], np.cumsum(counts)[:-1]])
+            single &= weight[np.minimum(first, weight.size - 1)] == NO_WEIGHT
+            ref_layer[atoms[single]], ref_ordinal[atoms[single]] = layer[first[single]], ordinal[first[single]]
+            build = ~single
+        if build.any():
+            members = np.repeat(build, counts)
+            index = self.neurons(f"{predicate}{suffix}", counts[build], layer[members], ordinal[members],
+                                 weight[members], offset[build], plan.atom_combination(predicate), transformation,
+                                 plan.shape[predicate])
+            ref_layer[atoms[build]], ref_ordinal[atoms[build]] = index, np.arange(int(build.sum()))
+
+    # -- the graph -------------------------------------------------------------------------------------------------
+    def graph(self, targets: dict) -> Graph:
+        tables = targets["table"]
+        out_layer = np.empty(len(tables), np.int64)
+        out_ordinal = np.empty(len(tables), np.int64)
+        names = np.asarray(tables, dtype=object)
+        for name in set(tables):
+            rows = np.flatnonzero(names == name)
+            out_layer[rows] = self.ref[name][0][targets["atom"][rows]]
+            out_ordinal[rows] = self.ref[name][1][targets["atom"][rows]]
+        layers = self.layers
+        used_unit = (out_layer == _UNIT).any() or any(
+            isinstance(layer, NeuronLayer) and (layer.input_layer == _UNIT).any() for layer in layers)
+        if not used_unit:  # drop the unit fact and renumber
+            layers = [replace(layer, input_layer=layer.input_layer - 1) if isinstance(layer, NeuronLayer) else layer
+                      for layer in layers[1:]]
+            out_layer = out_layer - 1
+        return Graph(layers, self.weights, out_layer, out_ordinal)
+
+
+def _distinct_sorted(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(values, return_inverse=True)``, without sorting when the values already increase."""
+    if values.size < 2 or bool(np.all(values[1:] > values[:-1])):
+        return values, np.arange(values.size)
+    distinct, inverse = np.unique(values, return_inverse=True)
+    return distinct, inverse.reshape(-1)
+
+
+def _prepend(counts: np.ndarray, where: np.ndarray, columns: list, firsts: list) -> tuple:
+    """Insert one edge at the front of the neurons ``where`` (a mask): ``firsts[c]`` into ``columns[c]``."""
+    new_counts = counts + where
+    ptr = np.concatenate([[0], np.cumsum(new_counts)])
+    regular = np.ones(int(ptr[-1]), dtype=bool)
+    regular[ptr[:-1][where]] = False
+    grown = []
+    for old, first in zip(columns, firsts):
+        new = np.empty(regular.size, dtype=np.int64)
+        new[regular] = old
+        new[~regular] = first
+        grown.append(new)
+    return new_counts, grown

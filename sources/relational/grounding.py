@@ -1,0 +1,663 @@
+"""Grounding a template by whole-array joins (numpy), and the entry point :func:`ground`.
+
+    graph = ground(template, {"edge": Relation(...), ...}, queries=R.predict).graph
+
+How it runs (``docs/relational.md`` has the long version):
+
+1. :func:`~.plan.make_plan` checks the template against the relations' schemas.
+2. Constants and examples become int64 ids (:mod:`.encoding`); relations are cut to the queried
+   examples.
+3. Strata of predicates are grounded in order. A rule body is a sequence of sort-merge joins
+   (:mod:`.joins`) on the example and the shared variables, starting from its smallest literal;
+   each row of the result is a grounding, carrying the atom id of each body literal. The heads,
+   made distinct, are the predicate's atoms. A recursive stratum is iterated to its fixed point
+   (then each atom's level is its longest derivation, and a cycle is an error) or unrolled to a
+   declared depth.
+4. Groundings and atoms the queries do not reach are dropped, walking the stages backwards.
+5. :mod:`.assembly` writes the layers of the :class:`neurovec.Graph`.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .data import Query, Relation
+from .encoding import FactTable, Vocabulary, encode_relation
+from .joins import distinct, join, lookup, row_keys
+from .plan import Plan, Stratum, make_plan
+from .template import Constant, Rule, Template, TemplateError, Variable
+
+__all__ = ["ground", "Grounding", "Table", "Groundings", "Stage"]
+
+_LIMIT = 1 << 62
+
+
+@dataclass(eq=False)
+class Table:
+    """The ground atoms of one predicate (or of one round of a recursion unrolled to a depth).
+
+    Atom ``i`` is ``predicate(args[0][i], ...)`` in example ``example[i]``; ``fact_row[i]`` is its row in the
+    predicate's :class:`~.encoding.FactTable` (-1: none), ``derived[i]`` says whether a rule derives it (then the
+    derived neuron replaces the fact, as in NeuraLogic) and ``level[i]`` is its stage within a recursion.
+    """
+
+    name: str
+    predicate: str
+    example: np.ndarray
+    args: list
+    fact_row: np.ndarray
+    derived: np.ndarray
+    level: np.ndarray | None = None
+    order: np.ndarray | None = None   # rows sorted by (example, args), if known: sorts any prefix of them too
+    _sorted: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def size(self) -> int:
+        return int(self.example.size)
+
+
+@dataclass(eq=False)
+class Groundings:
+    """The groundings of one rule (one row each): the head atom and the atom of every input literal."""
+
+    rule: Rule
+    head_table: str
+    head: np.ndarray
+    input_tables: list
+    inputs: list
+
+    @property
+    def size(self) -> int:
+        return int(self.head.size)
+
+    def take(self, rows: np.ndarray) -> "Groundings":
+        return Groundings(self.rule, self.head_table, self.head[rows], self.input_tables,
+                          [ids[rows] for ids in self.inputs])
+
+
+@dataclass(eq=False)
+class Stage:
+    """Atoms derived together (one predicate, or one level of a recursion) and the groundings that derive them."""
+
+    atoms: dict          # table name -> atom ids
+    groundings: list     # Groundings whose heads are these atoms
+    label: str = ""
+
+
+@dataclass(eq=False)
+class Grounding:
+    """What :func:`ground` returns: the graph, and what it took."""
+
+    graph: object
+    stats: dict
+    tables: dict
+    stages: list
+
+
+@dataclass(eq=False)
+class _Binding:
+    """A partial grounding: example, variable columns, and for each body literal joined so far (by body position)
+    the table it was joined with and the atom ids."""
+
+    example: np.ndarray
+    vars: dict
+    ids: dict
+    tables: dict
+
+    @property
+    def size(self) -> int:
+        return int(self.example.size)
+
+    def take(self, rows: np.ndarray) -> "_Binding":
+        return _Binding(self.example[rows], {v: c[rows] for v, c in self.vars.items()},
+                        {k: c[rows] for k, c in self.ids.items()}, dict(self.tables))
+
+
+def ground(template: Template, facts, queries, *, seed: int = 0, prune: bool = True) -> Grounding:
+    """Ground ``template`` on ``facts`` and return the :class:`Grounding` with the :class:`neurovec.Graph`.
+
+    * ``facts``: a mapping predicate name -> :class:`Relation` (numpy arrays or DataFrames);
+    * ``queries``: the outputs, in order: ``R.predict`` (one per example, in example order), ``R.h(V.X)``
+      (all derived atoms of ``h`` per example), a :class:`Query` (explicit atoms), or a list of them;
+    * ``seed``: for the weights the template gives only dimensions;
+    * ``prune``: leave out neurons that only pass one input on unchanged (exact: NeuraLogic's
+      ``prune_only_identities``, per neuron). Groundings the queries do not reach are always left out.
+    """
+    from .assembly import assemble
+
+    start = time.perf_counter()
+    queries = [Query.create(q) for q in (queries if isinstance(queries, (list, tuple)) else [queries])]
+    if not queries:
+        raise TemplateError("no queries: say which atoms are the outputs")
+    grounder = NumpyGrounder(template, facts, queries, seed)
+    stages, targets = grounder.run()
+    grounded = time.perf_counter()
+    n_groundings = sum(g.size for s in stages for g in s.groundings)
+    stages, needed = prune_unreached(stages, grounder.tables, targets)
+    graph = assemble(grounder.plan, grounder.tables, grounder.fact_tables, stages, targets, needed, prune)
+    end = time.perf_counter()
+    stats = {"groundings": n_groundings, "kept_groundings": sum(g.size for s in stages for g in s.groundings),
+             "ground_s": grounded - start, "assemble_s": end - grounded, "total_s": end - start}
+    return Grounding(graph, stats, grounder.tables, stages)
+
+
+class NumpyGrounder:
+    """Grounds on in-memory relations, joining numpy arrays."""
+
+    def __init__(self, template: Template, facts, queries: list, seed: int):
+        if not hasattr(facts, "items"):
+            raise TemplateError(f"facts must map predicate names to Relation objects (got {type(facts).__name__})")
+        relations = {}
+        for name, relation in facts.items():
+            if not isinstance(relation, Relation):
+                raise TemplateError(f"relation {name!r}: expected a neurovec.relational.Relation (got "
+                                    f"{type(relation).__name__}); build one with Relation(...) or Relation.from_frame")
+            relations[name] = relation
+        for fact in template.facts:
+            if fact.name in relations:
+                raise TemplateError(f"predicate {fact.name} has facts both in the template and in the data")
+        schemas = {name: (r.arity, r.value_shape) for name, r in relations.items()}
+        self.plan = make_plan(template, schemas, seed)
+        self.queries = queries
+        self._encode(relations)
+
+    # -- encoding --------------------------------------------------------------------------------------------------
+    def _encode(self, relations: dict) -> None:
+        template = self.plan.template
+        constants = [c for r in relations.values() for c in r.args]
+        literal_constants = [t.value for rule in template.rules for lit in [rule.head, *rule.body]
+                             for t in lit.terms if isinstance(t, Constant)]
+        literal_constants += [t.value for fact in template.facts for t in fact.terms]
+        for q in self.queries:
+            literal_constants += q.constants()
+            constants += [np.asarray(c) for c in (q.args or ())]
+        constants += [np.asarray([v]) for v in literal_constants]
+        self.constants = Vocabulary.of([_as_ids(c) for c in constants])
+        example_columns = [_as_ids(r.example) for r in relations.values() if r.example is not None]
+        example_columns += [_as_ids(np.asarray(q.example).reshape(-1)) for q in self.queries if q.example is not None]
+        self.examples = Vocabulary.of(example_columns) if example_columns else Vocabulary(0, 1, np.zeros(0, str))
+        self.scope = self._scope(relations)
+        used = self._relevant_predicates()
+        self.fact_tables = {name: encode_relation(name, r, self.constants, self.examples, self.scope)
+                            for name, r in relations.items() if name in used}
+        self.fact_tables.update(self._template_facts())
+        self.n_examples = max(self.examples.size, 1)
+        self.n_constants = max(self.constants.size, 1)
+
+    def _scope(self, relations: dict) -> np.ndarray:
+        """The example ids the queries ask about (all examples when some query names none)."""
+        asked = []
+        for q in self.queries:
+            if q.example is None:
+                present = [self.examples.encode(_as_ids(r.example)) for r in relations.values() if r.example is not None]
+                return np.unique(np.concatenate(present)) if present else np.zeros(1, np.int64)
+            asked.append(self.examples.encode(_as_ids(np.asarray(q.example).reshape(-1))))
+        return np.unique(np.concatenate(asked))
+
+    def _template_facts(self) -> dict:
+        """Template facts hold in every example; one value row (a learnable embedding, or a unit) per fact."""
+        tables = {}
+        by_name: dict[str, list] = {}
+        for k, fact in enumerate(self.plan.template.facts):
+            by_name.setdefault(fact.name, []).append(k)
+        for name, indices in by_name.items():
+            facts = [self.plan.template.facts[k] for k in indices]
+            args = [np.array([self.constants.encode_one(f.terms[c]) for f in facts], np.int64)
+                    for c in range(self.plan.arity[name])]
+            n, scope = len(facts), self.scope
+            table = FactTable(name, np.repeat(scope, n), [np.tile(a, scope.size) for a in args],
+                              np.tile(np.arange(n), scope.size), None,
+                              [self.plan.fact_weights[k] for k in indices])
+            tables[name] = table
+        return tables
+
+    # -- grounding -------------------------------------------------------------------------------------------------
+    def run(self) -> tuple[list, dict]:
+        self.tables: dict[str, Table] = {}
+        self.current: dict[str, str] = {}   # predicate -> the table body literals read
+        for name, facts in self.fact_tables.items():
+            self.tables[name] = Table(name, name, facts.example, facts.args, np.arange(facts.size),
+                                      np.zeros(facts.size, bool), order=facts.order)
+            self.current[name] = name
+        needed = self._relevant_predicates()
+        stages = []
+        for stratum in self.plan.strata:
+            if not needed.intersection(stratum.predicates):
+                continue
+            if not stratum.recursive:
+                stages.append(self._ground_predicate(stratum.predicates[0], stratum.rules))
+            elif stratum.depth is None:
+                stages.extend(self._fixed_point(stratum))
+            else:
+                stages.extend(self._unrolled(stratum))
+        return stages, self._resolve_queries()
+
+    def _relevant_predicates(self) -> set:
+        """Predicates the queries depend on (rules of others are not grounded at all)."""
+        unknown = [q for q in self.queries if q.predicate not in self.plan.arity]
+        if unknown:
+            raise TemplateError(f"query {unknown[0].describe()}: unknown predicate {unknown[0].predicate!r} (known: "
+                                f"{sorted(self.plan.arity)})")
+        needed, frontier = set(), [q.predicate for q in self.queries]
+        while frontier:
+            p = frontier.pop()
+            if p in needed:
+                continue
+            needed.add(p)
+            frontier.extend(lit.name for r in self.plan.template.rules if r.head.name == p for lit in r.body
+                            if not lit.special)
+        return needed
+
+    def _ground_predicate(self, predicate: str, rules: list, name: str | None = None, reads: dict | None = None,
+                          level: int = 0) -> Stage:
+        """Ground the rules of ``predicate`` against the current tables; its atoms become table ``name``."""
+        name = name or predicate
+        bodies = [self._ground_body(rule, reads) for rule in rules]
+        table, groundings = self._derive(predicate, name, list(zip(rules, bodies)))
+        table.level = np.full(table.size, level, np.int64)
+        self.tables[name] = table
+        self.current[predicate] = name
+        return Stage({name: np.flatnonzero(table.derived)}, groundings, name)
+
+    def _derive(self, predicate: str, name: str, bodies: list) -> tuple[Table, list]:
+        """The atoms of ``predicate`` (its facts and the distinct heads of its groundings, numbered in the order of
+        their example and constants) and the groundings of each rule, sorted by head atom, then input atoms."""
+        facts = self.fact_tables.get(predicate)
+        head_columns = [self._head_columns(rule, b) for rule, b in bodies]
+        parts = ([[facts.example] + list(facts.args)] if facts is not None else []) + head_columns
+        keys = self._keys(parts)
+        head_keys = keys[1:] if facts is not None else keys
+        distinct_keys, distinct_columns, sorted_bodies = [], [], []
+        for (rule, binding), key, columns in zip(bodies, head_keys, head_columns):
+            positions = _input_positions(rule)
+            order = _canonical_order(key, [binding.ids[k] for k in positions],
+                                     [self.tables[binding.tables[k]].size for k in positions])
+            if order is not None:
+                key, binding, columns = key[order], binding.take(order), [c[order] for c in columns]
+            new = np.ones(key.size, bool)
+            new[1:] = key[1:] != key[:-1]
+            distinct_keys.append(key[new])
+            distinct_columns.append([c[new] for c in columns])
+            sorted_bodies.append((rule, binding, np.cumsum(new) - 1))
+        if facts is not None:
+            distinct_keys.append(keys[0])
+            distinct_columns.append(parts[0])
+        all_keys = np.concatenate(distinct_keys)
+        if len(distinct_keys) == 1 and facts is None:  # one rule: its distinct heads are sorted already
+            first = inverse = np.arange(all_keys.size)
+        else:
+            _, first, inverse = np.unique(all_keys, return_index=True, return_inverse=True)
+            inverse = inverse.reshape(-1)
+        columns = [np.concatenate([c[j] for c in distinct_columns])[first] for j in range(len(parts[0]))]
+        n = first.size
+        derived, fact_row = np.zeros(n, bool), np.full(n, -1, np.int64)
+        offsets = np.cumsum([0] + [k.size for k in distinct_keys])
+        groundings = []
+        for r, (rule, binding, group) in enumerate(sorted_bodies):
+            atom = inverse[offsets[r]:offsets[r + 1]]
+            derived[atom] = True
+            groundings.append(self._groundings(rule, binding, name, atom[group]))
+        if facts is not None:
+            fact_row[inverse[offsets[-2]:]] = np.arange(facts.size)
+        return Table(name, predicate, columns[0], columns[1:], fact_row, derived), groundings
+
+    def _groundings(self, rule: Rule, binding: _Binding, head_table: str, head_ids: np.ndarray) -> Groundings:
+        positions = _input_positions(rule)
+        return Groundings(rule, head_table, head_ids, [binding.tables[k] for k in positions],
+                          [binding.ids[k] for k in positions])
+
+    def _head_columns(self, rule: Rule, binding: _Binding) -> list:
+        columns = [binding.example]
+        for term in rule.head.terms:
+            if isinstance(term, Variable):
+                columns.append(binding.vars[term.name])
+            else:
+                columns.append(np.full(binding.size, self.constants.encode_one(term), np.int64))
+        return columns
+
+    # -- joins -----------------------------------------------------------------------------------------------------
+    def _keys(self, tables: list) -> list:
+        """Row keys of several tables with the same columns (example first, then constants): a fixed mixed radix
+        when it fits (then keys are comparable across calls), else jointly densified."""
+        n_columns = len(tables[0])
+        if self.n_examples * self.n_constants ** (n_columns - 1) < _LIMIT:
+            return [self._radix(t) for t in tables]
+        return row_keys(*[[np.maximum(c, 0) for c in t] for t in tables])
+
+    def _radix(self, columns: list) -> np.ndarray:
+        key = np.asarray(columns[0], np.int64)
+        for column in columns[1:]:
+            key = key * self.n_constants + column
+        return key
+
+    def _selection(self, table: Table, lit) -> tuple[np.ndarray | None, dict]:
+        """Rows of ``table`` that match the literal's constants and repeated variables; its variables' columns."""
+        mask, first = None, {}
+        for c, term in enumerate(lit.terms):
+            if isinstance(term, Constant):
+                test = table.args[c] == self.constants.encode_one(term)
+            elif term.name in first:
+                test = table.args[c] == table.args[first[term.name]]
+            else:
+                first[term.name] = c
+                continue
+            mask = test if mask is None else mask & test
+        return (None if mask is None else np.flatnonzero(mask)), first
+
+    def _ground_body(self, rule: Rule, reads: dict | None) -> _Binding:
+        """All groundings of the body: joins in a greedy order (smallest literal first, then the literal sharing
+        most variables with what is joined); special literals filter at the end."""
+        pending = {}
+        for k, lit in enumerate(rule.body):
+            if lit.special:
+                continue
+            table = self.tables[(reads or {}).get(k) or self.current[lit.name]]
+            rows, columns = self._selection(table, lit)
+            pending[k] = (table, rows, columns)
+        size = lambda k: pending[k][0].size if pending[k][1] is None else pending[k][1].size  # noqa: E731
+        k = min(pending, key=lambda k: (size(k), k))
+        table, rows, columns = pending.pop(k)
+        take = (lambda c: c) if rows is None else (lambda c: c[rows])  # noqa: E731
+        binding = _Binding(take(table.example), {v: take(table.args[c]) for v, c in columns.items()},
+                           {k: take(np.arange(table.size))}, {k: table.name})
+        while pending:
+            k = max(pending, key=lambda k: (len(set(pending[k][2]) & set(binding.vars)), -size(k), -k))
+            table, rows, columns = pending.pop(k)
+            binding = self._join(binding, k, table, rows, columns)
+        keep = None
+        for lit in rule.body:
+            if lit.special:
+                test = self._special(lit, binding)
+                keep = test if keep is None else keep & test
+        if keep is not None:
+            binding = binding.take(np.flatnonzero(keep))
+        if self._needs_dedup(rule) and binding.size:
+            binding = self._dedup(rule, binding)
+        return binding
+
+    def _join(self, binding: _Binding, k: int, table: Table, rows, columns: dict) -> _Binding:
+        shared = [v for v in columns if v in binding.vars]
+        left = [binding.example] + [binding.vars[v] for v in shared]
+        cached = rows is None and self.n_examples * self.n_constants ** len(shared) < _LIMIT
+        if cached:
+            cache_key = tuple(columns[v] for v in shared)
+            if cache_key not in table._sorted:
+                right_key = self._radix([table.example] + [table.args[columns[v]] for v in shared])
+                prefix = cache_key == tuple(range(len(shared))) and table.order is not None
+                table._sorted[cache_key] = (right_key, table.order if prefix else np.argsort(right_key, kind="stable"))
+            right_key, order = table._sorted[cache_key]
+            left_key = self._radix(left)
+        else:
+            all_rows = np.arange(table.size) if rows is None else rows
+            right = [table.example[all_rows]] + [table.args[columns[v]][all_rows] for v in shared]
+            left_key, right_key = self._keys([left, right])
+            order = None
+        li, ri = join(left_key, right_key, order)
+        atom = ri if rows is None else rows[ri]
+        joined = binding.take(li)
+        for v, c in columns.items():
+            if v not in joined.vars:
+                joined.vars[v] = table.args[c][atom]
+        joined.ids[k] = atom
+        joined.tables[k] = table.name
+        return joined
+
+    def _special(self, lit, binding: _Binding) -> np.ndarray:
+        def column(term):
+            if isinstance(term, Variable):
+                return binding.vars[term.name]
+            return np.full(binding.size, self.constants.encode_one(term), np.int64)
+
+        cols = [column(t) for t in lit.terms]
+        if lit.name == "alldiff":
+            keep = np.ones(binding.size, bool)
+            for i in range(len(cols)):
+                for j in range(i + 1, len(cols)):
+                    keep &= cols[i] != cols[j]
+            return keep
+        a, b = cols
+        return {"neq": a != b, "eq": a == b, "lt": a < b, "leq": a <= b, "gt": a > b, "geq": a >= b}[lit.name]
+
+    @staticmethod
+    def _needs_dedup(rule: Rule) -> bool:
+        """Two groundings with the same head and the same input atoms are one rule neuron in NeuraLogic; that can
+        only happen when some variable occurs only in hidden or special literals."""
+        if rule.metadata.duplicate_grounding:
+            return False
+        inputs = {v for lit in rule.literals for v in lit.variables} | set(rule.head.variables)
+        return any(v not in inputs for lit in rule.body for v in lit.variables)
+
+    def _dedup(self, rule: Rule, binding: _Binding) -> _Binding:
+        positions = _input_positions(rule)
+        columns = self._head_columns(rule, binding) + [binding.ids[k] for k in positions]
+        (key,) = row_keys([np.asarray(c, np.int64) for c in columns])
+        first, _ = distinct(key)
+        return binding.take(np.sort(first))
+
+    # -- recursion -------------------------------------------------------------------------------------------------
+    def _fixed_point(self, stratum: Stratum) -> list:
+        """Derive the atoms of a recursive component until nothing new appears; then each atom's level is its
+        longest derivation (Kahn's algorithm, one whole-array step per level) and one stage is one level."""
+        for p in stratum.predicates:  # start from the facts of the component (if any)
+            facts = self.fact_tables.get(p)
+            example = facts.example if facts is not None else np.zeros(0, np.int64)
+            args = list(facts.args) if facts is not None else [np.zeros(0, np.int64)] * self.plan.arity[p]
+            n = example.size
+            self.tables[p] = Table(p, p, example, args, np.arange(n), np.zeros(n, bool))
+            self.current[p] = p
+        sizes = None
+        while True:  # naive evaluation: every round joins the whole tables again (rounds = the longest derivation)
+            bodies = {r.index: self._ground_body(r, None) for r in stratum.rules}
+            derived = {}
+            for p in stratum.predicates:
+                rules = [r for r in stratum.rules if r.head.name == p]
+                derived[p] = self._derive(p, p, [(r, bodies[r.index]) for r in rules])
+            new_sizes = [derived[p][0].size for p in stratum.predicates]
+            for p in stratum.predicates:
+                self.tables[p] = derived[p][0]
+            if new_sizes == sizes:
+                break
+            sizes = new_sizes
+        groundings = [g for p in stratum.predicates for g in derived[p][1]]
+        levels = self._levels(stratum, groundings)
+        stages = []
+        for level in range(int(max((lv.max(initial=-1) for lv in levels.values()), default=-1)) + 1):
+            atoms = {p: np.flatnonzero(levels[p] == level) for p in stratum.predicates}
+            subset = [g.take(np.flatnonzero(levels[g.head_table][g.head] == level)) for g in groundings]
+            stages.append(Stage(atoms, [g for g in subset if g.size], f"{'+'.join(stratum.predicates)}@{level}"))
+        for p in stratum.predicates:
+            self.tables[p].level = levels[p]
+        return stages
+
+    def _levels(self, stratum: Stratum, groundings: list) -> dict:
+        members = stratum.predicates
+        offset = dict(zip(members, np.cumsum([0] + [self.tables[p].size for p in members[:-1]]).tolist()))
+        total = sum(self.tables[p].size for p in members)
+        derived = np.concatenate([self.tables[p].derived for p in members])
+        src, dst = [], []
+        for g in groundings:
+            for table, ids in zip(g.input_tables, g.inputs):
+                if table in offset:
+                    uses = derived[offset[table] + ids]  # an input that is only a fact is no dependency
+                    src.append(offset[table] + ids[uses])
+                    dst.append(offset[g.head_table] + g.head[uses])
+        src = np.concatenate(src) if src else np.zeros(0, np.int64)
+        dst = np.concatenate(dst) if dst else np.zeros(0, np.int64)
+        waiting = np.bincount(dst, minlength=total)
+        order = np.argsort(src, kind="stable")
+        ptr = np.concatenate([[0], np.cumsum(np.bincount(src, minlength=total))])
+        level = np.full(total, -1, np.int64)
+        frontier = np.flatnonzero(derived & (waiting == 0))
+        depth = 0
+        while frontier.size:
+            level[frontier] = depth
+            edges = order[_runs(ptr[frontier], ptr[frontier + 1] - ptr[frontier])]
+            waiting -= np.bincount(dst[edges], minlength=total)
+            touched = np.unique(dst[edges])
+            frontier = touched[(waiting[touched] == 0) & (level[touched] < 0)]
+            depth += 1
+        stuck = np.flatnonzero(derived & (level < 0))
+        if stuck.size:
+            self._cycle_error(stratum, stuck[0], offset)
+        return {p: level[offset[p]:offset[p] + self.tables[p].size] for p in members}
+
+    def _cycle_error(self, stratum: Stratum, atom: int, offset: dict) -> None:
+        p = max((q for q in stratum.predicates if offset[q] <= atom), key=lambda q: offset[q])
+        table, i = self.tables[p], atom - offset[p]
+        described = self._describe_atom(table, i)
+        rules = "; ".join(f"{r.label} `{r}`" for r in stratum.rules)
+        raise TemplateError(f"recursion with no fixed point: the ground atom {described} depends on itself through "
+                            f"{rules} (a cycle in the data); declare a depth with R.{p} / {self.plan.arity[p]} | "
+                            "Metadata(depth=...) to unroll the recursion instead")
+
+    def _describe_atom(self, table: Table, i: int) -> str:
+        args = ", ".join(map(str, self.constants.decode([a[i] for a in table.args])))
+        example = self.examples.decode([table.example[i]])[0] if self.examples.size else 0
+        return f"{table.predicate}({args}) in example {example!r}" if args else \
+            f"{table.predicate} in example {example!r}"
+
+    def _unrolled(self, stratum: Stratum) -> list:
+        """A recursion unrolled ``depth`` times: round 0 uses the rules that do not recurse, round t reads round
+        t - 1 for the recursive literals; each round's atoms are their own table ``p@t``."""
+        members = set(stratum.predicates)
+        stages = []
+        for t in range(stratum.depth + 1):
+            reads_round = {p: f"{p}@{t - 1}" for p in members} if t else {}
+            for p in stratum.predicates:
+                rules = [r for r in stratum.rules if r.head.name == p and
+                         (t > 0 or not any(lit.name in members for lit in r.body if not lit.special))]
+                reads = [{k: reads_round[lit.name] for k, lit in enumerate(r.body)
+                          if not lit.special and lit.name in members} for r in rules]
+                if not rules:
+                    raise TemplateError(f"predicate {p}: every rule recurses, so round 0 of its unrolled recursion "
+                                        "has no atoms; add a rule that does not recurse")
+                bodies = [self._ground_body(r, rd) for r, rd in zip(rules, reads)]
+                table, groundings = self._derive(p, f"{p}@{t}", list(zip(rules, bodies)))
+                table.level = np.full(table.size, t, np.int64)
+                self.tables[table.name] = table
+                stages.append(Stage({table.name: np.flatnonzero(table.derived)}, groundings, table.name))
+        for p in stratum.predicates:
+            self.current[p] = f"{p}@{stratum.depth}"
+        return stages
+
+    # -- queries ---------------------------------------------------------------------------------------------------
+    def _resolve_queries(self) -> dict:
+        """Table name and atom id of every output, in query order."""
+        tables, atoms = [], []
+        for q in self.queries:
+            table = self.tables.get(self.current.get(q.predicate, ""))
+            if table is None:
+                raise TemplateError(f"query {q.describe()}: nothing derives {q.predicate} for these examples")
+            if q.arity != self.plan.arity[q.predicate]:
+                raise TemplateError(f"query {q.describe()}: arity mismatch: {q.predicate} has "
+                                    f"{self.plan.arity[q.predicate]} arguments")
+            ids = self._query_atoms(q, table)
+            tables.append(np.full(ids.size, len(tables)))
+            atoms.append((table.name, ids))
+        names = [name for name, _ in atoms]
+        return {"table": [names[i] for i in np.concatenate(tables).tolist()],
+                "atom": np.concatenate([ids for _, ids in atoms])}
+
+    def _query_atoms(self, q: Query, table: Table) -> np.ndarray:
+        if q.has_variables:
+            mask = np.isin(table.example, self.scope)
+            for c, term in enumerate(q.pattern):
+                if isinstance(term, Constant):
+                    mask &= table.args[c] == self.constants.encode_one(term)
+            for c, term in enumerate(q.pattern):  # a repeated variable asks for equal constants
+                first = next(j for j, t in enumerate(q.pattern) if t == term)
+                if isinstance(term, Variable) and first != c:
+                    mask &= table.args[c] == table.args[first]
+            ids = np.flatnonzero(mask)
+            if ids.size == 0:
+                raise TemplateError(f"query {q.describe()} matches nothing: no atom of {q.predicate} is derived")
+            return ids
+        if q.pattern is not None:   # a ground literal, asked in every example of the scope
+            example = self.scope
+            args = [np.full(example.size, self.constants.encode_one(t), np.int64) for t in q.pattern]
+            named = None
+        else:
+            args = [self.constants.encode(_as_ids(c)) for c in (q.args or ())]
+            named = None if q.example is None else _as_ids(np.asarray(q.example).reshape(-1))
+            if named is not None:
+                example = self.examples.encode(named)
+                if args and example.size == 1:
+                    example, named = np.repeat(example, args[0].size), np.repeat(named, args[0].size)
+            elif not args:
+                example = self.scope
+            elif self.examples.size == 0:
+                example = np.zeros(args[0].size, np.int64)
+            else:
+                raise TemplateError(f"query {q.describe()}: say in which examples (example=...): the data has "
+                                    "examples")
+        keys_table, keys_probe = self._keys([[table.example] + table.args,
+                                             [np.maximum(example, 0)] + [np.maximum(a, 0) for a in args]])
+        found = lookup(keys_table, keys_probe)
+        bad = (found < 0) | (example < 0)
+        for a in args:
+            bad |= a < 0
+        if bad.any():
+            k = int(np.flatnonzero(bad)[0])
+            what = q.describe() if q.pattern is not None or not q.args else \
+                f"{q.predicate}({', '.join(str(np.asarray(c).reshape(-1)[k]) for c in q.args)})"
+            ex = named[k].item() if named is not None else \
+                self.examples.decode([example[k]])[0] if self.examples.size else 0
+            raise TemplateError(f"query {what} in example {ex!r} (output {k}) matches nothing: the template derives "
+                                f"no such atom of {q.predicate} (no grounding of its rules reaches it)")
+        return found
+
+
+def prune_unreached(stages: list, tables: dict, targets: dict) -> tuple[list, dict]:
+    """Keep only the groundings the queries reach, walking the stages from the last one back; also returns, per
+    table, which atoms are reached."""
+    needed = {name: np.zeros(t.size, bool) for name, t in tables.items()}
+    for name in set(targets["table"]):
+        rows = np.asarray([t == name for t in targets["table"]])
+        needed[name][targets["atom"][rows]] = True
+    kept = []
+    for stage in reversed(stages):
+        groundings = []
+        for g in stage.groundings:
+            g = g.take(np.flatnonzero(needed[g.head_table][g.head]))
+            for table, ids in zip(g.input_tables, g.inputs):
+                needed[table][ids] = True
+            if g.size:
+                groundings.append(g)
+        atoms = {name: ids[needed[name][ids]] for name, ids in stage.atoms.items()}
+        kept.append(Stage(atoms, groundings, stage.label))
+    return kept[::-1], needed
+
+
+def _input_positions(rule: Rule) -> list:
+    """Body positions of the rule's input literals (not hidden, not special)."""
+    return [k for k, lit in enumerate(rule.body) if not lit.hidden and not lit.special]
+
+
+def _canonical_order(head_key: np.ndarray, inputs: list, bounds: list) -> np.ndarray | None:
+    """The order that sorts groundings by head key, then input atoms (None: already sorted). Graphs come out the
+    same whichever way the groundings were found (numpy joins in any order, or SQL)."""
+    if head_key.size < 2:
+        return None
+    width = int(head_key.max()) + 1
+    for bound in bounds:
+        width *= max(bound, 1)
+    if width < _LIMIT:
+        key = head_key
+        for ids, bound in zip(inputs, bounds):
+            key = key * max(bound, 1) + ids
+        if bool(np.all(key[1:] >= key[:-1])):
+            return None
+        return np.argsort(key)
+    return np.lexsort(tuple(inputs[::-1]) + (head_key,))
+
+
+def _runs(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    from .joins import expand_runs
+    return expand_runs(starts, counts)
+
+
+def _as_ids(column) -> np.ndarray:
+    from .data import as_column
+    return as_column(np.asarray(column).reshape(-1), "constants")

@@ -1,0 +1,107 @@
+"""Whole-array relational algebra over int64 id columns: keys, joins, distinct rows, lookups.
+
+Every function works on numpy arrays in bulk; none loops over rows in Python. Rows of
+several columns are compared through one int64 *key* per row (:func:`row_keys`): a
+mixed-radix number of the columns while it fits into 62 bits, re-densified with
+``np.unique`` when it would not. Joins are sort-merge joins: the right side is sorted
+once (``argsort``), each left key finds its run of equal right keys with two binary
+searches, and the runs are expanded with ``repeat``.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["row_keys", "join", "distinct", "unique_keys", "lookup", "expand_runs"]
+
+_LIMIT = 1 << 62
+
+
+def row_keys(*tables: list) -> list[np.ndarray]:
+    """One int64 key per row for each table (a list of equally long non-negative int columns; all tables have
+    the same number of columns): two rows, of the same or different tables, get equal keys iff equal columns."""
+    sizes = [(table[0].size if table else 0) for table in tables]
+    n_columns = {len(table) for table in tables}
+    if len(n_columns) != 1:
+        raise ValueError(f"tables with different numbers of columns {sorted(n_columns)}")
+    if not n_columns.pop():
+        return [np.zeros(n, np.int64) for n in sizes]
+    keys = [np.asarray(table[0], np.int64) for table in tables]
+    bound = _bound([table[0] for table in tables])
+    for c in range(1, len(tables[0])):
+        columns = [np.asarray(table[c], np.int64) for table in tables]
+        width = _bound(columns)
+        if bound * width >= _LIMIT:
+            keys, bound = _densify(keys)
+            if bound * width >= _LIMIT:
+                columns, width = _densify(columns)
+        keys = [key * width + column for key, column in zip(keys, columns)]
+        bound *= width
+    return keys
+
+
+def _bound(columns: list) -> int:
+    """One more than the largest value of the columns (ids are non-negative)."""
+    return max((int(c.max()) + 1 for c in columns if c.size), default=1)
+
+
+def _densify(columns: list) -> tuple[list, int]:
+    """The same equalities with values 0..k-1 (k = number of distinct values)."""
+    distinct, inverse = np.unique(np.concatenate(columns), return_inverse=True)
+    splits = np.cumsum([c.size for c in columns])[:-1]
+    return np.split(inverse.reshape(-1).astype(np.int64), splits), int(distinct.size)
+
+
+def expand_runs(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """``concat(arange(s, s + c) for s, c in zip(starts, counts))``, without a Python loop."""
+    total = int(counts.sum())
+    if total == 0:
+        return np.zeros(0, np.int64)
+    ends = np.cumsum(counts)
+    return np.repeat(starts - (ends - counts), counts) + np.arange(total, dtype=np.int64)
+
+
+def join(left_key: np.ndarray, right_key: np.ndarray, right_order: np.ndarray | None = None) -> tuple:
+    """All pairs ``(i, j)`` with ``left_key[i] == right_key[j]``: two index arrays, grouped by ``i`` in left order
+    and, within one ``i``, in right order. ``right_order`` (``argsort(right_key, kind="stable")``) may be cached."""
+    if right_order is None:
+        right_order = np.argsort(right_key, kind="stable")
+    sorted_right = right_key[right_order]
+    lo = np.searchsorted(sorted_right, left_key, side="left")
+    hi = np.searchsorted(sorted_right, left_key, side="right")
+    counts = hi - lo
+    left = np.repeat(np.arange(left_key.size, dtype=np.int64), counts)
+    right = right_order[expand_runs(lo, counts)]
+    return left, right
+
+
+def unique_keys(key: np.ndarray) -> np.ndarray:
+    """The distinct values of ``key``, sorted. Hash-based where numpy has it (>= 2.3): then only the distinct values
+    are sorted, which is much cheaper than sorting ``key`` when values repeat."""
+    try:
+        return np.sort(np.unique(key, sorted=False))
+    except TypeError:  # numpy < 2.3: no hash-based unique
+        return np.unique(key)
+
+
+def distinct(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(first, inverse)``: the position of the first row of every distinct key, in increasing key order, and the
+    distinct-key index of every row."""
+    order = np.argsort(key, kind="stable")
+    sorted_key = key[order]
+    new = np.ones(key.size, dtype=bool)
+    new[1:] = sorted_key[1:] != sorted_key[:-1]
+    inverse = np.empty(key.size, dtype=np.int64)
+    inverse[order] = np.cumsum(new) - 1
+    return order[new], inverse
+
+
+def lookup(table_key: np.ndarray, probe_key: np.ndarray, table_order: np.ndarray | None = None) -> np.ndarray:
+    """For each probe, the row of ``table_key`` with that key (keys of the table are distinct), or -1."""
+    if table_order is None:
+        table_order = np.argsort(table_key, kind="stable")
+    sorted_table = table_key[table_order]
+    if sorted_table.size == 0:
+        return np.full(probe_key.size, -1, np.int64)
+    k = np.minimum(np.searchsorted(sorted_table, probe_key), sorted_table.size - 1)
+    found = sorted_table[k] == probe_key
+    return np.where(found, table_order[k], -1)

@@ -1,0 +1,378 @@
+"""Checking a template against the data's relations, before anything is grounded.
+
+:func:`make_plan` reads the template and the *schemas* of the relations (arity and value
+shape of each predicate, no rows) and returns a :class:`Plan`: the strata of predicates
+(strongly connected components of the rule dependency graph, in the order they are
+grounded), the value shape of every predicate, and every weight of the template with its
+shape. Every template error of ``docs/relational.md`` that needs no data is raised here,
+with the rule it is in:
+
+* a head variable not bound by the body, a special literal (``@neq``...) with an unbound variable;
+* an unknown predicate; a predicate used with two arities;
+* functions neurovec does not compute (with what it would need);
+* weights whose shapes do not fit the values they multiply; a shared weight used with two shapes;
+* a recursion depth declared on a predicate that is not recursive.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..graph import product_shape
+from .template import Constant, Function, Literal, Rule, Template, TemplateError, Variable, WeightSpec
+
+__all__ = ["Plan", "Stratum", "WeightPlan", "make_plan", "TRANSFORMATIONS"]
+
+# NeuraLogic transformation -> (neurovec transformation, its fixed bias, follow-up steps (transformation, fixed
+# weight, fixed bias)); see docs/neuralogic.md for the NeuraLogic definitions.
+TRANSFORMATIONS = {
+    "identity": ("identity", None, ()), "sigmoid": ("sigmoid", None, ()), "tanh": ("tanh", None, ()),
+    "relu": ("relu", None, ()), "leakyrelu": ("leaky_relu", None, ()), "exp": ("exp", None, ()),
+    "log": ("log", None, ()), "sqrt": ("sqrt", None, ()), "inverse": ("inverse", None, ()),
+    "softmax": ("softmax", None, ()),
+    "reverse": ("reverse", -1.0, ()),                                   # 1 - x = -(x - 1)
+    "signum": ("sign", None, (("relu", None, None),)),                  # 1 if x > 0 else 0
+    "lukasiewicz": ("identity", None, (("sigmoid", 6.0, 0.5),)),        # sigmoid(6 x + 0.5)
+}
+COMBINATIONS = ("sum", "avg", "max", "min", "product", "elproduct")
+AGGREGATIONS = ("sum", "avg", "max", "min", "count")
+_LATER = "attention-style constructs (issue 12, item 6)"
+_NEEDS = {
+    "count": "a count of a rule's body inputs is a constant; write it as an offset",
+    "softmax": f"softmax over a neuron's inputs, one of the {_LATER}",
+    "sparsemax": "a sparsemax transformation in neurovec's graph",
+    "concat": f"concatenation of inputs, one of the {_LATER}",
+    "crosssum": f"a cross-sum combination, one of the {_LATER}",
+    "cossim": "a cosine-similarity combination",
+    "transp": f"a transpose transformation, one of the {_LATER}",
+    "norm": "a normalization transformation",
+}
+DEFAULTS = {"rule_combination": "sum", "rule_transformation": "identity", "aggregation": "avg",
+            "atom_combination": "sum", "atom_transformation": "identity"}
+
+
+@dataclass
+class WeightPlan:
+    """One weight of the graph: its name, shape, initial value (None: random) and whether it is learnable."""
+
+    name: str
+    shape: tuple
+    value: np.ndarray | None
+    learnable: bool
+    where: str   # where it was first used, for messages
+
+
+@dataclass
+class Stratum:
+    """Predicates grounded together: one, or a recursive component with its declared depth (None: fixed point)."""
+
+    predicates: list
+    rules: list
+    recursive: bool
+    depth: int | None = None
+
+
+@dataclass
+class Plan:
+    template: Template
+    strata: list                                  # Stratum, in grounding order
+    arity: dict                                   # predicate -> arity
+    shape: dict                                   # predicate -> value shape of its atoms
+    derived: set                                  # predicates with rules
+    weights: dict = field(default_factory=dict)   # name -> WeightPlan, in template order
+    rule_weights: dict = field(default_factory=dict)  # (rule index, "head" | i | "offset") -> weight name
+    predicate_offsets: dict = field(default_factory=dict)  # predicate -> weight name
+    fact_weights: list = field(default_factory=list)  # per template fact: weight name or None (a unit fact)
+    body_shape: dict = field(default_factory=dict)    # rule index -> value shape of its rule neurons
+
+    def combination(self, rule: Rule) -> str:
+        function = rule.metadata.combination
+        return function.name if function is not None else DEFAULTS["rule_combination"]
+
+    def rule_transformation(self, rule: Rule) -> str:
+        function = rule.metadata.transformation
+        return function.name if function is not None else DEFAULTS["rule_transformation"]
+
+    def aggregation(self, rule: Rule) -> str:
+        function = rule.metadata.aggregation
+        return function.name if function is not None else DEFAULTS["aggregation"]
+
+    def atom_combination(self, predicate: str) -> str:
+        spec = self.template.predicates.get(predicate)
+        function = spec.metadata.combination if spec is not None else None
+        return function.name if function is not None else DEFAULTS["atom_combination"]
+
+    def atom_transformation(self, predicate: str) -> str:
+        spec = self.template.predicates.get(predicate)
+        function = spec.metadata.transformation if spec is not None else None
+        return function.name if function is not None else DEFAULTS["atom_transformation"]
+
+
+def make_plan(template: Template, schemas: dict, seed: int = 0) -> Plan:
+    """Check ``template`` against ``schemas`` (predicate -> (arity, value shape) of the data's relations)."""
+    if not template.rules:
+        raise TemplateError("the template has no rules")
+    arity: dict[str, tuple[int, str]] = {name: (a, f"the data's relation {name!r}") for name, (a, _) in schemas.items()}
+    fact_shapes: dict[str, tuple] = {name: tuple(shape) for name, (_, shape) in schemas.items()}
+
+    def use(name: str, n: int, where: str) -> None:
+        if name not in arity:
+            arity[name] = (n, where)
+        elif arity[name][0] != n:
+            raise TemplateError(f"{where}: arity mismatch: {name} has {n} arguments here, but {arity[name][0]} in "
+                                f"{arity[name][1]} (a predicate name has one arity in neurovec)")
+
+    for fact in template.facts:
+        use(fact.name, fact.arity, f"template fact {fact}")
+    derived = set()
+    for rule in template.rules:
+        where = f"{rule.label} `{rule}`"
+        use(rule.head.name, rule.head.arity, where)
+        derived.add(rule.head.name)
+        _check_rule(rule, where)
+        for lit in rule.body:
+            if not lit.special:
+                use(lit.name, lit.arity, where)
+    known = set(schemas) | {f.name for f in template.facts} | derived
+    for rule in template.rules:
+        for lit in rule.body:
+            if not lit.special and lit.name not in known:
+                raise TemplateError(f"{rule.label} `{rule}`: unknown predicate {lit.name}/{lit.arity}: no relation "
+                                    f"in the data, no template fact and no rule derives it (known: {sorted(known)})")
+    for name, spec in template.predicates.items():
+        if name in arity and arity[name][0] != spec.arity:
+            raise TemplateError(f"predicate settings {spec}: arity mismatch: {name} has {arity[name][0]} arguments "
+                                f"in {arity[name][1]}")
+        for function in (spec.metadata.transformation, spec.metadata.combination):
+            _check_function(function, f"predicate {name}/{spec.arity}")
+
+    plan = Plan(template, _strata(template, derived), {k: v[0] for k, v in arity.items()}, {}, derived)
+    _template_fact_shapes(plan, fact_shapes)
+    _infer_shapes(plan, fact_shapes)
+    _weights(plan, np.random.default_rng(seed))
+    return plan
+
+
+def _check_rule(rule: Rule, where: str) -> None:
+    bound = {v for lit in rule.body if not lit.special for v in lit.variables}
+    for v in rule.head.variables:
+        if v not in bound:
+            raise TemplateError(f"{where}: unbound head variable {v}: it appears in no body literal, so the rule "
+                                "would ground to infinitely many heads")
+    for lit in rule.body:
+        if lit.special:
+            if lit.name != "alldiff" and lit.arity != 2:
+                raise TemplateError(f"{where}: @{lit.name} takes two terms (got {lit.arity})")
+            for v in lit.variables:
+                if v not in bound:
+                    raise TemplateError(f"{where}: variable {v} of {lit} appears in no other body literal")
+        _check_function(lit.function, where)
+    if not rule.literals:
+        raise TemplateError(f"{where}: the body has no input literal (all are hidden or special)")
+    _check_function(rule.metadata.transformation, where)
+    _check_function(rule.metadata.combination, where, COMBINATIONS)
+    _check_function(rule.metadata.aggregation, where, AGGREGATIONS)
+
+
+def _check_function(function: Function | None, where: str, allowed=None) -> None:
+    if function is None:
+        return
+    ok = function.name in TRANSFORMATIONS if function.kind == "transformation" else function.name in allowed \
+        if allowed is not None else function.name in COMBINATIONS
+    if not ok:
+        need = _NEEDS.get(function.name)
+        raise TemplateError(f"{where}: {function.kind} {function.name} is not supported" +
+                            (f"; neurovec would need {need}" if need else ""))
+
+
+def _strata(template: Template, derived: set) -> list[Stratum]:
+    """Strongly connected components of "head depends on body predicate", dependencies first (Tarjan)."""
+    edges = {p: [] for p in derived}
+    for rule in template.rules:
+        edges[rule.head.name].extend(lit.name for lit in rule.body if not lit.special and lit.name in derived)
+    index, low, on_stack, stack, order = {}, {}, set(), [], []
+
+    def visit(p):  # recursion depth = length of the longest predicate chain: small
+        index[p] = low[p] = len(index)
+        stack.append(p)
+        on_stack.add(p)
+        for q in edges[p]:
+            if q not in index:
+                visit(q)
+                low[p] = min(low[p], low[q])
+            elif q in on_stack:
+                low[p] = min(low[p], index[q])
+        if low[p] == index[p]:
+            component = []
+            while True:
+                q = stack.pop()
+                on_stack.discard(q)
+                component.append(q)
+                if q == p:
+                    break
+            order.append(component)
+
+    for p in sorted(derived, key=lambda name: min(r.index for r in template.rules if r.head.name == name)):
+        if p not in index:
+            visit(p)
+    strata = []
+    for component in order:
+        members = set(component)
+        rules = [r for r in template.rules if r.head.name in members]
+        recursive = len(component) > 1 or any(lit.name in members for r in rules for lit in r.body if not lit.special)
+        depths = {p: template.predicates[p].metadata.depth for p in component
+                  if p in template.predicates and template.predicates[p].metadata.depth is not None}
+        if depths and not recursive:
+            p = next(iter(depths))
+            raise TemplateError(f"predicate {p}: depth={depths[p]} is declared, but {p} is not recursive")
+        if len(set(depths.values())) > 1:
+            raise TemplateError(f"the recursive predicates {sorted(component)} declare different depths {depths}")
+        depth = next(iter(depths.values()), None)
+        if depth is not None and (not isinstance(depth, int) or depth < 1):
+            raise TemplateError(f"predicate {next(iter(depths))}: depth must be a positive int (got {depth!r})")
+        ordered = sorted(component, key=lambda name: min(r.index for r in rules if r.head.name == name))
+        strata.append(Stratum(ordered, rules, recursive, depth))
+    return strata
+
+
+def _template_fact_shapes(plan: Plan, fact_shapes: dict) -> None:
+    for fact in plan.template.facts:
+        shape = fact.weight.shape if fact.weight is not None else ()
+        previous = fact_shapes.setdefault(fact.name, shape)
+        if previous != shape:
+            raise TemplateError(f"template fact {fact}: value shape {shape}, but other facts of {fact.name} have "
+                                f"{previous}")
+
+
+def _infer_shapes(plan: Plan, fact_shapes: dict) -> None:
+    """The value shape of every predicate; errors name the rule whose weights do not fit."""
+    shape = plan.shape
+    for name in plan.arity:
+        if name not in plan.derived:
+            shape[name] = fact_shapes.get(name, ())
+    for stratum in plan.strata:
+        pending = list(stratum.rules)
+        while pending:  # recursive rules wait until a base rule gave their body's shape
+            progress = [r for r in pending if all(lit.name in shape for lit in r.literals)]
+            if not progress:
+                rule = pending[0]
+                raise TemplateError(f"{rule.label} `{rule}`: the value shape of "
+                                    f"{next(lit.name for lit in rule.literals if lit.name not in shape)} is unknown: a "
+                                    "recursive predicate needs a rule or fact that does not recurse")
+            for rule in progress:
+                pending.remove(rule)
+                plan.body_shape[rule.index], head = _head_shape(plan, rule, shape)
+                name = rule.head.name
+                if name in shape and shape[name] != head:
+                    raise TemplateError(f"{rule.label} `{rule}`: the atoms of {name} get shape {head} here, but "
+                                        f"{shape[name]} from its other rules or facts")
+                shape[name] = head
+        for name in stratum.predicates:
+            facts = fact_shapes.get(name)
+            if facts is not None and facts != shape[name]:
+                raise TemplateError(f"predicate {name}: its facts have value shape {facts} but its rules derive "
+                                    f"{shape[name]}")
+
+
+def _head_shape(plan: Plan, rule: Rule, shape: dict) -> tuple[tuple, tuple]:
+    """The value shapes of the rule's neurons and of the atoms it derives."""
+    where = f"{rule.label} `{rule}`"
+    combination = plan.combination(rule)
+    products = []
+    for lit in rule.literals:
+        value = shape[lit.name]
+        if lit.function is not None and lit.function.name == "softmax" and value == ():
+            raise TemplateError(f"{where}: softmax({lit}) needs a vector value (got a scalar)")
+        product = product_shape(lit.weight.shape if lit.weight is not None else None, value)
+        if product is None:
+            raise TemplateError(f"{where}: weight shapes do not fit: weight {lit.weight} of shape {lit.weight.shape} "
+                                f"times {lit.name} with values of shape {value}")
+        products.append((lit, product))
+    distinct = {p for _, p in products if p != ()}
+    if len(distinct) > 1:
+        described = ", ".join(f"{lit} -> {p}" for lit, p in products)
+        raise TemplateError(f"{where}: weight shapes do not fit: the body's weighted inputs have different shapes "
+                            f"({described})")
+    body = distinct.pop() if distinct else ()
+    if body != () and len(rule.literals) > 1:
+        for lit, product in products:
+            if product == () and lit.weight is not None:
+                raise TemplateError(f"{where}: the weighted scalar {lit} among {body} inputs is not supported (write "
+                                    "its weight on a rule of its own, or drop it)")
+    if combination in ("max", "min") and body != ():
+        raise TemplateError(f"{where}: combination {combination} of {body} values is not supported: NeuraLogic "
+                            "selects the input with the largest element sum, neurovec's max/min are elementwise")
+    if combination in ("product", "elproduct") and rule.offset is not None and body != ():
+        raise TemplateError(f"{where}: an offset in a product of {body} values is not supported")
+    if rule.offset is not None and rule.offset.shape not in ((), body):
+        raise TemplateError(f"{where}: weight shapes do not fit: the offset has shape {rule.offset.shape} but the "
+                            f"rule's value has shape {body}")
+    if plan.rule_transformation(rule) == "softmax" and body == ():
+        raise TemplateError(f"{where}: transformation softmax needs vector values (the rule's value is a scalar)")
+    aggregation = plan.aggregation(rule)
+    if aggregation in ("max", "min") and body != ():
+        raise TemplateError(f"{where}: aggregation {aggregation} of {body} values is not supported: NeuraLogic "
+                            "selects the grounding with the largest element sum, neurovec's max/min are elementwise")
+    aggregated = () if aggregation == "count" else body
+    head = product_shape(rule.head.weight.shape if rule.head.weight is not None else None, aggregated)
+    if head is None:
+        raise TemplateError(f"{where}: weight shapes do not fit: head weight {rule.head.weight} of shape "
+                            f"{rule.head.weight.shape} times the aggregated body of shape {aggregated}")
+    return body, head
+
+
+def _weights(plan: Plan, rng: np.random.Generator) -> None:
+    """Every weight of the template, named and shaped; shared names must agree; random values are drawn here, in
+    template order, so the same template and seed give the same weights whatever the data."""
+
+    def register(spec: WeightSpec | None, default_name: str, where: str) -> str | None:
+        if spec is None:
+            return None
+        name = spec.name or default_name
+        previous = plan.weights.get(name)
+        if previous is None:
+            value = spec.value if spec.value is not None else _glorot(rng, spec.shape)
+            plan.weights[name] = WeightPlan(name, spec.shape, value, spec.learnable, where)
+            return name
+        if previous.shape != spec.shape:
+            raise TemplateError(f"{where}: weight shapes do not fit: weight {name!r} has shape {spec.shape} here but "
+                                f"{previous.shape} in {previous.where}")
+        if spec.value is not None and previous.value is not None and spec.value is not previous.value and \
+                not np.array_equal(spec.value, previous.value):
+            raise TemplateError(f"{where}: weight {name!r} is given the value {spec.value.tolist()} here but "
+                                f"{previous.value.tolist()} in {previous.where}")
+        if spec.learnable != previous.learnable:
+            raise TemplateError(f"{where}: weight {name!r} is fixed in one place and learnable in another "
+                                f"({previous.where})")
+        return name
+
+    for k, fact in enumerate(plan.template.facts):
+        plan.fact_weights.append(register(fact.weight, f"fact:{fact.name}({','.join(map(str, fact.terms))})",
+                                          f"template fact {fact}"))
+    for rule in plan.template.rules:
+        where = f"{rule.label} `{rule}`"
+        learnable = rule.metadata.learnable
+        fix = (lambda s: s.fixed() if s is not None and learnable is False else s)
+        plan.rule_weights[(rule.index, "head")] = register(fix(rule.head.weight), f"rule{rule.index}:head", where)
+        for i, lit in enumerate(rule.literals):
+            plan.rule_weights[(rule.index, i)] = register(fix(lit.weight), f"rule{rule.index}:{lit.name}{i}", where)
+        plan.rule_weights[(rule.index, "offset")] = register(fix(rule.offset), f"rule{rule.index}:offset", where)
+    for name, spec in plan.template.predicates.items():
+        offset = spec.metadata.offset
+        if offset is None:
+            continue
+        offset = WeightSpec.parse(offset)
+        where = f"predicate {spec}"
+        if name not in plan.derived:
+            raise TemplateError(f"{where}: an offset on {name}, which no rule derives")
+        if offset.shape not in ((), plan.shape[name]):
+            raise TemplateError(f"{where}: weight shapes do not fit: the offset has shape {offset.shape} but the "
+                                f"atoms of {name} have shape {plan.shape[name]}")
+        plan.predicate_offsets[name] = register(offset, f"{name}/{spec.arity}:offset", where)
+
+
+def _glorot(rng: np.random.Generator, shape: tuple) -> np.ndarray:
+    fan_out, fan_in = (shape + (1, 1))[:2] if len(shape) < 2 else shape
+    bound = np.sqrt(6.0 / (fan_in + fan_out))
+    return rng.uniform(-bound, bound, size=shape)
