@@ -21,7 +21,9 @@ Ops (``Node.attrs`` in brackets):
                 ``w_layout``, ``x_layout``: see below]
 ``REDUCE``      segment reduction of consecutive rows [``aggregation``, ``counts``: const key,
                 ``kernel``: ``"scatter"``, ``"segment"``, ``"dense"``, ``"strided"`` or
-                ``"sparse_mm"`` (then also ``index``: a fused gather, see below)]
+                ``"sparse_mm"`` (then also ``index``: a fused gather, see below);
+                optional ``coef``: const key of float64 per-row factors, sum and mean only:
+                row e counts as ``coef[e] * x[e]`` (a weighted sparse matrix)]
 ``ADD``         ``x + b`` row by row (``b`` broadcasts over the value shape)
 ``TRANSFORM``   elementwise / per-row function [``fn``]
 ==============  =====================================================================
@@ -169,6 +171,11 @@ class Program:
                     raise IRError(f"%{n.name} REDUCE has unknown kernel {kernel!r}")
                 if kernel in ("dense", "strided") and np.any(counts != counts[0]):
                     raise IRError(f"%{n.name} REDUCE kernel {kernel!r} needs equal counts")
+                if "coef" in n.attrs:
+                    coef = self.constants[n.attrs["coef"]]
+                    if n.attrs["aggregation"] not in ("sum", "mean") or coef.shape != (rows,) \
+                            or not np.issubdtype(coef.dtype, np.floating):
+                        raise IRError(f"%{n.name} REDUCE coef must be {rows} floats on a sum or mean")
             elif n.op is Op.LINEAR:
                 linear_grid(n, srcs[0], srcs[1])  # raises on inconsistent layouts
             elif n.op in (Op.ADD, Op.TRANSFORM):

@@ -15,8 +15,8 @@ import torch
 from ..engines.torch_module import CompiledModule
 from ..sources.graph import FactLayer, Graph
 from .ir import IRError, Program
-from .passes import (cleanup, dedup, dedup_facts, iso_compression, kernels, linear_broadcast, padding, segments,
-                     simplify_gathers, unit_facts, upward)
+from .passes import (cleanup, coefficients, dedup, dedup_facts, fold_constants, iso_compression, kernels,
+                     linear_broadcast, padding, reorder_linear, segments, simplify_gathers, unit_facts, upward)
 from .settings import Settings
 from .vectorizer import vectorize
 
@@ -60,6 +60,13 @@ PIPELINE: list[tuple[str, Callable[[Settings], bool], Pass]] = [
     ("materialize_units", lambda s: s.merge_unit_facts or s.simplify_unit_linear, unit_facts.materialize_units),
     ("preconcatenate", lambda s: s.preconcatenate, cleanup.preconcatenate),
     ("remove_unused", lambda s: s.remove_unused, cleanup.remove_unused),
+    # Algebra on the final row structure (reductions keep their rows from here on).
+    ("reduce_coefficients", lambda s: s.reduce_coefficients, coefficients.reduce_coefficients),
+    # Widening products after the sums (then the sums over facts are constants: fold them),
+    # narrowing ones towards the inputs.
+    ("pull_linear_up", lambda s: s.reorder_linear, reorder_linear.pull_linear_up),
+    ("fold_constants", lambda s: s.fold_constants, fold_constants.fold_constants),
+    ("push_linear_down", lambda s: s.reorder_linear, reorder_linear.push_linear_down),
     ("choose_kernels", lambda s: True, kernels.choose_kernels),
 ]
 

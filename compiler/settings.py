@@ -81,6 +81,17 @@ class Settings(BaseModel):
         True, description="Pre-concatenate facts or weights that are always used together.")
     remove_unused: bool = Field(True, description="Drop values nothing reads.")
 
+    # -- algebra: using what is known at compile time (issue 10) ---------------------------------
+    reduce_coefficients: bool = Field(
+        True, description="Fixed scalar factors of summed or averaged inputs become per-edge coefficients "
+                          "of the reduction (a weighted sparse matrix) instead of per-edge products.")
+    reorder_linear: bool = Field(
+        True, description="Commute products with a shared weight and sums, means, indexing and additions, "
+                          "whichever order makes the aggregated rows narrower (estimated cost).")
+    fold_constants: bool = Field(
+        True, description="Compute values that depend only on static facts and fixed weights once, at "
+                          "compile time (float64).")
+
     # -- kernels ------------------------------------------------------------------------------------
     reduce_kernel: Literal["auto", "scatter", "segment", "dense", "sparse_mm"] = Field(
         "auto", description="Kernel for segment reductions: chosen per layer by a cost model, or forced.")
@@ -97,6 +108,7 @@ _ALL_OFF = dict(
     dedup_linear=False, dedup_aggregations=False, linear_padding="off", linear_broadcasting=False,
     upward=False, simplify_gathers=False, segment_reductions=False, dense_reductions=False,
     transposed_reductions=False, remove_identity=False, preconcatenate=False, remove_unused=False,
+    reduce_coefficients=False, reorder_linear=False, fold_constants=False,
     reduce_kernel="scatter",
 )
 

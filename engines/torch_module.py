@@ -73,9 +73,12 @@ def _expression(node: Node, nodes: dict[str, Node]) -> str:
     if node.op is Op.REDUCE:
         key, agg = node.attrs["counts"], node.attrs["aggregation"]
         kernel = node.attrs.get("kernel", "scatter")
+        coef = node.attrs.get("coef")
         if kernel == "sparse_mm":
-            call = f"gather_sum({names[0]}, self.csr_{node.name})"
-            return call if agg == "sum" else f"{call} / self.cnt_{key}{_rows(node.shape)}"
+            # Per-edge coefficients (and a mean's 1/count) are the values of the sparse matrix.
+            return f"gather_sum({names[0]}, self.csr_{node.name})"
+        if coef:  # the other kernels multiply first
+            names[0] = f"{names[0]} * self.{coef}{_rows(node.shape)}"
         if kernel == "segment":
             return f"segment_reduce({names[0]}, self.ptr_{key}, self.seg_{key}, self.cnt_{key}, {agg!r})"
         if kernel == "dense":
@@ -200,7 +203,8 @@ class CompiledModule(nn.Module):
                 fused = kernels.GatherSum.from_index(program.constants[node.attrs["index"]],
                                                      program.constants[node.attrs["counts"]],
                                                      program.node(node.srcs[0]).count,
-                                                     None if coef is None else program.constants[coef], dtype=dtype)
+                                                     None if coef is None else program.constants[coef],
+                                                     mean=node.attrs["aggregation"] == "mean", dtype=dtype)
                 self.add_module(f"csr_{node.name}", runtime.CSRIndices(fused))
         self._inputs = {n.attrs["fact_layer"]: n for n in input_facts(program)}
         self.code = generate_source(program)

@@ -83,3 +83,125 @@ def graphs(draw, max_layers: int = 4, max_neurons: int = 4, max_inputs: int = 4)
     out_layer = [draw(st.sampled_from(candidates)) for _ in range(n_out)]
     out_ordinal = [draw(st.integers(0, layers[i].size - 1)) for i in out_layer]
     return Graph(layers, weights, out_layer, out_ordinal)
+
+
+GNN_TRANSFORMATIONS = ["identity", "relu", "tanh", "sigmoid"]
+
+
+@st.composite
+def gnn_graphs(draw, max_nodes: int = 8) -> Graph:
+    """Random message-passing models on random graphs, shaped like the GNN templates.
+
+    Node features (vectors, sometimes with many equal rows), then 1-3 convolutions,
+    each GCN-like (a shared matrix weight, then a sum or mean over neighbours with
+    fixed or learnable scalar factors, some 0), SAGE-like (a mean of neighbours, then
+    two matrix weights) or GIN-like (a sum of self and neighbours, then a 2-layer MLP),
+    with random widths (narrowing and widening), biases and transformations; then a
+    sum or mean readout per sample and an output layer. Isolated nodes read themselves
+    times the fixed weight 0, like the templates. These are the shapes the algebra
+    passes (coefficients, linear reordering, constant folding) rewrite.
+    """
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    n = draw(st.integers(1, max_nodes))
+    width = draw(st.integers(1, 4))
+    levels = draw(st.sampled_from([None, 2, 3]))  # None: continuous features; else a few distinct rows
+    x = rng.normal(0, 1, (n, width)) if levels is None else rng.normal(0, 1, (levels, width))[rng.integers(0, levels, n)]
+    layers: list = [FactLayer("x", x)]
+    weights: list[Weight] = []
+
+    def weight(value, learnable=True) -> int:
+        weights.append(Weight(f"w{len(weights)}", np.asarray(value, dtype=np.float64), learnable))
+        return len(weights) - 1
+
+    n_edges = draw(st.integers(0, 3 * n))
+    src, dst = rng.integers(0, n, n_edges), rng.integers(0, n, n_edges)
+    order = np.argsort(dst, kind="stable")
+    src, dst = src[order], dst[order]
+    in_degree = np.bincount(dst, minlength=n)
+    isolated = np.flatnonzero(in_degree == 0)
+    zero = weight(0.0, learnable=False) if isolated.size else -1
+
+    def neighbours():
+        """(owner, source, weight) of every neighbour edge, isolated nodes reading themselves times 0."""
+        owner = np.concatenate([dst, isolated])
+        source = np.concatenate([src, isolated])
+        w = np.concatenate([np.full(src.size, -1), np.full(isolated.size, zero)])
+        order = np.argsort(owner, kind="stable")
+        return np.bincount(owner, minlength=n), source[order], w[order], owner[order]
+
+    def dense(name, source, w, bias, transformation):
+        return NeuronLayer(name, np.ones(n), np.full(n, source), np.arange(n), np.full(n, w),
+                           None if bias is None else np.full(n, bias), transformation=transformation)
+
+    h = 0
+    for k in range(draw(st.integers(1, 3))):
+        out = draw(st.integers(1, 4))
+        act = draw(st.sampled_from(GNN_TRANSFORMATIONS))
+        bias = weight(rng.normal(0, 0.5, out)) if draw(st.booleans()) else None
+        kind = draw(st.sampled_from(["gcn", "sage", "gin"]))
+        if kind == "gcn":
+            layers.append(dense(f"conv{k}.lin", h, weight(rng.normal(0, 0.7, (out, width))), None, "identity"))
+            lin = len(layers) - 1
+            counts, source, w, owner = neighbours()
+            self_loops = draw(st.booleans())
+            factors = draw(st.sampled_from(["none", "fixed", "fixed-few", "learnable"]))
+            if factors != "none":
+                values = rng.uniform(-1, 1, source.size + n)
+                if factors == "fixed-few":
+                    values = rng.choice([0.0, 0.5, 1.5], source.size + n)
+                learnable = factors == "learnable"
+                ids = [weight(v, learnable) for v in values]
+                w = np.where(w == zero, w, ids[:source.size]) if zero >= 0 else np.array(ids[:source.size])
+                self_w = np.array(ids[source.size:])
+            else:
+                self_w = np.full(n, -1)
+            if self_loops:
+                owner = np.concatenate([owner, np.arange(n)])
+                source = np.concatenate([source, np.arange(n)])
+                w = np.concatenate([w, self_w])
+                order = np.argsort(owner, kind="stable")
+                owner, source, w = owner[order], source[order], w[order]
+                counts = np.bincount(owner, minlength=n)
+            layers.append(NeuronLayer(f"conv{k}", counts, np.full(source.size, lin), source, w,
+                                      None if bias is None else np.full(n, bias),
+                                      aggregation=draw(st.sampled_from(["sum", "mean"])), transformation=act))
+        elif kind == "sage":
+            counts, source, w, _ = neighbours()
+            layers.append(NeuronLayer(f"conv{k}.mean", counts, np.full(source.size, h), source, w,
+                                      aggregation="mean"))
+            mean = len(layers) - 1
+            w_l, w_r = weight(rng.normal(0, 0.7, (out, width))), weight(rng.normal(0, 0.7, (out, width)))
+            layers.append(NeuronLayer(f"conv{k}", np.full(n, 2), np.tile([mean, h], n), np.repeat(np.arange(n), 2),
+                                      np.tile([w_l, w_r], n), None if bias is None else np.full(n, bias),
+                                      transformation=act))
+        else:
+            counts, source, w, owner = neighbours()
+            eps = draw(st.sampled_from([None, 0.5]))
+            self_w = -1 if eps is None else weight(1 + eps, learnable=False)
+            owner = np.concatenate([owner, np.arange(n)])
+            source = np.concatenate([source, np.arange(n)])
+            w = np.concatenate([w, np.full(n, self_w)])
+            order = np.argsort(owner, kind="stable")
+            layers.append(NeuronLayer(f"conv{k}.agg", np.bincount(owner, minlength=n), np.full(source.size, h),
+                                      source[order], w[order]))
+            agg = len(layers) - 1
+            hidden = draw(st.integers(1, 4))
+            layers.append(dense(f"conv{k}.mlp", agg, weight(rng.normal(0, 0.7, (hidden, width))),
+                                weight(rng.normal(0, 0.5, hidden)), "relu"))
+            layers.append(dense(f"conv{k}", len(layers) - 1, weight(rng.normal(0, 0.7, (out, hidden))),
+                                bias, act))
+        h, width = len(layers) - 1, out
+
+    samples = draw(st.integers(1, 3))
+    sample_of = np.sort(rng.integers(0, samples, n))
+    present = np.unique(sample_of)
+    counts = np.bincount(np.searchsorted(present, sample_of), minlength=present.size)
+    layers.append(NeuronLayer("pool", counts, np.full(n, h), np.argsort(sample_of, kind="stable"),
+                              aggregation=draw(st.sampled_from(["sum", "mean"]))))
+    out_dim = draw(st.integers(1, 2))
+    s = present.size
+    layers.append(NeuronLayer("out", np.ones(s), np.full(s, len(layers) - 1), np.arange(s),
+                              np.full(s, weight(rng.normal(0, 0.7, (out_dim, width)))),
+                              np.full(s, weight(rng.normal(0, 0.5, out_dim))),
+                              transformation=draw(st.sampled_from(["identity", "sigmoid"]))))
+    return Graph(layers, weights, np.full(s, len(layers) - 1), np.arange(s))

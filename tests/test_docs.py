@@ -31,9 +31,10 @@ def test_mutag_figures(tu_dir):
 
     unoptimized = build_program(graph, neurovec.Settings.preset("unoptimized"))
     assert len(weight_gathers(unoptimized)) >= 3  # Fig. 6.8: conv1, conv2 and the readout gather weights
-    default = build_program(graph, neurovec.Settings.preset("default"))
+    default = build_program(graph, mutag_programs.THESIS)
     assert weight_gathers(default) == []  # Fig. 6.9
     facts = [n for n in default.nodes if n.op is Op.FACT and n.name == "f_x"]
     assert facts and facts[0].count == 7 < 3371 // 100  # a much smaller input fact layer
-    aggressive = build_program(graph, neurovec.Settings.preset("upward-17-aggressive"))
+    aggressive = build_program(graph, neurovec.Settings.preset("upward-17-aggressive", reorder_linear=False,
+                                                               fold_constants=False))
     assert [n for n in aggressive.nodes if n.op is Op.GATHER] == []  # Fig. 6.10

@@ -8,7 +8,7 @@ import neurovec
 from neurovec.compiler.settings import Settings
 
 from .equivalence import assert_equivalent
-from .strategies import graphs
+from .strategies import gnn_graphs, graphs
 from .test_equivalence import all_finite
 
 PRESETS = neurovec.list_presets()
@@ -27,6 +27,16 @@ def test_presets_listed_and_complete():
           deadline=None)
 @given(graph=graphs())
 def test_preset_equals_reference(preset, graph):
+    assume(all_finite(graph))
+    assert_equivalent(graph, neurovec.compile(graph, preset, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+@settings(max_examples=10, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+          deadline=None)
+@given(graph=gnn_graphs())
+def test_preset_equals_reference_on_gnn_graphs(preset, graph):
+    """Message-passing shapes (shared weights, fixed factors, readouts) that the algebra passes rewrite."""
     assume(all_finite(graph))
     assert_equivalent(graph, neurovec.compile(graph, preset, dtype=torch.float64))
 
@@ -53,8 +63,15 @@ def test_random_pass_combinations_equal_reference(graph, options):
     assert_equivalent(graph, neurovec.compile(graph, options, dtype=torch.float64))
 
 
+@settings(max_examples=80, deadline=None)
+@given(graph=gnn_graphs(), options=random_settings())
+def test_random_pass_combinations_on_gnn_graphs(graph, options):
+    assume(all_finite(graph))
+    assert_equivalent(graph, neurovec.compile(graph, options, dtype=torch.float64))
+
+
 @settings(max_examples=100, deadline=None)
-@given(graph=graphs(), preset=st.sampled_from(PRESETS), seed=st.integers(0, 2**16))
+@given(graph=st.one_of(graphs(), gnn_graphs()), preset=st.sampled_from(PRESETS), seed=st.integers(0, 2**16))
 def test_dynamic_facts_replaced_at_call_time(graph, preset, seed):
     """Declared dynamic facts (unit ones included) may take any values at call time, under every preset."""
     assume(all_finite(graph))

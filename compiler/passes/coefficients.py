@@ -1,0 +1,78 @@
+"""Fixed per-edge factors into the reduction: a weighted sparse matrix instead of per-edge products.
+
+A sum or mean whose inputs are ``fixed scalar x value`` (GCN's ``1/sqrt(deg_i deg_j)``,
+the fixed weight 0 that gives isolated nodes an empty neighbourhood) multiplies every
+edge's whole value row, every step, by a constant it could have known at compile time.
+This pass gives the reduction the factors as per-edge constants (REDUCE's ``coef``)
+and reads the values directly; a mean becomes a sum whose coefficients include
+``1/count``. With a gather before it, the reduction is then one weighted sparse
+matrix product (PyG's cached, normalised ``adj_t``)::
+
+    %x = GATHER(h; index=idx)                          : (E, 16)
+    %c = GATHER(w_scalar; index=widx)                  : (E)        fixed scalars
+    %p = LINEAR(c, x; kind='mul')                      : (E, 16)
+    %a = REDUCE(p; aggregation='sum', counts=k)        : (n, 16)
+  becomes
+    %x = GATHER(h; index=idx)                          : (E, 16)
+    %a = REDUCE(x; aggregation='sum', counts=k, coef=c_a)   c_a[e] = w_scalar[widx[e]]
+
+The rows are traced through any chain of indexing ops and scalar products
+(:func:`rows.trace_rows`), so broadcast layouts and CONCATs of parts (the isolated-node
+artefact of the GNN templates) dissolve too. Factors of 0 stay as explicit entries:
+``0 * inf`` is NaN, so dropping them would change non-finite results. Static facts of
+shape ``()`` count as fixed scalars (their layers then are no longer replaceable at call
+time); facts in ``Settings.dynamic_facts`` never do.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..ir import Node, Op, Program
+from ..settings import Settings
+from .rows import freeze_facts, trace_rows
+from .simplify_gathers import Rewriter, plan_index
+
+__all__ = ["reduce_coefficients", "segment_of_rows"]
+
+
+def segment_of_rows(node: Node, counts: np.ndarray, rows: int) -> np.ndarray:
+    """The segment (output row) each input row of a REDUCE belongs to."""
+    if node.attrs.get("kernel") == "strided":
+        return np.arange(rows, dtype=np.int64) % max(node.count, 1)
+    return np.repeat(np.arange(node.count, dtype=np.int64), counts)
+
+
+def reduce_coefficients(program: Program, settings: Settings) -> Program:
+    rw = Rewriter(program)
+    facts_used: set[str] = set()
+    for node in program.nodes:
+        node = rw.take(node)
+        if (node.op is not Op.REDUCE or node.attrs["aggregation"] not in ("sum", "mean")
+                or "coef" in node.attrs or node.attrs.get("kernel") == "sparse_mm"):
+            rw.keep(node)
+            continue
+        source = rw.nodes[node.srcs[0]]
+        origins = trace_rows(program, rw.nodes, source.name, scalars=True)
+        bases = [rw.nodes[b] for b in origins.bases]
+        # Several bases are read through one CONCAT of them all: only where that is no bigger.
+        if not origins.scaled or sum(b.count for b in bases) > source.count:
+            rw.keep(node)
+            continue
+        facts_used |= origins.facts_used
+        offsets = np.cumsum([0] + [b.count for b in bases])[:-1]
+        index = offsets[origins.which] + origins.row
+        if len(bases) == 1:
+            root = bases[0]
+        else:
+            root = rw.emit(rw.fresh(f"{node.name}_sources"), Op.CONCAT, [b.name for b in bases],
+                           sum(b.count for b in bases), source.shape, node.layer)
+        src = rw.emit_plan(rw.fresh(f"{node.name}_x"), plan_index(index, root.count), root, node.layer)
+        coef = origins.coef
+        counts = rw.constants[node.attrs["counts"]]
+        if node.attrs["aggregation"] == "mean":
+            coef = coef / counts[segment_of_rows(node, counts, coef.size)]
+        attrs = dict(node.attrs, aggregation="sum", coef=rw.const(f"coef_{node.name}", coef))
+        rw.replace(node.with_(srcs=(src,), attrs=attrs))
+    result = rw.finish()
+    return freeze_facts(result, facts_used)
+

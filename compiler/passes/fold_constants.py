@@ -1,0 +1,102 @@
+"""Compute once, at compile time, what depends only on static facts and fixed weights.
+
+A value computed from static facts and fixed weights alone is the same at every
+step. Once ``pull_linear_up`` has moved the first layer's weight after the
+aggregation, GCN's, SAGE's and GIN's first aggregation over the node features is
+such a value: it becomes a constant (float64, rounded to the module's dtype once),
+and its backward needs no sparse product at all::
+
+    %f_x = FACT(const=facts_x, fact_layer='x')           : (n, 3)
+    %g = GATHER(f_x; index=idx)                           : (E, 3)
+    %a = REDUCE(g; aggregation='sum', coef=c)             : (n, 3)
+    %l = LINEAR(w, a; kind='matmul')                      : (n, 16)
+  becomes
+    %a = FACT(const=folded_a, fact_layer=None)            : (n, 3)
+    %l = LINEAR(w, a; kind='matmul')                      : (n, 16)
+
+Folded are the computing ops (not pure row movements, which cost nothing to keep
+and could be large) that some non-constant op reads. Their values come from the
+program itself, run by the engine in float64, so they are exactly what the module
+would compute. Facts in ``Settings.dynamic_facts`` are never folded; a fact layer
+that was folded into a constant is no longer replaceable at call time.
+"""
+from __future__ import annotations
+
+import torch
+
+from ...engines.torch_module import CompiledModule
+from ..ir import INDEXING, Node, Op, Program
+from ..rewrite import eliminate_dead_code
+from ..settings import Settings
+from .reorder_linear import is_constant
+from .rows import freeze_facts
+from .simplify_gathers import Rewriter
+
+__all__ = ["fold_constants", "evaluate"]
+
+
+def fold_constants(program: Program, settings: Settings) -> Program:
+    nodes = program.by_name()
+    folded = _targets(program, nodes, is_constant(program, nodes))
+    if not folded:
+        return program
+    rw = Rewriter(program)
+    for node in program.nodes:
+        node = rw.take(node)
+        if node.name in folded:
+            key = rw.const(f"folded_{node.name}", evaluate(program, node.name))
+            rw.replace(Node(node.name, Op.FACT, (), node.count, node.shape,
+                            {"const": key, "fact_layer": None, "unit": False}, node.layer))
+        else:
+            rw.keep(node)
+    read = _ancestors(program, folded)
+    return freeze_facts(rw.finish(), {n.name for n in program.nodes if n.op is Op.FACT and n.name in read})
+
+
+def _targets(program: Program, nodes: dict[str, Node], constant: set[str]) -> set[str]:
+    """The constants to fold: those that non-constant ops (or the output) read, except row
+    movements that would store more rows than they read (a gather that repeats rows), under
+    which the search goes on."""
+    needed = [program.output] if program.output in constant else []
+    needed += [s for n in program.nodes if n.name not in constant for s in n.srcs if s in constant]
+    targets: set[str] = set()
+    seen: set[str] = set()
+    while needed:
+        name = needed.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        node = nodes[name]
+        if node.op in (Op.FACT, Op.WEIGHTS):
+            continue
+        if node.op in INDEXING and _expands(node, nodes):
+            needed.extend(node.srcs)
+        elif node.op in INDEXING and all(nodes[s].op in (Op.FACT, Op.WEIGHTS) for s in node.srcs) \
+                and node.op is not Op.CONCAT:
+            continue  # a slice or small gather of a stored constant: nothing to compute
+        else:
+            targets.add(name)
+    return targets
+
+
+def _expands(node: Node, nodes: dict[str, Node]) -> bool:
+    """A row movement whose result is bigger than what it reads."""
+    return node.count > sum(nodes[s].count for s in dict.fromkeys(node.srcs))
+
+
+def evaluate(program: Program, name: str):
+    """The float64 value of node ``name`` (a numpy array), computed by the generated module."""
+    sub = eliminate_dead_code(program.replace(output=name))
+    with torch.no_grad():
+        return CompiledModule(sub, torch.float64)().numpy()
+
+
+def _ancestors(program: Program, names: set[str]) -> set[str]:
+    nodes = program.by_name()
+    seen, stack = set(), list(names)
+    while stack:
+        name = stack.pop()
+        if name not in seen:
+            seen.add(name)
+            stack.extend(nodes[name].srcs)
+    return seen

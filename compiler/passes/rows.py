@@ -1,0 +1,181 @@
+"""Where the rows of a value come from: indexing chains and fixed scalar factors, traced on arrays.
+
+Several passes need to see through the ops that only move rows around (GATHER,
+SLICE, TILE, INTERLEAVE, CONCAT) and, optionally, through products with a
+*fixed scalar* (a fixed weight or a static fact of shape ``()``), to the values
+that are actually computed. :func:`trace_rows` answers, for every row ``r`` of a
+node::
+
+    node[r] = coef[r] * bases[which[r]][row[r]]
+
+Example: with ``%g = GATHER(h; index=[2, 0, 2])`` and ``%p = LINEAR(c, g; kind='mul')``
+where ``c`` is a gather of fixed scalars ``[0.5, 0.5, 0.25]``, ``trace_rows`` of ``%p``
+gives ``bases=['h'], which=[0, 0, 0], row=[2, 0, 2], coef=[0.5, 0.5, 0.25]``.
+
+Everything is computed on whole index arrays (one numpy op per IR node walked).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..ir import Node, Op, Program
+
+__all__ = ["Origins", "trace_rows", "constant_values", "layout_rows", "static_fact", "fixed_weights",
+           "freeze_facts"]
+
+
+@dataclass
+class Origins:
+    """``node[r] = coef[r] * bases[which[r]][row[r]]`` for every row ``r`` (see the module doc)."""
+
+    bases: list[str]
+    which: np.ndarray
+    row: np.ndarray
+    coef: np.ndarray
+    scaled: bool = False                              # some fixed scalar factor was absorbed
+    facts_used: set[str] = field(default_factory=set)  # FACT nodes whose values went into ``coef``
+
+    def single_base(self) -> str | None:
+        return self.bases[0] if len(self.bases) == 1 else None
+
+
+def layout_rows(layout: str, side_count: int, count: int, rows: np.ndarray) -> np.ndarray:
+    """Rows of one side of a LINEAR that its rows ``rows`` read (NOTE: [LINEAR broadcasting])."""
+    if layout == "full":
+        return rows
+    if layout == "tile":
+        return rows % side_count
+    return rows // (count // side_count)  # interleave
+
+
+def static_fact(node: Node, dynamic) -> bool:
+    """A FACT whose values a pass may use (not replaceable at call time)."""
+    return node.op is Op.FACT and node.attrs.get("fact_layer") not in dynamic
+
+
+def fixed_weights(node: Node, learnable: dict[str, bool]) -> bool:
+    """A WEIGHTS node whose every weight is fixed (a constant)."""
+    return node.op is Op.WEIGHTS and not any(learnable[n] for n in node.attrs["names"])
+
+
+def _step(node: Node, rows: np.ndarray, nodes: dict[str, Node]) -> np.ndarray:
+    """Rows of the source of a SLICE, TILE or INTERLEAVE that its rows ``rows`` read."""
+    a = node.attrs
+    if node.op is Op.SLICE:
+        return a["start"] + a["step"] * rows
+    if node.op is Op.TILE:
+        return rows % nodes[node.srcs[0]].count
+    return rows // a["times"]  # INTERLEAVE
+
+
+def constant_values(program: Program, nodes: dict[str, Node], name: str, rows: np.ndarray
+                    ) -> tuple[np.ndarray, set[str]] | None:
+    """The float64 values of rows ``rows`` of node ``name`` if they are compile-time constants
+    reachable through indexing ops only (fixed weights, static facts), with the FACT nodes
+    read; else None."""
+    origins = trace_rows(program, nodes, name, rows)
+    learnable = {w.name: w.learnable for w in program.weights}
+    by_name = {w.name: w for w in program.weights}
+    out = np.empty((rows.size,) + nodes[name].shape)
+    facts: set[str] = set()
+    for k, base_name in enumerate(origins.bases):
+        base = nodes[base_name]
+        mine = origins.which == k
+        if static_fact(base, program.dynamic_facts):
+            values = program.constants[base.attrs["const"]]
+            facts.add(base_name)
+        elif fixed_weights(base, learnable):
+            values = np.stack([by_name[n].value for n in base.attrs["names"]])
+        else:
+            return None
+        out[mine] = values[origins.row[mine]]
+    return out, facts
+
+
+def trace_rows(program: Program, nodes: dict[str, Node], name: str, rows: np.ndarray | None = None, *,
+               scalars: bool = False, see_through=None) -> Origins:
+    """Trace rows ``rows`` (default: all) of node ``name`` to the nodes that compute them.
+
+    Walks through GATHER, SLICE, TILE, INTERLEAVE and CONCAT; with ``scalars``, also
+    through ``LINEAR(kind='mul')`` nodes one side of which is a fixed scalar
+    (:func:`constant_values`), multiplying ``coef`` by it. ``see_through(node)``, if
+    given, may refuse to walk through a node (it then becomes a base).
+    """
+    if rows is None:
+        rows = np.arange(nodes[name].count, dtype=np.int64)
+    pieces: list[tuple[str, np.ndarray, np.ndarray, np.ndarray]] = []
+    facts: set[str] = set()
+    scaled = False
+
+    def walk(current: str, pos: np.ndarray, r: np.ndarray, coef: np.ndarray) -> None:
+        nonlocal scaled
+        node = nodes[current]
+        if see_through is None or see_through(node):
+            op = node.op
+            if op is Op.GATHER:
+                return walk(node.srcs[0], pos, program.constants[node.attrs["index"]][r], coef)
+            if op in (Op.SLICE, Op.TILE, Op.INTERLEAVE):
+                return walk(node.srcs[0], pos, _step(node, r, nodes), coef)
+            if op is Op.CONCAT:
+                ends = np.cumsum([nodes[s].count for s in node.srcs])
+                part = np.searchsorted(ends, r, side="right")
+                for p in np.unique(part):
+                    mine = part == p
+                    walk(node.srcs[p], pos[mine], r[mine] - (ends[p] - nodes[node.srcs[p]].count), coef[mine])
+                return None
+            if op is Op.LINEAR and scalars and node.attrs["kind"] == "mul":
+                step = _scalar_factor(program, nodes, node, r)
+                if step is not None:
+                    value_side, value_rows, factor, used = step
+                    scaled = True
+                    facts.update(used)
+                    return walk(value_side, pos, value_rows, coef * factor)
+        pieces.append((current, pos, r, coef))
+        return None
+
+    walk(name, np.arange(rows.size, dtype=np.int64), np.asarray(rows, dtype=np.int64), np.ones(rows.size))
+    bases = list(dict.fromkeys(p[0] for p in pieces))
+    which = np.empty(rows.size, dtype=np.int64)
+    row = np.empty(rows.size, dtype=np.int64)
+    coef = np.empty(rows.size)
+    for base, pos, r, c in pieces:
+        which[pos], row[pos], coef[pos] = bases.index(base), r, c
+    return Origins(bases, which, row, coef, scaled, facts)
+
+
+def _scalar_factor(program: Program, nodes: dict[str, Node], node: Node, rows: np.ndarray):
+    """For a ``LINEAR(kind='mul')`` with a fixed scalar side: (value side, its rows, factor, facts)."""
+    w, x = (nodes[s] for s in node.srcs)
+    layouts = (node.attrs.get("w_layout", "full"), node.attrs.get("x_layout", "full"))
+    sides = [(w, layouts[0], x, layouts[1]), (x, layouts[1], w, layouts[0])]
+    for scalar, s_layout, value, v_layout in sides:
+        if scalar.shape != () or value.shape != node.shape:
+            continue
+        found = constant_values(program, nodes, scalar.name,
+                                layout_rows(s_layout, scalar.count, node.count, rows))
+        if found is None:
+            continue
+        factor, facts = found
+        return value.name, layout_rows(v_layout, value.count, node.count, rows), factor, facts
+    return None
+
+
+def freeze_facts(program: Program, names: set[str]) -> Program:
+    """Input facts (FACT nodes ``names``) whose values a pass used are no longer replaceable at
+    call time: they become plain constants of the module (as iso compression does), and are
+    dropped where nothing reads them any more (they were kept only as inputs)."""
+    if not names:
+        return program
+    read = {s for n in program.nodes for s in n.srcs} | {program.output}
+    nodes = []
+    for n in program.nodes:
+        if n.name in names and n.attrs.get("fact_layer"):
+            if n.name not in read:
+                continue
+            n = n.with_(attrs={**n.attrs, "fact_layer": None})
+        nodes.append(n)
+    used = {v for n in nodes for v in n.attrs.values() if isinstance(v, str)}
+    constants = {k: v for k, v in program.constants.items() if k in used}
+    return program.replace(nodes=tuple(nodes), constants=constants)

@@ -1,0 +1,109 @@
+"""Compile-time evaluation of what depends on static facts and fixed weights only."""
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, assume, given, settings
+
+import neurovec
+from neurovec.compiler.ir import Op
+from neurovec.compiler.passes.fold_constants import fold_constants
+from neurovec.compiler.pipeline import build_program
+from neurovec.compiler.settings import Settings
+from neurovec.engines.reference import ReferenceModule
+from neurovec.sources.graph import GraphError
+
+from ..equivalence import assert_equivalent
+from ..strategies import gnn_graphs, graphs
+from ..test_equivalence import all_finite
+from .test_dedup import Builder, assert_same_function
+
+SETTINGS = Settings()
+
+
+def constant_sum():
+    """s = sum of gathered fixed-weight products of x, then a learnable product."""
+    b = Builder()
+    b.fact("x", [[1.0, 2.0], [3.0, 4.0], [5.0, 7.0]])
+    b.weights("F", (2, 2), learnable=False, values=[np.array([[1.0, 0.5], [0.0, 2.0]])])
+    b.linear("f", "F", "x", count=3, w_layout="tile", x_layout="full")
+    b.gather("g", "f", [0, 1, 2, 2])
+    b.reduce("s", "g", [3, 1])
+    b.weights("W", (1, 2))
+    b.linear("l", "W", "s", count=2, w_layout="tile", x_layout="full")
+    return b
+
+
+def test_constant_subprogram_becomes_one_fact():
+    before = constant_sum().build("l")
+    after = fold_constants(before, SETTINGS)
+    s = after.node("s")
+    assert s.op is Op.FACT and s.attrs["fact_layer"] is None
+    x = np.array([[1.0, 2.0], [3.0, 4.0], [5.0, 7.0]]) @ np.array([[1.0, 0.5], [0.0, 2.0]]).T
+    np.testing.assert_array_equal(after.constants[s.attrs["const"]], [x[0] + x[1] + x[2], x[2]])
+    assert {n.name for n in after.nodes} == {"s", "W", "l"}      # the chain under it is gone
+    assert_same_function(before, after)
+
+
+def test_dynamic_facts_are_not_folded():
+    before = constant_sum().build("l").replace(dynamic_facts=("x",))
+    assert fold_constants(before, SETTINGS) is before
+
+
+def test_repeating_gathers_of_constants_stay():
+    """A gather that repeats rows of a stored constant would only store more (labels: 3 rows, E edges)."""
+    b = Builder()
+    b.fact("x", [[1.0], [2.0]])
+    b.gather("g", "x", [0, 1, 1, 0, 0])
+    b.weights("W", (1, 1))
+    b.linear("l", "W", "g", count=5, w_layout="tile", x_layout="full")
+    before = b.build("l")
+    assert fold_constants(before, SETTINGS) is before
+
+
+def gcn_graph():
+    b = neurovec.GraphBuilder()
+    w = b.weight("W", np.arange(6.0).reshape(3, 2) / 6)
+    c = b.weight("c", 0.5, learnable=False)
+    x = b.facts("x", np.array([[1.0, 0.0], [0.5, 2.0], [0.0, 1.0]]))
+    lin = b.layer("lin")
+    rows = [lin.neuron([(x[i], w)]) for i in range(3)]
+    agg = b.layer("agg", aggregation="sum", transformation="relu")
+    b.output(agg.neuron([(rows[0], c), (rows[1], None)]), agg.neuron([(rows[2], c), (rows[0], None)]))
+    return b.build()
+
+
+def test_first_aggregation_of_a_gcn_is_folded_and_its_facts_frozen():
+    graph = gcn_graph()
+    module = neurovec.compile(graph, dtype=torch.float64)
+    reduces = [n for n in module.program.nodes if n.op is Op.REDUCE]
+    assert reduces == []                                      # no sparse product left, forward or backward
+    assert [n for n in module.program.nodes if n.op is Op.FACT and n.attrs["const"].startswith("folded_")]
+    assert_equivalent(graph, module)
+    with pytest.raises(GraphError, match="cannot be replaced"):
+        module(facts={"x": torch.ones(3, 2)})
+    dynamic = neurovec.compile(graph, Settings(dynamic_facts=("x",)), dtype=torch.float64)
+    facts = {"x": torch.tensor([[2.0, 1.0], [0.0, -1.0], [1.0, 1.0]], dtype=torch.float64)}
+    torch.testing.assert_close(dynamic(facts=facts), ReferenceModule(graph)(facts))
+
+
+def test_sage_first_mean_on_mutag_is_folded(tu_dir):
+    from neurovec.datasets import load_tu, sage
+    graph = sage(load_tu("MUTAG", tu_dir), hidden=4)
+    program = build_program(graph, SETTINGS)
+    assert not [n for n in program.nodes if n.op is Op.REDUCE and n.layer == "conv1.mean"]
+    assert_equivalent(graph, neurovec.compile(graph, dtype=torch.float64))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(graph=gnn_graphs())
+def test_gnn_graphs_equal_reference(graph):
+    assume(all_finite(graph))
+    assert_equivalent(graph, neurovec.compile(graph, Settings(reorder_linear=False), dtype=torch.float64))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(graph=graphs())
+def test_random_graphs_equal_reference(graph):
+    assume(all_finite(graph))
+    assert_equivalent(graph, neurovec.compile(graph, Settings.preset("unoptimized", fold_constants=True),
+                                              dtype=torch.float64))
