@@ -130,7 +130,7 @@ def gnn_graphs(draw, max_nodes: int = 8) -> Graph:
         return np.bincount(owner, minlength=n), source[order], w[order], owner[order]
 
     def dense(name, source, w, bias, transformation):
-        return NeuronLayer(name, np.ones(n), np.full(n, source), np.arange(n), np.full(n, w),
+        return NeuronLayer(name, np.ones(n, np.int64), np.full(n, source), np.arange(n), np.full(n, w),
                            None if bias is None else np.full(n, bias), transformation=transformation)
 
     h = 0
@@ -151,10 +151,11 @@ def gnn_graphs(draw, max_nodes: int = 8) -> Graph:
                     values = rng.choice([0.0, 0.5, 1.5], source.size + n)
                 learnable = factors == "learnable"
                 ids = [weight(v, learnable) for v in values]
-                w = np.where(w == zero, w, ids[:source.size]) if zero >= 0 else np.array(ids[:source.size])
-                self_w = np.array(ids[source.size:])
+                ids = np.array(ids, dtype=np.int64)
+                w = np.where(w == zero, w, ids[:source.size]) if zero >= 0 else ids[:source.size]
+                self_w = ids[source.size:]
             else:
-                self_w = np.full(n, -1)
+                self_w = np.full(n, -1, dtype=np.int64)
             if self_loops:
                 owner = np.concatenate([owner, np.arange(n)])
                 source = np.concatenate([source, np.arange(n)])
@@ -200,7 +201,7 @@ def gnn_graphs(draw, max_nodes: int = 8) -> Graph:
                               aggregation=draw(st.sampled_from(["sum", "mean"]))))
     out_dim = draw(st.integers(1, 2))
     s = present.size
-    layers.append(NeuronLayer("out", np.ones(s), np.full(s, len(layers) - 1), np.arange(s),
+    layers.append(NeuronLayer("out", np.ones(s, np.int64), np.full(s, len(layers) - 1), np.arange(s),
                               np.full(s, weight(rng.normal(0, 0.7, (out_dim, width)))),
                               np.full(s, weight(rng.normal(0, 0.5, out_dim))),
                               transformation=draw(st.sampled_from(["identity", "sigmoid"]))))
