@@ -1,21 +1,35 @@
 """neurovec's benchmark: compiled modules against PyTorch Geometric and NeuraLogic, reproducibly.
 
-    python benchmark.py                                   # quick: MUTAG, GCN/SAGE/GIN, 3 presets vs PyG
-    python benchmark.py --datasets MUTAG ENZYMES PROTEINS mutagenesis --engines all pyg neuralogic
-    python benchmark.py --datasets PROTEINS --models gcn --engines default pyg --scale 1 10
+    python benchmark.py                       # quick: MUTAG, GCN/SAGE/GIN, labels: default vs the 3 PyG contenders
+    python benchmark.py --datasets MUTAG ENZYMES PROTEINS --features labels continuous \
+        --engines default autotune all pyg pyg-tuned pyg-compiled --threads 1
+    python benchmark.py --datasets PROTEINS --models gcn --features continuous --scale 1 10 100 \
+        --engines default pyg pyg-compiled --schedule sequential --warmup 1 --reps 3
     python benchmark.py --device cuda --dtype float64 --reps 50
 
-For every dataset x model (x scale) every engine is built (compile time), its
-outputs and gradients are checked against an oracle (the PyG twin, the reference
+For every dataset x model x features (x scale) every engine is built and runs a
+first forward/backward pass (together: its compile time), its outputs and
+gradients are checked against an oracle (the PyG twin in float64, the reference
 engine, or NeuraLogic itself), then its training iterations are timed: forward,
 backward, training step (forward + loss + backward + Adam step), with CUDA
 synchronisation, interleaved with the other engines; and its peak memory is
-recorded. An engine that fails the check is timed but marked invalid.
+recorded. An engine that fails the check is timed but marked invalid; one that
+raises is recorded as failed and the run goes on.
 
-Results go to ``--out`` (default ``benchmark-results/<date>-<device>``):
-``results.json`` (every raw measurement and the machine), ``results.md`` (ratios
-against PyG and NeuraLogic, one table per task) and PNG plots. See
-``docs/benchmarks.md``.
+The headline is neurovec as a user gets it (the ``default`` preset and
+``autotune``'s pick) against the fastest PyG contender of each task (``pyg``,
+``pyg-tuned``, ``pyg-compiled``); each step is also set against the bytes it must
+move at the memory bandwidth measured in the run.
+
+Results go to ``--out`` (default ``benchmark-results/<date>-<device>``), rewritten
+after every task so that an interrupted run leaves its partial results:
+``results.json`` (every raw measurement and the machine), ``results.md`` (the
+headline, then the details) and PNG plots at the end. See ``docs/benchmarks.md``.
+
+Exit status: 0 when at least one engine ran and passed its check (or had no
+oracle), 1 when nothing valid ran, 2 for bad arguments (an unknown engine, a
+CUDA device on a machine without CUDA, a data folder that does not exist or
+lacks a dataset).
 
 Data: ``--data-dir`` or ``$NEUROVEC_DATA`` (TU folders, ``mutagenesis/`` CSVs);
 otherwise TU datasets come from, or are downloaded to, ``~/.cache/neurovec/tu``.
@@ -28,12 +42,15 @@ import json
 import sys
 from pathlib import Path
 
-__all__ = ["main", "parse_args", "config_from_args"]
+__all__ = ["main", "parse_args", "config_from_args", "preflight", "valid_measurements", "DEFAULT_ENGINES"]
+
+
+DEFAULT_ENGINES = ["default", "pyg", "pyg-tuned", "pyg-compiled"]
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     from neurovec.benchmarks.suite import SPECIAL_ENGINES
-    from neurovec.benchmarks.tasks import DATASETS, MODELS
+    from neurovec.benchmarks.tasks import DATASETS, FEATURES, MODELS, ORACLE_MAX_NODES
     from neurovec.compiler import list_presets
 
     parser = argparse.ArgumentParser(
@@ -47,14 +64,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     what.add_argument("--models", nargs="+", default=None, choices=MODELS, metavar="NAME",
                       help=f"models: {', '.join(MODELS)} (default: every model that applies to each dataset: "
                            "gcn sage gin for TU, simple dims for mutagenesis)")
-    what.add_argument("--engines", nargs="+", default=["unoptimized", "default", "upward-05-rel-0.5", "pyg"], metavar="NAME",
-                      help="neurovec presets by name, 'all', 'autotune', 'pyg', 'neuralogic', 'reference' "
-                           "(default: unoptimized default upward-05-rel-0.5 pyg)")
+    what.add_argument("--engines", nargs="+", default=DEFAULT_ENGINES, metavar="NAME",
+                      help="neurovec presets by name, 'all' (every preset), 'autotune', 'pyg', 'pyg-tuned', "
+                           "'pyg-compiled', 'neuralogic', 'reference' (default: " + " ".join(DEFAULT_ENGINES) + ")")
+    what.add_argument("--features", nargs="+", default=["labels"], choices=FEATURES, metavar="MODE",
+                      help="TU node features: 'labels' (one-hot, as in the files) and/or 'continuous' (every "
+                           "node's features scaled by 1 + U(-0.05, 0.05), so nothing can merge); "
+                           "e.g. --features labels continuous (default: labels)")
     what.add_argument("--scale", nargs="+", type=int, default=[1], metavar="K",
                       help="replicate each dataset K times in one batch, e.g. --scale 1 10 100 (default: 1)")
     what.add_argument("--scale-mode", default="distinct", choices=["distinct", "identical"],
-                      help="TU copies get slightly different node features (default) so no pass can merge "
-                           "them, or stay identical")
+                      help="with label features, TU copies after the first get slightly different node features "
+                           "(default) so no pass can merge them, or stay identical")
     how = parser.add_argument_group("how to measure")
     how.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
     how.add_argument("--dtype", default="float32", choices=["float32", "float64"])
@@ -67,6 +88,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                      help="at least this many warm-up epochs for NeuraLogic (JIT; default: 5)")
     how.add_argument("--reference-max-neurons", type=int, default=20_000,
                      help="skip the reference engine on larger graphs (default: 20000)")
+    how.add_argument("--oracle-max-nodes", type=int, default=ORACLE_MAX_NODES,
+                     help="above this many batch nodes the oracle checks a random subset of the samples "
+                          f"(default: {ORACLE_MAX_NODES})")
+    how.add_argument("--bandwidth-mb", type=int, default=128,
+                     help="size of the tensor copied to measure the memory bandwidth (default: 128 MB)")
     how.add_argument("--autotune-budget", type=float, default=60.0, help="seconds for neurovec.autotune")
     model = parser.add_argument_group("model sizes")
     model.add_argument("--hidden", type=int, default=16, help="GNN width (default: 16)")
@@ -82,7 +108,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                          "(into --out, default: its folder)")
     io.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
-    for name in ("warmup", "reps", "hidden", "layers", "dim", "bond_dim"):
+    for name in ("warmup", "reps", "hidden", "layers", "dim", "bond_dim", "oracle_max_nodes", "bandwidth_mb"):
         if getattr(args, name) < (1 if name != "warmup" else 0):
             parser.error(f"--{name.replace('_', '-')} must be positive (got {getattr(args, name)})")
     if any(k < 1 for k in args.scale):
@@ -102,16 +128,57 @@ def config_from_args(args: argparse.Namespace):
     return Config(datasets=tuple(args.datasets), models=tuple(args.models) if args.models else None,
                   engines=tuple(args.engines), device=args.device, dtype=args.dtype, warmup=args.warmup,
                   reps=args.reps, threads=args.threads, scales=tuple(args.scale), scale_mode=args.scale_mode,
-                  data_dir=args.data_dir,
+                  features=tuple(dict.fromkeys(args.features)), data_dir=args.data_dir,
+                  oracle_max_nodes=args.oracle_max_nodes, bandwidth_mb=args.bandwidth_mb,
                   options=ModelOptions(args.hidden, args.layers, args.dim, args.bond_dim),
                   reference_max_neurons=args.reference_max_neurons, autotune_budget_s=args.autotune_budget,
                   neuralogic_warmup=args.neuralogic_warmup, schedule=args.schedule, progress=not args.quiet)
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
+def preflight(args: argparse.Namespace) -> str | None:
+    """Why the run cannot start (one line), or None: checked before anything is measured."""
     import torch
 
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        return (f"--device {args.device}: CUDA is not available on this machine (torch.cuda.is_available() "
+                "is False); use --device cpu")
+    if args.data_dir is not None:
+        from neurovec.benchmarks.tasks import TU_DATASETS, DataCache
+        from neurovec.datasets.tu import find_tu
+
+        folder = Path(args.data_dir).expanduser()
+        if not folder.is_dir():
+            return f"--data-dir {folder}: no such directory"
+        for dataset in args.datasets:
+            if dataset in TU_DATASETS and find_tu(dataset, folder) is None:
+                return (f"--data-dir {folder}: no {dataset}_A.txt for dataset {dataset} there (looked in "
+                        f"{folder}, {folder / dataset}, {folder / dataset / 'raw'} and {folder / 'tu' / dataset})")
+            if dataset == "mutagenesis" and not (DataCache(folder).mutagenesis_dir() / "molecule.csv").is_file():
+                return f"--data-dir {folder}: no mutagenesis/molecule.csv there (nor molecule.csv)"
+    return None
+
+
+def valid_measurements(results: dict) -> int:
+    """How many engines were timed and passed their check (or had no oracle)."""
+    return sum(1 for group in results["groups"] for record in group.get("engines", [])
+               if record.get("status") in ("ok", "unchecked") and record.get("stats", {}).get("step", {}).get("n"))
+
+
+def _problems(results: dict) -> list[str]:
+    lines = []
+    for group in results["groups"]:
+        if group.get("error"):
+            lines.append(f"{group['key']}: task not built: {group['error']}")
+        for record in group.get("engines", []):
+            if record.get("status") == "failed":
+                lines.append(f"{group['key']}: {record['engine']} failed: {record.get('error')}")
+            elif record.get("status") == "invalid":
+                lines.append(f"{group['key']}: {record['engine']} is invalid: {record['check'].get('message')}")
+    return lines
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
     from neurovec.benchmarks import report, suite
 
     if args.report_only:
@@ -122,17 +189,28 @@ def main(argv=None) -> int:
         print(f"rewrote: {', '.join(str(p) for p in paths.values())}")
         return 0
 
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        print(f"benchmark: --device {args.device} asked for, but CUDA is not available here "
-              "(torch.cuda.is_available() is False); nothing was run. Use --device cpu.", file=sys.stderr)
-        return 0
+    problem = preflight(args)
+    if problem is not None:
+        print(f"benchmark: {problem}; nothing was run.", file=sys.stderr)
+        return 2
     config = config_from_args(args)
-    results = suite.run(config)
     out = Path(args.out or Path("benchmark-results") /
                f"{datetime.datetime.now():%Y%m%d-%H%M%S}-{args.device.replace(':', '')}")
+    try:
+        # results.json and results.md are rewritten after every task: a run cut short keeps what it measured
+        results = suite.run(config, on_group=lambda partial: report.write(partial, out, plots=False))
+    except KeyboardInterrupt:
+        print(f"\nbenchmark: interrupted; the tasks finished so far are in {out}", file=sys.stderr)
+        return 130
     paths = report.write(results, out, plots=not args.no_plots)
     print(report.markdown(results))
     print(f"results: {', '.join(str(p) for p in paths.values())}")
+    problems = _problems(results)
+    if problems:
+        print(f"benchmark: {len(problems)} problem(s):\n  " + "\n  ".join(problems), file=sys.stderr)
+    if not valid_measurements(results):
+        print("benchmark: no engine ran and passed its check; see results.md", file=sys.stderr)
+        return 1
     return 0
 
 

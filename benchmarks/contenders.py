@@ -1,20 +1,29 @@
 """The engines a benchmark compares, behind one small interface.
 
-An :class:`Engine` is built for a task (the build is timed as its compile time),
-asked for its outputs and gradients (checked against the task's oracle), then
-run iteration by iteration under a :class:`~neurovec.benchmarks.measure.Stopwatch`.
+An :class:`Engine` is built for a task (timed), runs a first forward and backward
+pass (timed: lazy work such as ``torch.compile`` and PyG's cached normalisation
+happens here; build + first pass is the engine's compile time), is asked for its
+outputs and gradients (checked against the task's oracle), then runs iteration by
+iteration under a :class:`~neurovec.benchmarks.measure.Stopwatch`.
 
 Torch engines (:class:`TorchEngine`) share one training iteration: zero the
 gradients, ``forward`` (lap ``forward``), MSE loss and ``backward`` (lap
 ``backward``), an Adam step (lap ``optimizer``). The training step is the sum of
 the three laps; device synchronisation ends each lap.
 
-* :class:`NeurovecEngine`: ``neurovec`` compiled with one preset (verification off:
+* :class:`NeurovecEngine`: ``neurovec.compile`` with one preset (verification off:
   the benchmark checks outputs itself, and the verifier is not part of compiling);
-* :class:`PyGEngine`: the PyTorch Geometric twin of a GNN template, same weights;
+* :class:`PyGEngine`: the PyTorch Geometric twin of a GNN template, same weights,
+  in one of three configurations (:data:`PYG_VARIANTS`): ``pyg`` as the twin is
+  written, ``pyg-tuned`` with ``GCNConv(cached=True)`` and a sparse ``adj_t``,
+  ``pyg-compiled`` under ``torch.compile``;
 * :class:`ReferenceEngine`: the neuron-by-neuron reference engine (small graphs only);
 * :class:`AutotuneEngine`: whatever ``neurovec.autotune`` picks, tuning time counted
   as compile time.
+
+The harness uses neurovec's public API only (``neurovec.compile``,
+``neurovec.autotune``, ``Settings.preset``), so that it measures what a user gets
+and keeps working while the compiler's internals change.
 
 NeuraLogic's own engine lives in :mod:`neurovec.benchmarks.neuralogic_models`.
 """
@@ -24,14 +33,13 @@ import numpy as np
 import torch
 
 import neurovec
-from neurovec.compiler import Settings, build_program
-from neurovec.engines.reference import ReferenceModule
-from neurovec.engines.torch_module import CompiledModule
+from neurovec import ReferenceModule, Settings
 
 from .measure import MemoryProbe, Stopwatch
-from .tasks import TU_DATASETS, Task, mse
+from .tasks import TU_DATASETS, Task, mse, template_weights
 
-__all__ = ["Skipped", "Engine", "TorchEngine", "NeurovecEngine", "PyGEngine", "ReferenceEngine", "AutotuneEngine"]
+__all__ = ["Skipped", "Engine", "TorchEngine", "NeurovecEngine", "PyGEngine", "ReferenceEngine", "AutotuneEngine",
+           "PYG_VARIANTS", "warm_up_torch_compile"]
 
 
 class Skipped(Exception):
@@ -54,12 +62,22 @@ class Engine:
         """
         raise NotImplementedError
 
+    def first_pass(self) -> None:
+        """One forward and backward pass without an optimizer step: whatever the engine does lazily."""
+
+    def build_details(self) -> dict:
+        """What the first pass found out (e.g. the graphs ``torch.compile`` made), for the results file."""
+        return {}
+
     def outputs(self) -> np.ndarray:
         """The current outputs, ``(n_samples, ...)`` in float64 on the CPU."""
         raise NotImplementedError
 
-    def gradients(self) -> dict | None:
-        """Gradients of the training loss by weight name, at the current weights (None: not available)."""
+    def gradients(self, positions: np.ndarray | None = None) -> dict | None:
+        """Gradients of the training loss by weight name, at the current weights (None: not available).
+
+        ``positions``: the loss over those sample positions only (a subset oracle).
+        """
         return None
 
     def iteration(self, watch: Stopwatch, probe: MemoryProbe) -> None:
@@ -84,14 +102,20 @@ class TorchEngine(Engine):
     def forward(self) -> torch.Tensor:
         raise NotImplementedError
 
-    def outputs(self) -> np.ndarray:
-        with torch.no_grad():
-            out = self.forward()
-        return out.detach().to("cpu", torch.float64).numpy().reshape(self.n_samples, -1)
-
-    def gradients(self) -> dict:
+    def first_pass(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
         mse(self.forward(), self.labels).backward()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def outputs(self) -> np.ndarray:
+        # With autograd on, as in training: a torch.compile'd module then reuses its training graph.
+        out = self.forward()
+        return out.detach().to("cpu", torch.float64).numpy().reshape(self.n_samples, -1)
+
+    def gradients(self, positions: np.ndarray | None = None) -> dict:
+        self.optimizer.zero_grad(set_to_none=True)
+        index = None if positions is None else torch.as_tensor(positions, device=self.labels.device)
+        mse(self.forward(), self.labels, index).backward()
         grads = {name: p.grad.detach().to("cpu", torch.float64).numpy().copy()
                  for name, p in self.params.items() if p.grad is not None}
         self.optimizer.zero_grad(set_to_none=True)
@@ -115,7 +139,7 @@ class TorchEngine(Engine):
 
 
 class NeurovecEngine(TorchEngine):
-    """``neurovec.compile(task.graph, preset)``: build_program (per-pass times kept) + CompiledModule."""
+    """``neurovec.compile(task.graph, preset)``, moved to the device."""
 
     kind = "neurovec"
 
@@ -126,45 +150,121 @@ class NeurovecEngine(TorchEngine):
     def build(self, task, device, dtype) -> dict:
         if task.graph is None:
             raise Skipped("no neurovec graph for this task (see the task notes)")
-        passes: dict[str, float] = {}
-        program = build_program(task.graph, self.settings, passes)
-        self.module = CompiledModule(program, dtype).to(device)
+        self.module = neurovec.compile(task.graph, self.settings, dtype).to(device)
         self._prepare(dict(self.module.weights.named_parameters()), task, device, dtype)
-        return {"passes_s": passes, "program_nodes": len(program.nodes)}
+        program = getattr(self.module, "program", None)
+        return {"program_nodes": len(program.nodes)} if hasattr(program, "nodes") else {}
 
     def forward(self) -> torch.Tensor:
         return self.module()
 
 
+#: The PyG contenders: ``(GCN cached, adjacency format, torch.compile)``. ``csr`` is a
+#: transposed sparse adjacency ``adj_t`` (``torch.sparse_csr_tensor``, row = target):
+#: PyG 2.8 without torch_sparse takes torch.sparse COO/CSR and its ``EdgeIndex`` in
+#: every conv. On PROTEINS (1 thread) CSR was the fastest eager format for GCN, SAGE
+#: and GIN (COO close behind, ``EdgeIndex`` and plain ``edge_index`` 1.3-1.8x slower),
+#: so ``pyg-tuned`` uses it. ``torch.compile`` cannot trace torch.sparse products (GCN and
+#: SAGE break into 4-5 graphs and gain nothing over eager CSR) but fuses the gather and
+#: scatter of the ``edge_index`` path into one graph, 2.5-4x faster than eager; so
+#: ``pyg-compiled`` compiles the cached ``edge_index`` configuration (docs/benchmarks.md).
+PYG_VARIANTS = {"pyg": (False, "edge_index", False), "pyg-tuned": (True, "csr", False),
+                "pyg-compiled": (True, "edge_index", True)}
+
+
 class PyGEngine(TorchEngine):
-    """The PyG twin of a TU GNN template, with the template's initial weights."""
+    """The PyG twin of a TU GNN template, with the template's initial weights, in one of :data:`PYG_VARIANTS`."""
 
     kind = "pyg"
 
     def __init__(self, name: str = "pyg"):
+        if name not in PYG_VARIANTS:
+            raise ValueError(f"unknown PyG contender {name!r} (expected one of {', '.join(PYG_VARIANTS)})")
         super().__init__(name)
+        self.cached, self.adjacency, self.compiled = PYG_VARIANTS[name]
 
     def build(self, task, device, dtype) -> dict:
         if task.dataset not in TU_DATASETS or task.source != "template":
             raise Skipped("PyG twins exist only for the GNN templates on TU datasets")
         try:
             from neurovec.datasets.pyg_twins import copy_weights, make_twin, pyg_batch
-            self.module = make_twin(task.spec)
+            twin = make_twin(task.spec)
         except ImportError as error:
             raise Skipped(f"torch_geometric is not installed ({error}); pip install 'neurovec[pyg]'") from None
-        copy_weights(ReferenceModule(task.graph, torch.float64), self.module)
-        self.module = self.module.to(device=device, dtype=dtype)
+        copy_weights(template_weights(task), twin)
+        twin = twin.to(device=device, dtype=dtype)
+        if self.cached and task.model == "gcn":
+            for conv in _convs(twin):
+                conv.cached = True  # the normalised adjacency is computed once, in the first pass
         x, edge_index, batch, n = pyg_batch(task.data, task.samples, dtype=dtype)
-        self.inputs = (x.to(device), edge_index.to(device), batch.to(device), n)
-        self._prepare(dict(self.module.named_parameters()), task, device, dtype)
-        return {}
+        adjacency = edge_index.to(device)
+        if self.adjacency == "csr":
+            from torch_geometric.utils import to_torch_csr_tensor
+            adjacency = to_torch_csr_tensor(adjacency.flip(0), size=(x.shape[0], x.shape[0]))
+        self.inputs = (x.to(device), adjacency, batch.to(device), n)
+        self._prepare(dict(twin.named_parameters()), task, device, dtype)
+        self.twin, self.task_model = twin, task.model
+        if self.compiled:
+            torch._dynamo.reset()  # every task compiles afresh, never into an earlier task's cache limit
+            self.module = torch.compile(twin)
+        else:
+            self.module = twin
+        return {"cached": self.cached and task.model == "gcn", "adjacency": self.adjacency,
+                "torch_compile": self.compiled}
+
+    def first_pass(self) -> None:
+        if not self.compiled:
+            return super().first_pass()
+        from torch._dynamo.utils import counters
+        if self.cached and self.task_model == "gcn":
+            with torch.no_grad():  # fill GCNConv's cache eagerly: compiled, the empty cache would break the graph
+                self.twin(*self.inputs)
+        counters.clear()
+        with _fresh_inductor_cache():
+            super().first_pass()
+        # Which graphs dynamo made: a graph break or an eager fallback would be silent otherwise.
+        self.compile_stats = {"graphs": int(counters["stats"]["unique_graphs"]),
+                              "graph_breaks": int(sum(counters["graph_break"].values()))}
 
     def forward(self) -> torch.Tensor:
         return self.module(*self.inputs)
 
+    def build_details(self) -> dict:
+        return getattr(self, "compile_stats", {})
+
     def close(self) -> None:
         super().close()
         self.__dict__.pop("inputs", None)
+        self.__dict__.pop("twin", None)
+        if self.compiled:
+            torch._dynamo.reset()
+
+
+def _fresh_inductor_cache():
+    """A new, empty inductor cache: the compile time is a cold compile, whatever ran before.
+
+    Without it a later task with the same shapes (labels and continuous features)
+    or an earlier run would load the compiled kernels from the cache. Falls back to
+    the default cache where torch has no ``fresh_cache``.
+    """
+    try:
+        from torch._inductor.utils import fresh_cache
+    except ImportError:
+        import contextlib
+        return contextlib.nullcontext()
+    return fresh_cache()
+
+
+def warm_up_torch_compile() -> None:
+    """Compile a tiny function once, so that importing and initialising inductor is nobody's compile time."""
+    x = torch.ones(8, requires_grad=True)
+    with _fresh_inductor_cache():
+        torch.compile(lambda t: (t * 2).relu().sum())(x).backward()
+    torch._dynamo.reset()
+
+
+def _convs(twin: torch.nn.Module) -> list:
+    return [module for name, module in twin.named_children() if name.startswith("conv")]
 
 
 class ReferenceEngine(TorchEngine):
@@ -194,7 +294,10 @@ class AutotuneEngine(TorchEngine):
     """``neurovec.autotune``: times candidate presets and kernels, returns the winner's module.
 
     Its whole tuning time is this engine's compile time: that is what a user pays
-    to get the module. The winner and every candidate's row go to the results.
+    to get the module. The winner and every candidate's row go to the results. The
+    winner is then timed like every other engine, interleaved with them: its step
+    in the results is that measurement, not autotune's own.
+    ``presets`` None: autotune's own candidate list, what a user gets by default.
     """
 
     kind = "autotune"

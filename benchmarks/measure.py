@@ -5,10 +5,15 @@
   not only their launch.
 * Peak memory is, on CUDA, ``torch.cuda.max_memory_allocated`` after
   ``reset_peak_memory_stats`` (exact, per engine). On CPU it is the process's
-  resident set size (psutil) sampled between timed regions: reported as the peak
-  and as the growth over the RSS just before the engine was built (after handing
-  freed heap pages back to the OS). Still approximate: pages the allocator keeps
-  can be reused without showing up as growth.
+  peak resident set size: on Linux the kernel's own high-water mark (``VmHWM``),
+  reset before each engine is built by writing ``5`` to ``/proc/self/clear_refs``,
+  so nothing between two samples is missed; elsewhere the RSS (psutil) sampled
+  between timed regions. Reported as the peak and as the growth over the RSS just
+  before the engine was built (after handing freed heap pages back to the OS).
+  Growth is still approximate: pages the allocator keeps can be reused without
+  showing up as growth.
+* Memory bandwidth (:func:`memory_bandwidth`) is the median speed of copying a
+  large tensor into another one: bytes read plus bytes written per second.
 * A summary of repeated measurements is the median with the quartiles, min and max;
   warm-up repetitions never enter it.
 """
@@ -21,7 +26,8 @@ from typing import Callable
 
 import torch
 
-__all__ = ["synchronizer", "release_free_memory", "rss_bytes", "MemoryProbe", "summarize", "Stopwatch"]
+__all__ = ["synchronizer", "release_free_memory", "rss_bytes", "reset_peak_rss", "peak_rss_bytes", "MemoryProbe",
+           "memory_bandwidth", "summarize", "Stopwatch"]
 
 
 def synchronizer(device: torch.device | str) -> Callable[[], None]:
@@ -54,6 +60,28 @@ def rss_bytes() -> int:
     return int(psutil.Process().memory_info().rss)
 
 
+def reset_peak_rss() -> bool:
+    """Reset the kernel's peak-RSS mark of this process (Linux >= 4.0); False where that is not possible."""
+    try:
+        with open("/proc/self/clear_refs", "w") as handle:
+            handle.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_rss_bytes() -> int | None:
+    """The kernel's peak RSS of this process since start or the last :func:`reset_peak_rss` (None off Linux)."""
+    try:
+        with open("/proc/self/status") as handle:
+            for line in handle:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 class MemoryProbe:
     """Peak memory of one engine, from just before its build to the end of its timing.
 
@@ -65,6 +93,7 @@ class MemoryProbe:
         self.device = torch.device(device)
         self.baseline = 0
         self.peak = 0
+        self.kernel_peak = False  # CPU: is the peak the kernel's VmHWM (exact) or our samples?
 
     @property
     def cuda(self) -> bool:
@@ -80,6 +109,7 @@ class MemoryProbe:
         else:
             release_free_memory()
             self.baseline = rss_bytes()
+            self.kernel_peak = reset_peak_rss() and peak_rss_bytes() is not None
         self.peak = self.baseline
 
     def sample(self) -> None:
@@ -93,8 +123,35 @@ class MemoryProbe:
             return {"kind": "cuda_max_allocated", "peak_bytes": int(peak), "baseline_bytes": int(self.baseline),
                     "growth_bytes": int(peak - self.baseline)}
         self.sample()
-        return {"kind": "cpu_rss", "peak_bytes": int(self.peak), "baseline_bytes": int(self.baseline),
-                "growth_bytes": int(max(self.peak - self.baseline, 0))}
+        if self.kernel_peak:
+            self.peak = max(self.peak, peak_rss_bytes() or 0)
+        return {"kind": "cpu_rss_hwm" if self.kernel_peak else "cpu_rss", "peak_bytes": int(self.peak),
+                "baseline_bytes": int(self.baseline), "growth_bytes": int(max(self.peak - self.baseline, 0))}
+
+
+def memory_bandwidth(device: torch.device | str = "cpu", megabytes: int = 128, repeats: int = 9) -> dict:
+    """The median speed of ``dst.copy_(src)`` for two ``megabytes``-sized float32 tensors, in bytes per second.
+
+    A copy reads and writes every byte once, so it moves ``2 * megabytes``. It runs
+    with the current torch thread count, like the engines it is compared with.
+    """
+    device = torch.device(device)
+    sync = synchronizer(device)
+    n = megabytes * 2 ** 20 // 4
+    source = torch.rand(n, device=device)
+    target = torch.empty_like(source)
+    target.copy_(source)  # first touch: page faults are not bandwidth
+    seconds = []
+    for _ in range(repeats):
+        sync()
+        start = time.perf_counter()
+        target.copy_(source)
+        sync()
+        seconds.append(time.perf_counter() - start)
+    median = statistics.median(seconds)
+    moved = 2 * n * 4
+    return {"bytes_per_s": moved / median, "copy_bytes": n * 4, "median_s": median, "repeats": repeats,
+            "device": str(device), "threads": torch.get_num_threads()}
 
 
 class Stopwatch:

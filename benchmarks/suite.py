@@ -4,13 +4,21 @@
     results = run(config)                 # a JSON-ready dict, see docs/benchmarks.md
     report.write(results, "out/")          # results.json, results.md, *.png
 
-For each task (dataset x model x scale, plus a ``[NeuraLogic]`` variant when the
-``neuralogic`` engine is asked for) every engine is built (timed: its compile
-time), checked against the task's oracle (outputs and gradients) and warmed up;
-then its ``reps`` timed iterations run, interleaved with the other engines of the
-task (``schedule="sequential"`` times one engine after the other instead). An
+For each task (dataset x model x features x scale, plus a ``[NeuraLogic]``
+variant when the ``neuralogic`` engine is asked for) every engine is built and
+runs a first forward and backward pass (both timed: their sum is its compile
+time), is checked against the task's oracle (outputs and gradients) and warmed
+up; then its ``reps`` timed iterations run, interleaved with the other engines of
+the task (``schedule="sequential"`` times one engine after the other instead). An
 engine whose check fails is still timed, so a wrong fast result stays visible,
-but its record says ``valid: false`` and no summary or ratio uses it.
+but its record says ``valid: false`` and no summary or ratio uses it. An engine
+that raises is recorded as ``failed`` and the run goes on; ``on_group`` sees the
+results after every task, so a caller can write them as they grow.
+
+The memory bandwidth (a large tensor copy) is measured at the start and the end
+of the run, and each TU task carries its estimated bytes per training step
+(:func:`~neurovec.benchmarks.tasks.step_bytes`): the report sets every step time
+against that physical limit.
 """
 from __future__ import annotations
 
@@ -33,15 +41,18 @@ import torch
 import neurovec
 from neurovec.compiler import list_presets
 
-from .contenders import AutotuneEngine, Engine, NeurovecEngine, PyGEngine, ReferenceEngine, Skipped
-from .measure import MemoryProbe, Stopwatch, summarize, synchronizer
-from .tasks import DATASETS, TU_DATASETS, DataCache, ModelOptions, Task, make_task, models_for
+from .contenders import (PYG_VARIANTS, AutotuneEngine, Engine, NeurovecEngine, PyGEngine, ReferenceEngine, Skipped,
+                         warm_up_torch_compile)
+from .measure import MemoryProbe, Stopwatch, memory_bandwidth, peak_rss_bytes, summarize, synchronizer
+from .tasks import (DATASETS, FEATURES, ORACLE_MAX_NODES, TU_DATASETS, DataCache, ModelOptions, Task, make_task,
+                    models_for, step_bytes, task_key)
 
-__all__ = ["Config", "SPECIAL_ENGINES", "expand_engines", "plan", "make_engine", "run", "Trial", "measure_engine",
+__all__ = ["Config", "SPECIAL_ENGINES", "PYG_ENGINES", "expand_engines", "plan", "make_engine", "run", "Trial", "measure_engine",
            "measure_group", "check_engine", "machine_description", "TOLERANCES", "SCHEMA"]
 
-SCHEMA = "neurovec-benchmark/1"
-SPECIAL_ENGINES = ("pyg", "neuralogic", "reference", "autotune")
+SCHEMA = "neurovec-benchmark/2"
+PYG_ENGINES = tuple(PYG_VARIANTS)
+SPECIAL_ENGINES = PYG_ENGINES + ("neuralogic", "reference", "autotune")
 # (outputs: atol, rtol; gradients: error relative to the largest oracle gradient)
 TOLERANCES = {"float32": (1e-4, 1e-4, 1e-3), "float64": (1e-8, 1e-6, 1e-6)}
 STEP_LAPS = {"neuralogic": ("epoch",)}  # every other engine: forward + backward + optimizer
@@ -54,7 +65,7 @@ class Config:
 
     datasets: tuple = ("MUTAG",)
     models: tuple | None = None             # None: every model that applies to each dataset
-    engines: tuple = ("unoptimized", "default", "upward-05-rel-0.5", "pyg")
+    engines: tuple = ("default", "pyg", "pyg-tuned", "pyg-compiled")
     device: str = "cpu"
     dtype: str = "float32"
     warmup: int = 3
@@ -62,6 +73,9 @@ class Config:
     threads: int | None = None              # None: torch's default
     scales: tuple = (1,)
     scale_mode: str = "distinct"            # replicated TU copies: "distinct" features or "identical"
+    features: tuple = ("labels",)           # TU node features: "labels" and/or "continuous"
+    oracle_max_nodes: int = ORACLE_MAX_NODES  # larger batches: the oracle checks a subset of the samples
+    bandwidth_mb: int = 128                 # the tensor copied to measure the memory bandwidth
     data_dir: str | None = None
     options: ModelOptions = field(default_factory=ModelOptions)
     reference_max_neurons: int = 20_000
@@ -91,20 +105,31 @@ def expand_engines(names) -> list[str]:
 
 
 def plan(config: Config) -> tuple[list[tuple], list[str]]:
-    """The task keys ``(dataset, model, scale, source)`` to run, and notes on what was left out."""
+    """The task keys ``(dataset, model, features, scale, source)`` to run, and notes on what was left out.
+
+    Relational datasets have categorical inputs only: they run once, with them,
+    whatever ``features`` says. NeuraLogic variants run with label features at scale 1.
+    """
     from . import neuralogic_models
 
     notes, cells = [], []
+    unknown = [f for f in config.features if f not in FEATURES]
+    if unknown or not config.features:
+        raise ValueError(f"unknown features {unknown or list(config.features)} (expected some of {FEATURES})")
     for dataset in config.datasets:
         if dataset not in DATASETS:
             raise ValueError(f"unknown dataset {dataset!r} (expected one of {DATASETS})")
         models = [m for m in (config.models or models_for(dataset)) if m in models_for(dataset)]
+        features = list(config.features) if dataset in TU_DATASETS else ["labels"]
+        if dataset not in TU_DATASETS and "labels" not in config.features:
+            notes.append(f"{dataset} has categorical inputs only: it runs with them (no continuous features)")
         for model in models:
-            for scale in config.scales:
-                cells.append((dataset, model, scale, "template"))
+            for feature in features:
+                for scale in config.scales:
+                    cells.append((dataset, model, feature, scale, "template"))
             if "neuralogic" in config.engines:
                 if neuralogic_models.supports(dataset, model):
-                    cells.append((dataset, model, 1, "neuralogic"))
+                    cells.append((dataset, model, "labels", 1, "neuralogic"))
                 else:
                     notes.append(f"no NeuraLogic model for {dataset}/{model}: NeuraLogic not timed there")
     if not cells:
@@ -115,9 +140,9 @@ def plan(config: Config) -> tuple[list[tuple], list[str]]:
 def _engine_names(dataset: str, source: str, engines: list[str]) -> list[str]:
     if source == "neuralogic":
         # The NeuraLogic variant: NeuraLogic itself, and neurovec compiled from its built samples.
-        return ["neuralogic"] + [e for e in engines if e not in ("pyg", "neuralogic")]
+        return ["neuralogic"] + [e for e in engines if e not in PYG_ENGINES + ("neuralogic",)]
     # PyG twins exist for the TU GNNs only; relational tasks are neurovec's own (and NeuraLogic's).
-    return [e for e in engines if e != "neuralogic" and (e != "pyg" or dataset in TU_DATASETS)]
+    return [e for e in engines if e != "neuralogic" and (e not in PYG_ENGINES or dataset in TU_DATASETS)]
 
 
 def make_engine(name: str, config: Config, custom: dict | None = None) -> Engine:
@@ -125,26 +150,26 @@ def make_engine(name: str, config: Config, custom: dict | None = None) -> Engine
     custom = custom or {}
     if name in custom:
         return custom[name]()
-    if name == "pyg":
-        return PyGEngine()
+    if name in PYG_ENGINES:
+        return PyGEngine(name)
     if name == "reference":
         return ReferenceEngine(config.reference_max_neurons)
     if name == "autotune":
-        # autotune chooses among the presets this run compares (None: its own default list)
-        known = [e for e in config.engines if e not in custom]
-        presets = [e for e in expand_engines(known) if e not in SPECIAL_ENGINES] or None
-        return AutotuneEngine(presets, config.autotune_budget_s)
+        # autotune's own candidate list, as a user calls it: its pick is decided before this run times it
+        return AutotuneEngine(None, config.autotune_budget_s)
     if name == "neuralogic":
         from .neuralogic_models import NeuraLogicEngine
         return NeuraLogicEngine()
     return NeurovecEngine(name)
 
 
-def run(config: Config, custom_engines: dict[str, Callable[[], Engine]] | None = None) -> dict:
+def run(config: Config, custom_engines: dict[str, Callable[[], Engine]] | None = None,
+        on_group: Callable[[dict], None] | None = None) -> dict:
     """Run the whole benchmark and return the results (see the module doc).
 
     ``custom_engines`` maps extra engine names (listed in ``config.engines``) to
-    factories; the tests use it to plant a deliberately wrong engine.
+    factories; the tests use it to plant a deliberately wrong engine. ``on_group``
+    is called with the results so far after every task.
     """
     custom = dict(custom_engines or {})
     device = torch.device(config.device)
@@ -165,31 +190,53 @@ def run(config: Config, custom_engines: dict[str, Callable[[], Engine]] | None =
     results = {"schema": SCHEMA, "command": " ".join([Path(sys.argv[0]).name] + sys.argv[1:]),
                "config": config.to_dict(), "engines": engines, "machine": machine_description(device),
                "started": started.isoformat(timespec="seconds"), "load_average_start": _load_average(),
-               "notes": notes, "groups": []}
+               "bandwidth": {"start": memory_bandwidth(device, config.bandwidth_mb)}, "notes": notes,
+               "groups": []}
+    if any(name == "pyg-compiled" for name in engines):
+        warm_up_torch_compile()
     progress = _progress_bar(config, cells, engines)
-    for dataset, model, scale, source in cells:
-        progress.set_description(f"{dataset}/{model} x{scale} {source}: building the task")
-        try:
-            task = make_task(cache, dataset, model, scale, source, config.options, config.scale_mode)
-        except Exception as error:
-            results["groups"].append({"dataset": dataset, "model": model, "scale": scale, "source": source,
-                                      "key": f"{dataset}/{model}", "error": _describe(error), "engines": []})
-            progress.update(len(_engine_names(dataset, source, engines)) * (1 + config.reps))
-            continue
-        progress.set_description(f"{task.key}: oracle")
-        task.oracle()  # before any engine: its time and memory belong to no engine
-        group = {"dataset": dataset, "model": model, "scale": scale, "source": source, "key": task.key,
-                 "info": task.info, "notes": task.notes, "engines": []}
-        group_engines = [make_engine(name, config, custom) for name in _engine_names(dataset, source, engines)]
-        group["engines"] = measure_group(group_engines, task, config, progress)
-        group["oracle"] = task.oracle_summary()
-        results["groups"].append(group)
-        del task
-        gc.collect()
-    progress.close()
-    results["finished"] = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
-    results["load_average_end"] = _load_average()
+    try:
+        for dataset, model, features, scale, source in cells:
+            results["groups"].append(_run_task(dataset, model, features, scale, source, engines, config, custom,
+                                               cache, progress))
+            gc.collect()
+            if on_group is not None:
+                on_group(results)
+    finally:
+        progress.close()
+        results["finished"] = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+        results["load_average_end"] = _load_average()
+        results["peak_rss_bytes"] = peak_rss_bytes()  # the last engine's span (the kernel mark is reset per engine)
+    results["bandwidth"]["end"] = memory_bandwidth(device, config.bandwidth_mb)
     return results
+
+
+def _run_task(dataset, model, features, scale, source, engines, config, custom, cache, progress) -> dict:
+    """One task: build it, then measure its engines; a task that cannot be built is recorded, not raised."""
+    group = {"dataset": dataset, "model": model, "features": features, "scale": scale, "source": source,
+             "key": task_key(dataset, model, features, scale, source), "engines": []}
+    progress.set_description(f"{dataset}/{model} {features} x{scale} {source}: building the task")
+    try:
+        task = make_task(cache, dataset, model, scale, source, config.options, config.scale_mode, features,
+                         config.oracle_max_nodes)
+    except Exception as error:
+        group["error"] = _describe(error)
+        progress.update(len(_engine_names(dataset, source, engines)) * (1 + config.reps))
+        return group
+    group.update(key=task.key, info=task.info, notes=task.notes,
+                 traffic=step_bytes(task, torch.tensor([], dtype=getattr(torch, config.dtype)).element_size()))
+    progress.set_description(f"{task.key}: oracle")
+    task.oracle()  # before any engine: its time and memory belong to no engine
+    group_engines = []
+    for name in _engine_names(dataset, source, engines):
+        try:
+            group_engines.append(make_engine(name, config, custom))
+        except Exception as error:
+            group["engines"].append({"engine": name, "kind": "unknown", "status": "failed", "valid": None,
+                                     "error": _describe(error)})
+    group["engines"] += measure_group(group_engines, task, config, progress)
+    group["oracle"] = task.oracle_summary()
+    return group
 
 
 class Trial:
@@ -225,6 +272,13 @@ class Trial:
             record["build"] = info
             if self.engine.device_note:
                 record["device"] = self.engine.device_note
+            probe.sample()
+            start = time.perf_counter()
+            self.engine.first_pass()
+            self.sync()
+            record["first_pass_s"] = time.perf_counter() - start
+            record["compile_s"] = record["build_s"] + record["first_pass_s"]
+            record["build"].update(self.engine.build_details())
             probe.sample()
             record["check"] = check_engine(self.engine, self.task, self.config.dtype)
             record["valid"] = record["check"]["valid"]
@@ -336,6 +390,9 @@ def check_engine(engine: Engine, task: Task, dtype: str) -> dict:
     atol, rtol, grad_tol = TOLERANCES[dtype]
     outputs = engine.outputs()
     result = {"oracle": oracle.name, "valid": True, "tolerance": {"atol": atol, "rtol": rtol, "grad": grad_tol}}
+    if oracle.positions is not None:  # a subset oracle: those samples' outputs, the loss over them
+        outputs = outputs[oracle.positions]
+        result["samples_checked"] = int(oracle.positions.size)
     if outputs.shape != oracle.outputs.shape:
         return {**result, "valid": False,
                 "message": f"outputs have shape {outputs.shape}, the oracle's {oracle.outputs.shape}"}
@@ -347,7 +404,12 @@ def check_engine(engine: Engine, task: Task, dtype: str) -> dict:
                       f"{outputs.reshape(-1)[worst]:.6g}, the oracle says {oracle.outputs.reshape(-1)[worst]:.6g} "
                       f"(max abs error {result['max_abs_error']:.3g})")
         return result
-    gradients = engine.gradients() if oracle.gradients else None
+    if not oracle.gradients:
+        gradients = None
+    elif oracle.positions is None:
+        gradients = engine.gradients()
+    else:
+        gradients = engine.gradients(oracle.positions)
     if gradients:
         common = sorted(set(gradients) & set(oracle.gradients))
         scale = max((np.abs(g).max() for g in oracle.gradients.values() if g.size), default=0.0) or 1.0
@@ -361,6 +423,9 @@ def check_engine(engine: Engine, task: Task, dtype: str) -> dict:
             if err > worst:
                 worst_name, worst = name, err
         result.update(gradients_checked=len(common), max_grad_rel_error=worst)
+        if not common:
+            result.update(valid=False, message=f"no gradient by the oracle's weight names (the engine has "
+                                               f"{sorted(gradients)[:5]}, the oracle {sorted(oracle.gradients)[:5]})")
         if worst > grad_tol:
             result.update(valid=False, message=f"gradient of {worst_name!r} differs from the oracle's by "
                                                f"{worst:.3g} of the largest gradient")
@@ -375,7 +440,7 @@ def _describe(error: BaseException) -> str:
 
 def _progress_bar(config: Config, cells, engines):
     # One unit per engine preparation (build, check, warm-up) and one per timed iteration.
-    total = sum(len(_engine_names(dataset, source, engines)) for dataset, _, _, source in cells)
+    total = sum(len(_engine_names(dataset, source, engines)) for dataset, _, _, _, source in cells)
     total *= 1 + config.reps
     try:
         from tqdm.auto import tqdm

@@ -1,11 +1,13 @@
 """The benchmark harness (``benchmark.py``, ``neurovec.benchmarks``) on tiny runs.
 
 No assertion here is about speed: only that the harness measures what it says,
-writes its files, and refuses to trust an engine whose outputs are wrong.
+writes its files, refuses to trust an engine whose outputs or gradients are
+wrong, and exits non-zero when nothing valid ran.
 """
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 import numpy as np
@@ -14,10 +16,10 @@ import torch
 
 import neurovec
 import neurovec.benchmark as cli
-from neurovec.benchmarks import measure, report, suite
+from neurovec.benchmarks import measure, report, suite, tasks
 from neurovec.benchmarks.contenders import Engine, NeurovecEngine
 from neurovec.benchmarks.neuralogic_models import _mutagenesis_template
-from neurovec.benchmarks.tasks import DataCache, make_task, replicate_tu
+from neurovec.benchmarks.tasks import DataCache, make_task, replicate_tu, step_bytes
 
 pytest.importorskip("torch_geometric")
 pytest.importorskip("matplotlib")
@@ -35,6 +37,19 @@ class WrongEngine(NeurovecEngine):
         return self.module() + 0.01
 
 
+class WrongGradientEngine(NeurovecEngine):
+    """The right outputs with gradients 1.5 times too large: only the gradient check can catch it."""
+
+    kind = "neurovec"
+
+    def __init__(self):
+        super().__init__("default", name="wrong-gradient")
+
+    def forward(self) -> torch.Tensor:
+        out = self.module()
+        return out + 0.5 * (out - out.detach())
+
+
 class FailingEngine(Engine):
     """An engine whose build raises: the run must go on and record why."""
 
@@ -42,29 +57,31 @@ class FailingEngine(Engine):
         raise RuntimeError("this engine cannot be built")
 
 
+CUSTOM = {"wrong": WrongEngine, "wrong-gradient": WrongGradientEngine, "failing": lambda: FailingEngine("failing")}
+
+
 def _config(tu_dir, **overrides) -> suite.Config:
-    settings = dict(datasets=("MUTAG",), models=("gcn",), engines=("default", "pyg", "wrong", "failing"),
-                    warmup=1, reps=1, threads=1, data_dir=str(tu_dir.parent), progress=False)
+    settings = dict(datasets=("MUTAG",), models=("gcn",), engines=("default", "pyg", "pyg-tuned", "wrong", "failing"),
+                    warmup=1, reps=1, threads=1, data_dir=str(tu_dir.parent), progress=False, bandwidth_mb=8)
     settings.update(overrides)
     return suite.Config(**settings)
 
 
 @pytest.fixture(scope="module")
 def mutag_run(tu_dir):
-    config = _config(tu_dir)
-    return suite.run(config, custom_engines={"wrong": WrongEngine, "failing": lambda: FailingEngine("failing")})
+    return suite.run(_config(tu_dir), custom_engines=CUSTOM)
 
 
-def _records(results) -> dict:
-    (group,) = results["groups"]
-    return {record["engine"]: record for record in group["engines"]}
+def _records(results, k: int = 0) -> dict:
+    return {record["engine"]: record for record in results["groups"][k]["engines"]}
 
 
 def test_run_checks_before_timing(mutag_run):
     records = _records(mutag_run)
-    assert records["default"]["status"] == "ok" and records["default"]["valid"] is True
-    assert records["pyg"]["status"] == "ok"
-    assert records["default"]["check"]["gradients_checked"] > 0
+    for name in ("default", "pyg", "pyg-tuned"):
+        assert records[name]["status"] == "ok" and records[name]["valid"] is True, name
+        assert records[name]["check"]["gradients_checked"] > 0, name
+    assert records["pyg-tuned"]["build"] == {"cached": True, "adjacency": "csr", "torch_compile": False}
     # The wrong engine is timed (its speed stays visible) but marked invalid, with the reason.
     wrong = records["wrong"]
     assert wrong["status"] == "invalid" and wrong["valid"] is False
@@ -74,33 +91,38 @@ def test_run_checks_before_timing(mutag_run):
     assert "cannot be built" in records["failing"]["error"]
 
 
-def test_records_hold_raw_laps_and_memory(mutag_run):
+def test_records_hold_raw_laps_compile_time_and_memory(mutag_run):
     record = _records(mutag_run)["default"]
     raw = record["raw"]
     assert set(raw) >= {"forward", "backward", "optimizer", "step"}
     assert len(raw["step"]) == record["warmup"] + 1  # warm-up kept in the raw data, not in the stats
     assert np.isclose(raw["step"][-1], raw["forward"][-1] + raw["backward"][-1] + raw["optimizer"][-1])
-    assert record["memory"]["kind"] == "cpu_rss" and record["memory"]["peak_bytes"] > 0
-    assert record["build_s"] >= 0 and "passes_s" in record["build"]
+    assert record["memory"]["peak_bytes"] >= record["memory"]["baseline_bytes"] > 0
+    assert record["compile_s"] == pytest.approx(record["build_s"] + record["first_pass_s"])
     assert mutag_run["machine"]["torch_threads"] == 1
+    assert mutag_run["bandwidth"]["start"]["bytes_per_s"] > 0 and mutag_run["bandwidth"]["end"]["bytes_per_s"] > 0
+    assert mutag_run["groups"][0]["traffic"]["bytes"] > 0
 
 
-def test_best_preset_ignores_invalid_engines(mutag_run):
+def test_summaries_ignore_invalid_engines(mutag_run):
     (group,) = mutag_run["groups"]
-    assert report.best_preset(group)["engine"] == "default"
-    (row,) = report.pyg_rows(mutag_run)
-    assert row["best"] == "default" and row["speedup_step"] > 0
+    assert report.best_preset(group)["engine"] == "default"  # "wrong" is faster or not: it is invalid
+    (row,) = report.headline_rows(mutag_run)
+    assert row["default_speedup"] > 0 and row["pyg"] in ("pyg", "pyg-tuned") and row["features"] == "labels"
 
 
 def test_report_files(mutag_run, tmp_path):
     paths = report.write(mutag_run, tmp_path)
-    for name in ("json", "markdown", "step", "forward", "backward", "iterations", "best"):
+    for name in ("json", "markdown", "speedup", "step", "forward", "backward", "iterations", "best"):
         assert paths[name].is_file() and paths[name].stat().st_size > 0, name
     assert paths["step"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     loaded = json.loads(paths["json"].read_text())
     assert loaded["schema"] == suite.SCHEMA and loaded["groups"][0]["engines"][0]["raw"]["step"]
     text = paths["markdown"].read_text()
-    assert "Best neurovec preset against PyG" in text and "**invalid**" in text and "MUTAG/gcn" in text
+    # The headline is the first table of results.md.
+    assert text.index("## Headline: neurovec against the fastest PyG contender") < text.index("| ")
+    assert "## The physical limit" in text and "## The PyG contenders" in text
+    assert "**invalid**" in text and "MUTAG/gcn labels" in text
 
 
 def test_report_only_rewrites_tables_and_plots(mutag_run, tmp_path):
@@ -110,14 +132,90 @@ def test_report_only_rewrites_tables_and_plots(mutag_run, tmp_path):
     assert (tmp_path / "again" / "step.png").is_file() and not (tmp_path / "again" / "results.json").exists()
 
 
-@pytest.mark.parametrize("mode", ["distinct", "identical"])
-def test_scaling_replicates_the_dataset(tu_dir, tmp_path, mode):
-    results = suite.run(_config(tu_dir, engines=("default",), scales=(1, 2), warmup=0, scale_mode=mode))
+def _group(features="labels", **steps) -> dict:
+    kinds = {"pyg": "pyg", "pyg-tuned": "pyg", "pyg-compiled": "pyg", "autotune": "autotune"}
+    engines = [{"engine": name, "kind": kinds.get(name, "neurovec"), "status": "ok",
+                "stats": {"step": {"median": seconds}}, "build": {"chosen": "upward-05-rel-0.5/auto"}}
+               for name, seconds in steps.items()]
+    return {"key": f"T/gcn {features}", "dataset": "T", "model": "gcn", "features": features, "scale": 1,
+            "source": "template", "engines": engines}
+
+
+def test_headline_is_default_or_autotune_against_the_fastest_pyg():
+    results = {"groups": [
+        # the fastest PyG is the compiled one; autotune beats default; a preset picked after timing beats both
+        _group("labels", default=4.0, autotune=2.0, **{"upward-00-free": 1.0, "pyg": 20.0, "pyg-tuned": 10.0,
+                                                       "pyg-compiled": 5.0}),
+        _group("continuous", default=10.0, autotune=12.0, pyg=9.0),
+    ]}
+    labels, continuous = report.headline_rows(results)
+    assert labels["pyg"] == "pyg-compiled" and labels["speedup"] == pytest.approx(2.5)
+    assert labels["default_speedup"] == pytest.approx(1.25) and labels["autotune_speedup"] == pytest.approx(2.5)
+    assert labels["best"] == "upward-00-free" and labels["best_speedup"] == pytest.approx(5.0)
+    assert labels["target"] == 2.0 and labels["met"] is True
+    assert continuous["speedup"] == pytest.approx(0.9) and continuous["target"] == 1.5 and continuous["met"] is False
+    # an invalid PyG contender is never "the fastest"
+    results["groups"][0]["engines"][-1]["status"] = "invalid"
+    assert report.headline_rows(results)[0]["pyg"] == "pyg-tuned"
+
+
+def test_limit_rows_set_steps_against_the_bandwidth_bound():
+    group = _group("labels", default=0.002, pyg=0.004)
+    group["traffic"] = {"bytes": 10_000_000}
+    results = {"groups": [group], "bandwidth": {"start": {"bytes_per_s": 1e10}, "end": {"bytes_per_s": 3e10}}}
+    (row,) = report.limit_rows(results)
+    assert row["bound"] == pytest.approx(10_000_000 / 2e10)  # the mean of the two measurements
+    assert row["default"] == pytest.approx(0.25) and row["pyg"] == pytest.approx(0.125)
+
+
+def test_step_bytes_follows_its_documented_model(tu_dir):
+    task = make_task(DataCache(tu_dir.parent), "MUTAG", "gcn")
+    n, e = 3371, 7442 + 3371          # MUTAG: nodes, directed edges + one self loop per node
+    b, i = 4, 4
+    adjacency = e * i + n * i + e * b  # GCN: column indices, row offsets, edge values
+    layer1 = (n * 7 * b + adjacency + 2 * n * 7 * b + n * 16 * b) + (2 * n * 16 * b + 2 * n * 7 * b + n * 7 * b)
+    layer2 = (n * 16 * b + adjacency + 2 * n * 16 * b + n * 16 * b) + (2 * n * 16 * b + 2 * n * 16 * b
+                                                                     + n * 16 * b + adjacency + n * 16 * b)
+    readout = 2 * (n * 16 * b + n * i)
+    assert step_bytes(task, 4)["bytes"] == layer1 + layer2 + readout
+    assert step_bytes(make_task(DataCache(tu_dir.parent), "mutagenesis", "simple"), 4) is None
+
+
+def test_continuous_features_perturb_every_node(tu_dir):
+    cache = DataCache(tu_dir.parent)
+    labels = make_task(cache, "MUTAG", "gcn").data.node_features()
+    task = make_task(cache, "MUTAG", "gcn", features="continuous")
+    again = make_task(cache, "MUTAG", "gcn", features="continuous")
+    continuous = task.data.node_features()
+    assert task.key == "MUTAG/gcn continuous" and not task.identical_copies
+    ratio = continuous[labels != 0] / labels[labels != 0]
+    assert np.all(np.abs(ratio - 1) <= tasks.FEATURE_SPREAD) and np.unique(ratio).size == ratio.size  # copy 0 too
+    assert np.array_equal(continuous == 0, labels == 0) and np.array_equal(continuous, again.data.node_features())
+    # at scale, every copy has its own features
+    twice = make_task(cache, "MUTAG", "gcn", scale=2, features="continuous").data.node_features()
+    first, second = np.split(twice, 2)
+    assert np.array_equal(first, continuous) and not np.array_equal(second, first)
+    with pytest.raises(ValueError, match="TU datasets only"):
+        make_task(cache, "mutagenesis", "simple", features="continuous")
+
+
+def test_both_feature_modes_in_one_run(tu_dir):
+    cells, _ = suite.plan(_config(tu_dir, features=("labels", "continuous"), datasets=("MUTAG", "mutagenesis"),
+                                  models=("gcn", "simple")))
+    assert ("MUTAG", "gcn", "labels", 1, "template") in cells and ("MUTAG", "gcn", "continuous", 1, "template") in cells
+    assert [c for c in cells if c[0] == "mutagenesis"] == [("mutagenesis", "simple", "labels", 1, "template")]
+
+
+@pytest.mark.parametrize("features, mode", [("labels", "distinct"), ("labels", "identical"), ("continuous", "distinct")])
+def test_scaling_replicates_the_dataset(tu_dir, tmp_path, features, mode):
+    results = suite.run(_config(tu_dir, engines=("default", "pyg-tuned"), scales=(1, 2), warmup=0, scale_mode=mode,
+                                features=(features,)))
     small, large = results["groups"]
     assert large["info"]["samples"] == 2 * small["info"]["samples"]
+    assert large["traffic"]["bytes"] > 1.9 * small["traffic"]["bytes"]
     assert all(r["status"] == "ok" for g in results["groups"] for r in g["engines"])  # oracle: tiled or recomputed
     rows = report.scaling_rows(results)
-    assert [r["scale"] for r in rows] == [1, 2]
+    assert [r["scale"] for r in rows] == [1, 1, 2, 2]
     assert "scaling" in report.write(results, tmp_path)
 
 
@@ -130,43 +228,145 @@ def test_distinct_copies_differ_only_in_features(tu_dir):
     assert not np.array_equal(second, first) and np.array_equal(second != 0, first != 0)
 
 
+def test_replicate_refuses_a_field_it_does_not_understand(tu_dir):
+    data, _ = DataCache(tu_dir.parent).get("MUTAG")
+
+    @dataclass(frozen=True, eq=False)
+    class Extended(type(data)):
+        class_names: tuple = ("a", "b")
+
+    fields = {name: getattr(data, name) for name in data.__dataclass_fields__}
+    with pytest.raises(ValueError, match="class_names"):
+        replicate_tu(Extended(**fields), 2)
+
+
+def test_subset_oracle_checks_outputs_and_gradients(tu_dir):
+    # A batch "too large" for the full oracle: the check covers a subset of samples, exactly.
+    config = _config(tu_dir, engines=("default", "pyg-tuned", "wrong", "wrong-gradient"), oracle_max_nodes=1000,
+                     features=("continuous",))
+    results = suite.run(config, custom_engines=CUSTOM)
+    records = _records(results)
+    group = results["groups"][0]
+    assert "samples" in group["oracle"]["name"]
+    for name in ("default", "pyg-tuned"):
+        check = records[name]["check"]
+        assert records[name]["status"] == "ok" and 0 < check["samples_checked"] < group["info"]["samples"], name
+        assert check["gradients_checked"] > 0
+    assert records["wrong"]["status"] == "invalid"
+    assert records["wrong-gradient"]["status"] == "invalid" and "gradient" in records["wrong-gradient"]["check"]["message"]
+
+
+def test_template_weights_do_not_depend_on_the_samples(tu_dir):
+    # The PyG contenders copy the template's weights from a one-sample graph (cheap at any scale).
+    cache = DataCache(tu_dir.parent)
+    for model in ("gcn", "sage", "gin"):
+        task = make_task(cache, "MUTAG", model, features="continuous")
+        whole = dict(neurovec.ReferenceModule(task.graph, torch.float64).weights.named_parameters())
+        one = dict(tasks.template_weights(task).weights.named_parameters())
+        assert whole.keys() == one.keys() and all(torch.equal(whole[k], one[k]) for k in whole), model
+
+
+def test_pyg_compiled_is_one_graph_and_matches_the_oracle(tu_dir):
+    # GCNConv(cached=True) under torch.compile: the cache is filled eagerly first, else the graph breaks.
+    results = suite.run(_config(tu_dir, engines=("pyg-compiled",)))
+    record = _records(results)["pyg-compiled"]
+    assert record["status"] == "ok" and record["check"]["gradients_checked"] > 0
+    assert record["build"]["graphs"] == 1 and record["build"]["graph_breaks"] == 0
+    assert record["first_pass_s"] > record["build_s"]  # the compile happens in the first pass
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["sage", "gin"])
+def test_pyg_contenders_on_every_model(tu_dir, model):
+    results = suite.run(_config(tu_dir, models=(model,), engines=("pyg", "pyg-tuned", "pyg-compiled"),
+                                features=("continuous",)))
+    records = _records(results)
+    assert all(r["status"] == "ok" for r in records.values()), records
+    assert records["pyg-compiled"]["build"]["graphs"] == 1
+
+
 def test_task_labels_and_oracle_shapes(tu_dir):
     task = make_task(DataCache(tu_dir.parent), "MUTAG", "sage")
     oracle = task.oracle()
-    assert oracle.outputs.shape == (task.n_samples, 1)
+    assert oracle.outputs.shape == (task.n_samples, 1) and oracle.positions is None
     assert set(np.unique(task.labels)) <= {0.0, 1.0}
     with pytest.raises(ValueError, match="does not apply"):
         make_task(DataCache(tu_dir.parent), "MUTAG", "dims")
 
 
 def test_cli_arguments():
-    args = cli.parse_args(["--engines", "all", "pyg", "--datasets", "MUTAG", "mutagenesis", "--scale", "1", "10"])
+    args = cli.parse_args(["--engines", "all", "pyg", "--datasets", "MUTAG", "mutagenesis", "--scale", "1", "10",
+                           "--features", "labels", "continuous"])
     config = cli.config_from_args(args)
-    assert config.scales == (1, 10) and config.models is None
+    assert config.scales == (1, 10) and config.models is None and config.features == ("labels", "continuous")
     assert len(suite.expand_engines(config.engines)) == len(suite.list_presets()) + 1
-    with pytest.raises(SystemExit):
-        cli.parse_args(["--engines", "no-such-preset"])
-    with pytest.raises(SystemExit):
-        cli.parse_args(["--reps", "0"])
+    assert cli.config_from_args(cli.parse_args([])).engines == ("default", "pyg", "pyg-tuned", "pyg-compiled")
+    for bad in (["--engines", "no-such-preset"], ["--reps", "0"], ["--features", "fuzzy"]):
+        with pytest.raises(SystemExit):
+            cli.parse_args(bad)
 
 
+# -- exit codes: non-zero whenever nothing valid ran -------------------------------------------------------
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on machines without CUDA")
-def test_cuda_without_a_gpu_is_skipped(tmp_path, capsys):
-    assert cli.main(["--device", "cuda", "--out", str(tmp_path / "out")]) == 0
-    assert "CUDA is not available" in capsys.readouterr().err
+def test_cuda_without_a_gpu_exits_2(tmp_path, capsys):
+    assert cli.main(["--device", "cuda", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "CUDA is not available" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "out").exists()
+
+
+def test_missing_data_dir_exits_2(tmp_path, capsys):
+    assert cli.main(["--data-dir", str(tmp_path / "no-such-dir"), "--out", str(tmp_path / "out")]) == 2
+    assert f"{tmp_path / 'no-such-dir'}: no such directory" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert cli.main(["--data-dir", str(tmp_path / "empty"), "--datasets", "ENZYMES"]) == 2
+    err = capsys.readouterr().err
+    assert "ENZYMES_A.txt" in err and str(tmp_path / "empty") in err
+    assert not list((tmp_path / "empty").iterdir())  # nothing was downloaded into it
+
+
+@pytest.mark.parametrize("engine", [lambda: FailingEngine("failing"), WrongEngine])
+def test_every_engine_failing_or_invalid_exits_1(tu_dir, tmp_path, monkeypatch, capsys, engine):
+    monkeypatch.setattr(suite, "make_engine", lambda name, config, custom=None: engine())
+    code = cli.main(["--datasets", "MUTAG", "--models", "gcn", "--engines", "default", "--data-dir", str(tu_dir.parent),
+                     "--reps", "1", "--warmup", "0", "--no-plots", "--quiet", "--out", str(tmp_path / "out")])
+    assert code == 1
+    assert "no engine ran and passed its check" in capsys.readouterr().err
+    assert (tmp_path / "out" / "results.md").is_file()  # what happened is still written
+
+
+def test_results_are_written_as_the_run_goes(tu_dir, tmp_path, monkeypatch):
+    # The second task is interrupted: the first one's results are on disk already.
+    real = suite.make_task
+    calls = []
+
+    def make_task_then_stop(*args, **kwargs):
+        calls.append(args)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(suite, "make_task", make_task_then_stop)
+    code = cli.main(["--datasets", "MUTAG", "--models", "gcn", "sage", "--engines", "default", "--quiet",
+                     "--data-dir", str(tu_dir.parent), "--reps", "1", "--warmup", "0", "--out", str(tmp_path)])
+    assert code == 130
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert [g["key"] for g in saved["groups"]] == ["MUTAG/gcn labels"]
+    assert saved["groups"][0]["engines"][0]["status"] == "ok"
 
 
 def test_plan_and_engine_names():
     cells, notes = suite.plan(suite.Config(datasets=("MUTAG", "mutagenesis"), models=("gcn", "simple"),
                                            engines=("default", "neuralogic")))
-    assert ("MUTAG", "gcn", 1, "template") in cells and ("mutagenesis", "simple", 1, "neuralogic") in cells
+    assert ("MUTAG", "gcn", "labels", 1, "template") in cells
+    assert ("mutagenesis", "simple", "labels", 1, "neuralogic") in cells
     assert not notes
     _, notes = suite.plan(suite.Config(models=("sage",), engines=("neuralogic",)))
     assert "no NeuraLogic model for MUTAG/sage" in notes[0]
+    assert suite._engine_names("mutagenesis", "template", ["default", "pyg", "pyg-compiled"]) == ["default"]
 
 
-def test_summaries_and_stopwatch():
+def test_summaries_stopwatch_and_memory():
     stats = measure.summarize([3.0, 1.0, 2.0, None])
     assert stats["n"] == 3 and stats["median"] == 2.0 and stats["min"] == 1.0 and stats["max"] == 3.0
     assert measure.summarize([]) == {"n": 0}
@@ -174,6 +374,15 @@ def test_summaries_and_stopwatch():
     watch.lap("a")
     watch.lap("b")
     assert set(watch.laps) == {"a", "b"} and min(watch.laps.values()) >= 0
+    probe = measure.MemoryProbe("cpu")
+    probe.start()
+    transient = torch.ones(64 * 2 ** 20 // 4)  # 64 MB, freed before the probe is read
+    del transient
+    result = probe.result()
+    if result["kind"] == "cpu_rss_hwm":  # the kernel's peak mark sees what sampling would miss
+        assert result["growth_bytes"] >= 60 * 2 ** 20
+    speed = measure.memory_bandwidth("cpu", megabytes=8, repeats=3)
+    assert speed["bytes_per_s"] > 0 and speed["copy_bytes"] == 8 * 2 ** 20
 
 
 def test_dims_template_text():
@@ -183,22 +392,19 @@ def test_dims_template_text():
 
 
 def test_autotune_engine(tu_dir, monkeypatch):
-    # Until neurovec.autotune exists the engine is skipped with a reason, never faked.
-    monkeypatch.delattr("neurovec.autotune", raising=False)
     task = make_task(DataCache(tu_dir.parent), "MUTAG", "gcn")
-    config = _config(tu_dir, engines=("autotune",))
-    assert "not available" in suite.measure_engine(suite.make_engine("autotune", config), task, config)["reason"]
-    # With it, whatever it picks is checked and timed like a preset.
+    config = _config(tu_dir, engines=("default", "autotune"), autotune_budget_s=7.0)
     calls = []
 
     def fake_autotune(graph, presets, device, budget_s, dtype):
-        calls.append(presets)
+        calls.append((presets, budget_s))
         module = neurovec.compile(graph, "default", dtype)
         table = SimpleNamespace(as_records=lambda: [{"preset": "default", "status": "ok"}])
         return SimpleNamespace(module=module, table=table, preset="default", kernel="auto")
 
-    monkeypatch.setattr("neurovec.autotune", fake_autotune, raising=False)
-    config = _config(tu_dir, engines=("all", "autotune"))
+    monkeypatch.setattr("neurovec.autotune", fake_autotune)
     record = suite.measure_engine(suite.make_engine("autotune", config), task, config)
     assert record["status"] == "ok" and record["build"]["chosen"] == "default/auto"
-    assert calls[0] == suite.list_presets()
+    assert calls == [(None, 7.0)]  # autotune's own candidates, as a user calls it: not the run's presets
+    monkeypatch.delattr("neurovec.autotune")
+    assert "not available" in suite.measure_engine(suite.make_engine("autotune", config), task, config)["reason"]
