@@ -220,10 +220,16 @@ def scaling_rows(results: dict) -> list[dict]:
         if len({g["scale"] for g in groups}) < 2:
             continue
         for group in sorted(groups, key=lambda g: g["scale"]):
+            info = group.get("info", {})
+            if group.get("memory"):  # the task itself: replicated data, neuron graph, oracle
+                rows.append({"dataset": dataset, "model": model, "features": features, "scale": group["scale"],
+                             "engine": "(task: data, graph, oracle)", "kind": "task", "neurons": info.get("neurons"),
+                             "edges": info.get("edges"), "template_s": info.get("template_s"), "compile_s": None,
+                             "step": None, "memory": group["memory"].get("peak_bytes"),
+                             "memory_growth": group["memory"].get("growth_bytes")})
             for record in group["engines"]:
                 if not _usable(record):
                     continue
-                info = group.get("info", {})
                 rows.append({"dataset": dataset, "model": model, "features": features, "scale": group["scale"],
                              "engine": record["engine"], "kind": record["kind"], "neurons": info.get("neurons"),
                              "edges": info.get("edges"), "template_s": info.get("template_s"),
@@ -289,6 +295,9 @@ def _header(results: dict) -> list[str]:
              f"* {config['warmup']} warm-up + {config['reps']} timed iterations per engine "
              f"({config['schedule']}); times are medians in ms; a training step is forward + MSE loss + "
              "backward + Adam step, full batch; NeuraLogic's step is one training epoch"]
+    if results.get("peak_rss_bytes"):
+        lines.append(f"* peak resident memory of the run: {_mb(results['peak_rss_bytes'])} MB (the largest peak of "
+                     "any task build or engine)")
     if results.get("interrupted"):
         lines.append(f"* **partial results**: {results['interrupted']}")
     for note in results.get("notes", []):
@@ -677,19 +686,34 @@ def plot_scaling(results: dict, path: Path) -> bool:
     figure, axes = plt.subplots(1, 3, figsize=(16, 5.2))
     series: dict[tuple, list] = {}
     for row in rows:
-        series.setdefault((f"{row['dataset']}/{row['model']} {row['features']}", row["engine"]), []).append(row)
+        if row["kind"] != "task":
+            series.setdefault((f"{row['dataset']}/{row['model']} {row['features']}", row["engine"]), []).append(row)
     handles = []
-    for k, ((task, engine), points) in enumerate(series.items()):
+    tasks = list(dict.fromkeys(task for task, _ in series))
+    others = iter(f"C{k}" for k in range(4, 10))  # colours for presets that have no STYLE entry
+    colors: dict[str, str] = {}
+    for (task, engine), points in series.items():
         points.sort(key=lambda r: r["scale"])
+        color = colors.setdefault(engine, STYLE[engine][0] if engine in STYLE else next(others, "tab:olive"))
+        style = dict(marker="o", color=color, linestyle=("-", "--", ":", "-.")[tasks.index(task) % 4])
         scales = [p["scale"] for p in points]
-        style = dict(marker="o", color=f"C{k % 10}", linestyle="-" if k < 10 else "--")
         (line,) = axes[0].plot(scales, [p["compile_s"] for p in points], label=f"{task}: {engine}", **style)
         axes[1].plot(scales, [p["step"] * 1e3 for p in points], **style)
         axes[2].plot(scales, [(p["memory"] or 0) / 2 ** 20 for p in points], **style)
         handles.append(line)
+    for task in tasks:  # the task's own memory (replicated data, neuron graph, oracle), for scale
+        points = sorted((r for r in rows if r["kind"] == "task"
+                         and f"{r['dataset']}/{r['model']} {r['features']}" == task), key=lambda r: r["scale"])
+        if points:
+            (line,) = axes[2].plot([p["scale"] for p in points], [(p["memory"] or 0) / 2 ** 20 for p in points],
+                                   marker="s", color="black", linestyle=("-", "--", ":", "-.")[tasks.index(task) % 4],
+                                   label=f"{task}: the task (data, graph, oracle)")
+            handles.append(line)
     for ax, title in zip(axes, ("compile time (s): build + first pass", "training step (ms)", "peak RSS (MB)")):
         ax.set_xscale("log")
         ax.set_yscale("log")
+        ax.xaxis.set_major_formatter(_plt().FuncFormatter(lambda x, _: f"{x:g}"))
+        _plain_ticks(ax)
         ax.set_xlabel("replication factor k")
         ax.set_title(title)
         ax.grid(alpha=0.3)

@@ -48,7 +48,7 @@ from .tasks import (DATASETS, FEATURES, ORACLE_MAX_NODES, TU_DATASETS, DataCache
                     models_for, step_bytes, task_key)
 
 __all__ = ["Config", "SPECIAL_ENGINES", "PYG_ENGINES", "expand_engines", "plan", "make_engine", "run", "Trial", "measure_engine",
-           "measure_group", "check_engine", "machine_description", "TOLERANCES", "SCHEMA"]
+           "measure_group", "check_engine", "machine_description", "run_peak_rss", "TOLERANCES", "SCHEMA"]
 
 SCHEMA = "neurovec-benchmark/2"
 PYG_ENGINES = tuple(PYG_VARIANTS)
@@ -206,7 +206,7 @@ def run(config: Config, custom_engines: dict[str, Callable[[], Engine]] | None =
         progress.close()
         results["finished"] = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
         results["load_average_end"] = _load_average()
-        results["peak_rss_bytes"] = peak_rss_bytes()  # the last engine's span (the kernel mark is reset per engine)
+        results["peak_rss_bytes"] = run_peak_rss(results)
     results["bandwidth"]["end"] = memory_bandwidth(device, config.bandwidth_mb)
     return results
 
@@ -216,6 +216,8 @@ def _run_task(dataset, model, features, scale, source, engines, config, custom, 
     group = {"dataset": dataset, "model": model, "features": features, "scale": scale, "source": source,
              "key": task_key(dataset, model, features, scale, source), "engines": []}
     progress.set_description(f"{dataset}/{model} {features} x{scale} {source}: building the task")
+    probe = MemoryProbe("cpu")  # the task's data, graph and oracle live in host memory
+    probe.start()
     try:
         task = make_task(cache, dataset, model, scale, source, config.options, config.scale_mode, features,
                          config.oracle_max_nodes)
@@ -227,6 +229,7 @@ def _run_task(dataset, model, features, scale, source, engines, config, custom, 
                  traffic=step_bytes(task, torch.tensor([], dtype=getattr(torch, config.dtype)).element_size()))
     progress.set_description(f"{task.key}: oracle")
     task.oracle()  # before any engine: its time and memory belong to no engine
+    group["memory"] = probe.result()
     group_engines = []
     for name in _engine_names(dataset, source, engines):
         try:
@@ -237,6 +240,20 @@ def _run_task(dataset, model, features, scale, source, engines, config, custom, 
     group["engines"] += measure_group(group_engines, task, config, progress)
     group["oracle"] = task.oracle_summary()
     return group
+
+
+def run_peak_rss(results: dict) -> int | None:
+    """The run's peak resident memory: the largest peak of any task build or engine measured in host memory.
+
+    (The process's own high-water mark, e.g. ``/usr/bin/time``'s, is not it: the
+    harness resets the kernel's mark before each engine.)
+    """
+    peaks = [peak_rss_bytes() or 0]
+    for group in results["groups"]:
+        for memory in [group.get("memory")] + [r.get("memory") for r in group.get("engines", [])]:
+            if memory and memory.get("kind", "").startswith("cpu_rss"):
+                peaks.append(memory["peak_bytes"])
+    return max(peaks) or None
 
 
 class Trial:

@@ -215,7 +215,9 @@ def test_scaling_replicates_the_dataset(tu_dir, tmp_path, features, mode):
     assert large["traffic"]["bytes"] > 1.9 * small["traffic"]["bytes"]
     assert all(r["status"] == "ok" for g in results["groups"] for r in g["engines"])  # oracle: tiled or recomputed
     rows = report.scaling_rows(results)
-    assert [r["scale"] for r in rows] == [1, 1, 2, 2]
+    assert [(r["scale"], r["kind"]) for r in rows] == [(1, "task"), (1, "neurovec"), (1, "pyg"), (2, "task"),
+                                                        (2, "neurovec"), (2, "pyg")]
+    assert results["peak_rss_bytes"] >= max(r["memory"] for r in rows)
     assert "scaling" in report.write(results, tmp_path)
 
 
