@@ -102,18 +102,24 @@ def vectorize(graph: Graph) -> Program:
         src, ordinal, weight = layer.input_layer, layer.input_ordinal, layer.input_weight
         value_shape_id = {s: k for k, s in enumerate(dict.fromkeys(graph.layer_shapes[:index]))}
         value_cls = np.array([value_shape_id[s] for s in graph.layer_shapes[:index]], dtype=np.int64)[src]
-        edge_weight_cls = weight_cls[weight]  # NO_WEIGHT (-1) picks the trailing -1
-        groups, group_of_edge = np.unique(np.stack([value_cls, edge_weight_cls], 1), axis=0,
-                                          return_inverse=True)
-        group_of_edge = group_of_edge.reshape(-1)
+        # Shape groups: (value shape class, weight shape class) as one small integer per edge.
+        n_weight_cls = len(shape_of_cls) + 1
+        group_key = value_cls * n_weight_cls + (weight_cls[weight] + 1)  # NO_WEIGHT (-1) -> class -1
+        group_keys = np.flatnonzero(np.bincount(group_key, minlength=len(value_shape_id) * n_weight_cls))
+        if group_keys.size > 1:
+            group_of_key = np.zeros(len(value_shape_id) * n_weight_cls, dtype=np.int64)
+            group_of_key[group_keys] = np.arange(group_keys.size)
+            group_of_edge = group_of_key[group_key]
+        del group_key, value_cls
         products: list[Node] = []
         order = []
-        for g, (_, w_cls) in enumerate(groups):
-            edges = np.flatnonzero(group_of_edge == g) if len(groups) > 1 else np.arange(layer.n_edges)
+        for g, key in enumerate(group_keys):
+            w_cls = int(key % n_weight_cls) - 1
+            edges = np.flatnonzero(group_of_edge == g) if group_keys.size > 1 else np.arange(layer.n_edges)
             order.append(edges)
-            tag = name if len(groups) == 1 else f"{name}_g{g}"
+            tag = name if group_keys.size == 1 else f"{name}_g{g}"
             g_src = src[edges]
-            used = np.unique(g_src)
+            used = np.flatnonzero(np.bincount(g_src, minlength=index))
             local = np.full(index, -1, dtype=np.int64)
             local[used] = np.arange(used.size)
             x = _concat_index(e, f"{tag}_x", [values[i] for i in used], local[g_src], ordinal[edges], name)
@@ -156,9 +162,10 @@ def _add_bias(e: _Emitter, name: str, value: Node, bias: np.ndarray, graph: Grap
     if np.all(bias != NO_WEIGHT):
         b = e.gather(f"{name}_bias", stack, row[bias], name)
     else:
-        # Neurons without a bias read an appended zero row.
+        # Neurons without a bias read an appended row of -0.0: the exact additive identity
+        # (-0.0 + x is x for every x, -0.0 included; 0.0 + -0.0 would be 0.0, and 1 / it +inf).
         zero = e.add(f"{name}_nobias", Op.FACT, [], 1, shape, name,
-                     const=e.const(f"zeros_{name}", np.zeros((1,) + shape)), fact_layer=None, unit=False)
+                     const=e.const(f"zeros_{name}", np.full((1,) + shape, -0.0)), fact_layer=None, unit=False)
         joined = e.concat(f"{name}_bias_cat", [stack, zero], name)
         b = e.gather(f"{name}_bias", joined, np.where(bias == NO_WEIGHT, stack.count, row[bias]), name)
     return e.add(f"{name}_biased", Op.ADD, [value.name, b.name], value.count, value.shape, name)
