@@ -7,7 +7,8 @@ import numpy as np
 
 from .ir import Node, Op, Program
 
-__all__ = ["replace_uses", "eliminate_dead_code", "fresh_name", "fresh_const", "single_use"]
+__all__ = ["replace_uses", "eliminate_dead_code", "fresh_name", "fresh_const", "single_use",
+           "zero_sign_matters", "unit_reduction_is_identity"]
 
 
 def replace_uses(program: Program, mapping: dict[str, str]) -> Program:
@@ -73,3 +74,33 @@ def single_use(program: Program) -> set[str]:
 
 def is_input_fact(node: Node) -> bool:
     return node.op is Op.FACT and bool(node.attrs.get("fact_layer"))
+
+
+def zero_sign_matters(program: Program) -> set[str]:
+    """Nodes whose ``-0.0`` rows could reach an ``inverse`` TRANSFORM (``1 / -0.0 = -inf``) before a
+    sum or mean turns them into ``+0.0`` (torch, like the reference engine, sums from ``+0.0``).
+
+    A REDUCE summing more than one row per segment is where the sign is lost; a one-row sum is
+    not (it may be removed), and every other op passes a ``-0.0`` on (conservatively).
+    """
+    matters: set[str] = set()
+    users, nodes = program.users(), program.by_name()
+    for node in reversed(program.nodes):
+        for reader in (nodes[r] for r in users.get(node.name, ())):
+            if reader.op is Op.TRANSFORM and reader.attrs.get("fn") == "inverse":
+                matters.add(node.name)
+            elif reader.name in matters and not _clears_sign(program, reader):
+                matters.add(node.name)
+    return matters
+
+
+def unit_reduction_is_identity(program: Program, node: Node, matters: set[str]) -> bool:
+    """Whether REDUCE ``node`` (every count 1) may be dropped: each row is its one input row, except
+    that a sum or mean turns ``-0.0`` into ``+0.0`` -- which only an ``inverse`` later can tell."""
+    return node.attrs["aggregation"] in ("max", "min", "prod") or node.name not in matters
+
+
+def _clears_sign(program: Program, node: Node) -> bool:
+    if node.op is not Op.REDUCE or node.attrs["aggregation"] not in ("sum", "mean"):
+        return False
+    return not bool(np.all(program.constants[node.attrs["counts"]] == 1))

@@ -41,11 +41,9 @@ class Settings(BaseModel):
     # -- deduplication (5.2.6) --------------------------------------------------------------
     dedup_facts: bool = Field(True, description="Keep one row per distinct fact value (static facts only).")
     iso_compression: bool = Field(
-        True, description="Isomorphic compression: merge the values of one layer that agree under "
-                          "`iso_draws` random weight draws. Probabilistic (exact unless two different "
-                          "functions agree on every draw, which has probability ~0 in float64).")
-    iso_draws: int = Field(3, ge=1, description="Random weight draws for isomorphic compression.")
-    iso_seed: int = Field(0, description="Seed of those draws (compilation is deterministic).")
+        True, description="Isomorphic compression: merge the rows of one layer that are provably equal "
+                          "(same structure, same weights, inputs equal as multisets, facts equal bit for "
+                          "bit). Exact: nothing is evaluated, no tolerance.")
     dedup_linear: bool = Field(True, description="Compute each distinct (weight, value) pair of a linear op once.")
     dedup_aggregations: bool = Field(
         True, description="Compute each distinct group of aggregated inputs once (downward gather propagation).")

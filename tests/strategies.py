@@ -4,6 +4,12 @@ The graphs cover every aggregation and transformation, unit facts, scalar /
 vector / matrix values and weights, fixed and learnable weights, repeated and
 interleaved inputs, inputs of different shapes within one neuron, skip
 connections across layers, biases (on some neurons only), and repeated outputs.
+
+With ``tricky_values`` the fact and fixed weight values come from ``TRICKY_VALUES``:
+signed zeros, values that differ in their last bits, and terms so large that the
+small ones vanish in a 32-bit mantissa -- the values on which a merge by numeric
+comparison goes wrong; and neurons are often near twins of the one before them
+(the same inputs in another order, one of them, its row or its weight redrawn).
 """
 from __future__ import annotations
 
@@ -14,6 +20,21 @@ from neurovec.sources.graph import (AGGREGATIONS, TRANSFORMATIONS, FactLayer, Gr
                                     product_shape)
 
 VALUE_SHAPES = [(), (2,), (3,), (2, 2)]
+TRICKY_VALUES = np.array([0.0, -0.0, 1.0, 1.0 + 2.0**-35, -1.0, 1e6, -1e6, 1e-6])
+
+
+def _values(rng: np.random.Generator, shape: tuple, scale: float, tricky: bool) -> np.ndarray:
+    if not tricky:
+        return rng.normal(0, scale, shape)
+    values = rng.choice(TRICKY_VALUES, shape)
+    if len(shape) > 1:  # rows that are near twins of row 0: one entry nudged (1 -> 1 + 2^-35, 0 -> -0)
+        twins = np.repeat(values[:1], shape[0], axis=0).reshape(shape[0], -1)
+        nudge = rng.integers(0, twins.shape[1], shape[0])
+        rows = np.arange(shape[0])
+        twins[rows, nudge] = np.where(twins[rows, nudge] == 1.0, 1.0 + 2.0**-35, -twins[rows, nudge])
+        values = np.where(rng.random(shape[0]).reshape((-1,) + (1,) * (len(shape) - 1)) < 0.5,
+                          twins.reshape(shape), values)
+    return values
 
 
 def weight_shapes_for(s_in: tuple, s_out: tuple) -> list:
@@ -25,7 +46,8 @@ def weight_shapes_for(s_in: tuple, s_out: tuple) -> list:
 
 
 @st.composite
-def graphs(draw, max_layers: int = 4, max_neurons: int = 4, max_inputs: int = 4) -> Graph:
+def graphs(draw, max_layers: int = 4, max_neurons: int = 4, max_inputs: int = 4, tricky_values: bool = False
+           ) -> Graph:
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     layers, shapes, weights = [], [], []
 
@@ -34,7 +56,8 @@ def graphs(draw, max_layers: int = 4, max_neurons: int = 4, max_inputs: int = 4)
         if pool and reuse and draw(st.booleans()):
             return pool[draw(st.integers(0, len(pool) - 1))]
         learnable = draw(st.integers(0, 4)) > 0
-        weights.append(Weight(f"w{len(weights)}", rng.normal(0, 0.8, shape), learnable))
+        weights.append(Weight(f"w{len(weights)}", _values(rng, shape, 0.8, tricky_values and not learnable),
+                              learnable))
         return len(weights) - 1
 
     for k in range(draw(st.integers(1, 3))):
@@ -44,7 +67,7 @@ def graphs(draw, max_layers: int = 4, max_neurons: int = 4, max_inputs: int = 4)
             shapes.append(())
         else:
             shape = draw(st.sampled_from(VALUE_SHAPES))
-            layers.append(FactLayer(f"fact{k}", rng.normal(0, 1, (size,) + shape)))
+            layers.append(FactLayer(f"fact{k}", _values(rng, (size,) + shape, 1.0, tricky_values)))
             shapes.append(shape)
 
     for k in range(draw(st.integers(1, max_layers))):
@@ -56,17 +79,44 @@ def graphs(draw, max_layers: int = 4, max_neurons: int = 4, max_inputs: int = 4)
             if shapes[sources[0]] != ():
                 out_shape = shapes[sources[0]]
                 sources = [i for i, s in enumerate(shapes) if s == out_shape]
-        transformation = draw(st.sampled_from([t for t in TRANSFORMATIONS if out_shape or t != "softmax"]))
+        allowed = [t for t in TRANSFORMATIONS if out_shape or t != "softmax"]
+        if tricky_values:  # the transformations that tell near-equal values and signed zeros apart
+            allowed += ["identity", "inverse"] * 4
+        transformation = draw(st.sampled_from(allowed))
         aggregation = draw(st.sampled_from(AGGREGATIONS))
         size = draw(st.integers(1, max_neurons))
         counts = [draw(st.integers(1, max_inputs)) for _ in range(size)]
+        if tricky_values and draw(st.booleans()):
+            counts = [1] * size  # a layer of one-input neurons (reductions that passes may drop)
         src, ordinal, wts = [], [], []
-        for _ in range(sum(counts)):
+
+        def draw_input():
             s = draw(st.sampled_from(sources))
-            src.append(s)
-            ordinal.append(draw(st.integers(0, layers[s].size - 1)))
+            o = draw(st.integers(0, layers[s].size - 1))
             shape = draw(st.sampled_from(weight_shapes_for(shapes[s], out_shape)))
-            wts.append(-1 if shape is None else weight_of(shape))
+            return s, o, -1 if shape is None else weight_of(shape)
+
+        for j in range(size):
+            if tricky_values and j and draw(st.booleans()):
+                # A near twin of the previous neuron: its inputs, in another order, one redrawn.
+                twin = list(zip(src, ordinal, wts))[-counts[j - 1]:]
+                twin = [twin[i] for i in draw(st.permutations(range(len(twin))))]
+                pick = draw(st.integers(0, len(twin) - 1))
+                s, o, w = twin[pick]
+                change = draw(st.sampled_from(["ordinal", "weight", "input"]))
+                if change == "ordinal":
+                    twin[pick] = s, draw(st.integers(0, layers[s].size - 1)), w
+                elif change == "weight" and w >= 0:
+                    twin[pick] = s, o, weight_of(weights[w].shape)
+                else:
+                    twin[pick] = draw_input()
+                counts[j] = len(twin)
+            else:
+                twin = [draw_input() for _ in range(counts[j])]
+            for s, o, w in twin:
+                src.append(s)
+                ordinal.append(o)
+                wts.append(w)
         bias = None
         if draw(st.booleans()):
             bias_shape = draw(st.sampled_from([(), out_shape]))

@@ -33,7 +33,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir import Node, Op, Program
-from ..rewrite import eliminate_dead_code
+from ..rewrite import eliminate_dead_code, unit_reduction_is_identity, zero_sign_matters
 from ..settings import Settings
 from .simplify_gathers import Rewriter, chain_candidates
 
@@ -42,9 +42,10 @@ __all__ = ["remove_identity", "preconcatenate", "remove_unused"]
 
 def remove_identity(program: Program, settings: Settings) -> Program:
     rw = Rewriter(program)
+    matters = zero_sign_matters(program)
     for node in program.nodes:
         node = rw.take(node)
-        identity_of = _identity_source(rw, node)
+        identity_of = _identity_source(rw, node, program, matters)
         if identity_of is not None:
             rw.alias(node.name, identity_of)
             continue
@@ -62,14 +63,15 @@ def _is_arange(index: np.ndarray, n: int) -> bool:
     return index.size == n and (n == 0 or (index[0] == 0 and bool(np.all(np.diff(index) == 1))))
 
 
-def _identity_source(rw: Rewriter, node: Node) -> str | None:
+def _identity_source(rw: Rewriter, node: Node, program: Program, matters: set[str]) -> str | None:
     """The input a node merely passes through, or None."""
     op, a = node.op, node.attrs
     if op is Op.TRANSFORM and a.get("fn") == "identity":
         return node.srcs[0]
     if op is Op.CONCAT and len(node.srcs) == 1:
         return node.srcs[0]
-    if op is Op.REDUCE and bool(np.all(rw.constants[a["counts"]] == 1)):
+    if (op is Op.REDUCE and bool(np.all(rw.constants[a["counts"]] == 1))
+            and unit_reduction_is_identity(program, node, matters)):
         return node.srcs[0]
     if op in (Op.TILE, Op.INTERLEAVE) and a["times"] == 1:
         return node.srcs[0]

@@ -42,130 +42,144 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..grouping import first_equal_multisets, first_equal_rows, first_rows, representatives
 from ..ir import Node, Op, Program, linear_grid
 from ..settings import Settings
 from .upward import SHRINK, Editor, RowPlanner, linear_side_rows, source_rows
 
-__all__ = ["dedup_linear", "dedup_aggregations", "compress", "representatives", "RowIds",
-           "sequence_ids", "row_value_ids"]
+__all__ = ["dedup_linear", "dedup_aggregations", "compress", "RowIds"]
 
 
 # -- labels ----------------------------------------------------------------------------------------
 
-def representatives(labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(reps, inverse)``: the first row of each distinct label, ascending, and for every row
-    the position of its label among them (``labels[reps][inverse]`` equals ``labels``)."""
-    if labels.size == 0:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    _, first, inverse = np.unique(labels, return_index=True, return_inverse=True)
-    order = np.argsort(first, kind="stable")
-    rank = np.empty_like(order)
-    rank[order] = np.arange(order.size)
-    return first[order].astype(np.int64), rank[inverse.reshape(-1)].astype(np.int64)
+_TRANSIENT = (Op.GATHER, Op.SLICE, Op.TILE, Op.INTERLEAVE, Op.LINEAR)  # edge-sized: not kept once read
+_PAIR_LIMIT = 2**62
 
 
-def _dense(labels: np.ndarray) -> np.ndarray:
-    return np.unique(labels, return_inverse=True)[1].reshape(-1).astype(np.int64)
-
-
-def _pair_ids(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    a, b = _dense(a), _dense(b)
-    return _dense(a * (int(b.max(initial=0)) + 1) + b)
-
-
-def row_value_ids(values: np.ndarray) -> np.ndarray:
-    """Labels of bitwise-equal rows of an array (NaN rows with equal bits are equal)."""
-    n = values.shape[0]
-    flat = np.ascontiguousarray(values.reshape(n, -1))
-    if flat.shape[1] == 0:
-        return np.zeros(n, np.int64)
-    rows = flat.view(np.dtype((np.void, flat.dtype.itemsize * flat.shape[1]))).reshape(n)
-    return np.unique(rows, return_inverse=True)[1].reshape(-1).astype(np.int64)
-
-
-def sequence_ids(values: np.ndarray, counts: np.ndarray, ordered: bool = False) -> np.ndarray:
-    """Labels of the segments of ``values`` (consecutive, ``counts`` long): equal labels iff
-    the segments are equal sequences (``ordered``) or multisets.
-
-    Segments are hashed (two 64-bit polynomial hashes), and every segment is then compared
-    with the representative of its hash class element by element, so the labels are exact.
-    """
-    counts = counts.astype(np.int64)
-    n = counts.size
-    if n == 0:
-        return np.zeros(0, np.int64)
-    segment = np.repeat(np.arange(n), counts)
-    values = _dense(values) if values.size else values.astype(np.int64)
-    if not ordered and values.size:
-        values = values[np.lexsort((values, segment))]
-    starts = np.cumsum(counts) - counts
-    position = np.arange(values.size) - starts[segment]
-    longest = int(counts.max(initial=0))
-    keys = [counts.astype(np.uint64)]
-    rng = np.random.default_rng(0x5EED)  # fixed: labels are the same on every run
-    for _ in range(2):
-        mult = rng.integers(1, 2**63, size=longest + 1, dtype=np.uint64) | np.uint64(1)
-        with np.errstate(over="ignore"):
-            terms = (values.astype(np.uint64) + np.uint64(1)) * mult[position]
-            sums = np.concatenate([[np.uint64(0)], np.cumsum(terms, dtype=np.uint64)])
-            keys.append(sums[starts + counts] - sums[starts])
-    labels = np.unique(np.stack(keys, 1), axis=0, return_inverse=True)[1].reshape(-1)
-    first = np.unique(labels, return_index=True)[1]
-    rep = first[labels]  # the representative segment of each segment's hash class
-    same = values == values[starts[rep][segment] + position]
-    wrong = np.bincount(segment[~same], minlength=n) > 0  # a hash collision: keep it apart
-    labels = labels.astype(np.int64)
-    labels[wrong] = labels.max(initial=0) + 1 + np.arange(int(wrong.sum()))
-    return labels
+def _pair(a: np.ndarray, a_bound: int, b: np.ndarray, b_bound: int) -> tuple[np.ndarray, int]:
+    """Exact labels of the pairs ``(a[i], b[i])``: ``a * b_bound + b`` (compacted first if that
+    could overflow)."""
+    if a_bound * b_bound >= _PAIR_LIMIT:
+        a, a_bound = first_rows(a, a_bound), a.size
+        b, b_bound = first_rows(b, b_bound), b.size
+    return a * b_bound + b, max(a_bound * b_bound, 1)
 
 
 class RowIds:
-    """Structural labels of every node's rows: equal labels => equal values (as functions of
-    the weights and dynamic facts). Follows row moves made through the editor."""
+    """Exact labels of every node's rows: equal labels => equal values, as functions of the
+    learnable weights (and of the dynamic facts). Follows row moves made through the editor.
 
-    def __init__(self, editor: Editor):
+    A node's labels are ``(ids, bound)`` with ``0 <= ids < bound``: a WEIGHTS row is its weight's
+    name; a FACT row its own row, or with ``fact_values`` (isomorphic compression) the row's bytes
+    (static facts only); an indexing op selects its source's labels; a LINEAR or ADD row is the
+    pair of its inputs' labels; a TRANSFORM row its input's label; a REDUCE row the multiset of
+    its inputs' labels (every aggregation is commutative; for a mean, up to a common factor of the
+    multiplicities: mean{a, a, b, b} = mean{a, b} for every value of a and b, gradients included). Rows of different CONCAT parts never
+    share a label. Two weights are never equal because their values are: a learnable weight is
+    itself only; a fixed weight, with ``fact_values``, equals the fixed weights with the same bytes.
+
+    Labels of edge-sized intermediates (gathers, linear products) are dropped once read, so that
+    a pass holds only a few edge-sized arrays at a time.
+    """
+
+    def __init__(self, editor: Editor, fact_values: bool = False, dynamic: tuple = ()):
         self.editor = editor
-        self.memo: dict[str, np.ndarray] = {}
+        self.fact_values = fact_values
+        self.dynamic = set(dynamic)
+        self.memo: dict[str, tuple[np.ndarray, int]] = {}
+        self.firsts: dict[str, np.ndarray] = {}
         editor.row_listeners.append(self._moved)
 
     def _moved(self, name: str, rows: np.ndarray) -> None:
         if name in self.memo:
-            self.memo[name] = self.memo[name][rows]
+            ids, bound = self.memo[name]
+            self.memo[name] = (ids[rows], bound)
+        self.firsts.pop(name, None)
 
-    def of(self, name: str) -> np.ndarray:
+    def labels(self, name: str) -> tuple[np.ndarray, int]:
         if name not in self.memo:
-            self.memo[name] = self._compute(self.editor.nodes[name])
+            node = self.editor.nodes[name]
+            self.memo[name] = self._compute(node)
+            for s in set(node.srcs):
+                if self.editor.nodes[s].op in _TRANSIENT:
+                    self.memo.pop(s, None)
         return self.memo[name]
 
-    def _compute(self, node: Node) -> np.ndarray:
+    def of(self, name: str) -> np.ndarray:
+        return self.labels(name)[0]
+
+    def first(self, name: str) -> np.ndarray:
+        """The first-row form of node ``name``'s rows (see ``compiler/grouping.py``)."""
+        if name not in self.firsts:
+            ids, bound = self.labels(name)
+            self.firsts[name] = ids if _is_first_form(ids) else first_rows(ids, bound)
+        return self.firsts[name]
+
+    def _compute(self, node: Node) -> tuple[np.ndarray, int]:
         e = self.editor
         if node.op in (Op.GATHER, Op.SLICE, Op.TILE, Op.INTERLEAVE):
-            return self.of(node.srcs[0])[source_rows(node, np.arange(node.count), e.constants)]
+            ids, bound = self.labels(node.srcs[0])
+            return ids[source_rows(node, np.arange(node.count), e.constants)], bound
         if node.op is Op.CONCAT:
             parts, offset = [], 0
             for s in node.srcs:
-                labels = _dense(self.of(s))
-                parts.append(labels + offset)
-                offset += int(labels.max(initial=-1)) + 1
-            return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+                ids, bound = self.labels(s)
+                parts.append(ids + offset)
+                offset += bound
+            return (np.concatenate(parts) if parts else np.zeros(0, np.int64)), max(offset, 1)
         if node.op is Op.TRANSFORM:
-            return self.of(node.srcs[0])
+            return self.labels(node.srcs[0])
         if node.op is Op.ADD:
-            return _pair_ids(self.of(node.srcs[0]), self.of(node.srcs[1]))
+            return _pair(*self.labels(node.srcs[0]), *self.labels(node.srcs[1]))
         if node.op is Op.LINEAR:
             w, x = (e.nodes[s] for s in node.srcs)
             _, g2 = linear_grid(node, w, x)
             rows = np.arange(node.count)
-            w_rows = linear_side_rows(node.attrs.get("w_layout", "full"), rows, g2)
-            x_rows = linear_side_rows(node.attrs.get("x_layout", "full"), rows, g2)
-            return _pair_ids(self.of(w.name)[w_rows], self.of(x.name)[x_rows])
+            w_ids, w_bound = self.labels(w.name)
+            x_ids, x_bound = self.labels(x.name)
+            w_ids = w_ids[linear_side_rows(node.attrs.get("w_layout", "full"), rows, g2)]
+            x_ids = x_ids[linear_side_rows(node.attrs.get("x_layout", "full"), rows, g2)]
+            return _pair(w_ids, w_bound, x_ids, x_bound)
         if node.op is Op.REDUCE:
             counts = e.constants[node.attrs["counts"]]
-            inputs = self.of(node.srcs[0])
+            inputs, bound = self.labels(node.srcs[0])
             if node.attrs.get("kernel") == "strided":  # segment j is rows j, j + n, ...
                 inputs = inputs.reshape(-1, max(node.count, 1)).T.reshape(-1)
-            return sequence_ids(inputs, counts)
-        return np.arange(node.count, dtype=np.int64)  # FACT, WEIGHTS: every row its own
+            elif inputs.size == node.count and np.all(counts == 1):
+                return inputs, bound  # one input each: the aggregation of one value is that value
+            # A mean of {a, a} is a mean of {a}: multisets compare up to a common multiplicity.
+            up_to_scale = node.attrs["aggregation"] == "mean"
+            return first_equal_multisets(inputs, counts, bound, up_to_scale), max(node.count, 1)
+        if node.op is Op.WEIGHTS:
+            return self._weight_ids(node)
+        if node.op is Op.FACT and self.fact_values and node.attrs.get("fact_layer") not in self.dynamic:
+            return first_equal_rows(e.constants[node.attrs["const"]]), max(node.count, 1)
+        return np.arange(node.count, dtype=np.int64), max(node.count, 1)  # FACT: every row its own
+
+    def _weight_ids(self, node: Node) -> tuple[np.ndarray, int]:
+        """Rows naming the same weight are equal (an upward fold may name a weight twice)."""
+        weights = {w.name: w for w in self.editor.program.weights}
+        seen: dict[object, int] = {}
+        ids = np.empty(node.count, dtype=np.int64)
+        for row, name in enumerate(node.attrs["names"]):  # one per weight of the stack, not per edge
+            weight = weights.get(name)
+            key = name
+            if self.fact_values and weight is not None and not weight.learnable:
+                value = np.asarray(weight.value)
+                key = ("fixed", value.shape, value.dtype.str, value.tobytes())
+            ids[row] = seen.setdefault(key, row)
+        return ids, max(node.count, 1)
+
+
+def _is_first_form(ids: np.ndarray) -> bool:
+    """Whether ``ids`` already is a first-row form (labels that are row numbers of their class's
+    first row) -- as every REDUCE, FACT and WEIGHTS label is."""
+    n = ids.size
+    if n == 0:
+        return True
+    if ids.min() < 0 or ids.max() >= n:
+        return False
+    return bool(np.all(ids <= np.arange(n)) and np.all(ids[ids] == ids))
 
 
 def _shallow_ids(editor: Editor, name: str) -> np.ndarray:
@@ -260,7 +274,7 @@ def _dedup(program: Program, settings: Settings, ops: tuple[Op, ...], drop_unuse
     for name in [n.name for n in program.nodes if n.op in ops]:
         if not editor.is_live(name) or editor.nodes[name].op not in ops:
             continue
-        reps, inverse = representatives(ids.of(name))
+        reps, inverse = representatives(ids.first(name))
         if reps.size < editor.nodes[name].count:
             compress(editor, planner, name, reps, inverse, ids)
     if drop_unused:
@@ -279,12 +293,14 @@ def _drop_unused_rows(editor: Editor, planner: RowPlanner, ids: RowIds) -> None:
         readers = editor.readers(name)
         if not readers or any(editor.nodes[r].op is not Op.GATHER for r in readers):
             continue
-        used = np.unique(np.concatenate([editor.index(editor.nodes[r]) for r in readers]))
-        if used.size == editor.nodes[name].count:
+        read = np.zeros(editor.nodes[name].count, dtype=bool)
+        for r in readers:
+            read[editor.index(editor.nodes[r])] = True
+        if read.all():
             continue
-        inverse = np.zeros(editor.nodes[name].count, dtype=np.int64)
-        inverse[used] = np.arange(used.size)
-        compress(editor, planner, name, used, inverse, ids)
+        used = np.flatnonzero(read)
+        inverse = np.cumsum(read) - 1
+        compress(editor, planner, name, used, np.maximum(inverse, 0), ids)
 
 
 def dedup_linear(program: Program, settings: Settings) -> Program:

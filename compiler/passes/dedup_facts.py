@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..grouping import first_equal_rows, first_rows, representatives
 from ..ir import Op, Program
 from ..rewrite import is_input_fact
 from ..settings import Settings
-from .dedup import compress, representatives, row_value_ids
+from .dedup import compress
 from .upward import SHRINK, Editor, RowPlanner
 
 __all__ = ["dedup_facts"]
@@ -36,20 +37,20 @@ def dedup_facts(program: Program, settings: Settings) -> Program:
     for node in program.nodes:
         if not is_input_fact(node) or node.attrs["fact_layer"] in dynamic or not editor.is_live(node.name):
             continue
-        labels = row_value_ids(editor.constants[node.attrs["const"]])
+        first = first_equal_rows(editor.constants[node.attrs["const"]])  # bitwise: -0.0 is not 0.0
         readers = [editor.nodes[r] for r in editor.readers(node.name)]
         if readers and node.name != editor.output and all(r.op is Op.GATHER for r in readers):
-            # Only the rows that some gather reads are kept.
-            read = np.unique(np.concatenate([editor.index(r) for r in readers]))
-            unread = np.setdiff1d(np.arange(node.count), read)
-            labels = labels.copy()
-            labels[unread] = -1 - unread  # each its own label, dropped below
-            reps, inverse = representatives(labels)
-            keep = labels[reps] >= 0
-            position = np.cumsum(keep) - 1
-            reps, inverse = reps[keep], np.maximum(position[inverse], 0)
+            # Only the rows that some gather reads are kept: classes among the read rows.
+            read = np.zeros(node.count, dtype=bool)
+            for r in readers:
+                read[editor.index(r)] = True
+            rows = np.flatnonzero(read)
+            local_reps, local_inverse = representatives(first_rows(first[rows], node.count))
+            reps = rows[local_reps]
+            inverse = np.zeros(node.count, dtype=np.int64)  # unread rows may map anywhere
+            inverse[rows] = local_inverse
         else:
-            reps, inverse = representatives(labels)
+            reps, inverse = representatives(first)
         if reps.size < node.count:
             compress(editor, planner, node.name, reps, inverse)
     return editor.finish()

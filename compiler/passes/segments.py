@@ -34,6 +34,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir import IRError, Op, Program, linear_grid
+from ..rewrite import unit_reduction_is_identity, zero_sign_matters
 from ..settings import Settings
 from .simplify_gathers import Rewriter, best_candidate, node_cost
 
@@ -65,11 +66,14 @@ def scatter_to_segment(program: Program, settings: Settings) -> Program:
 
 
 def remove_unit_reductions(program: Program) -> Program:
-    """REDUCE with every count 1: each output row is its one input row (for every aggregation)."""
+    """REDUCE with every count 1: each output row is its one input row (for every aggregation;
+    but see ``rewrite.zero_sign_matters``)."""
     rw = Rewriter(program)
+    matters = zero_sign_matters(program)
     for node in program.nodes:
         node = rw.take(node)
-        if node.op is Op.REDUCE and bool(np.all(rw.constants[node.attrs["counts"]] == 1)):
+        if (node.op is Op.REDUCE and bool(np.all(rw.constants[node.attrs["counts"]] == 1))
+                and unit_reduction_is_identity(program, node, matters)):
             rw.alias(node.name, node.srcs[0])
         else:
             rw.keep(node)

@@ -61,6 +61,7 @@ from typing import Callable
 
 import numpy as np
 
+from ..grouping import expand_segments
 from ..ir import Node, Op, Program, linear_grid, unique_name
 from ..rewrite import eliminate_dead_code
 from ..settings import Settings
@@ -101,16 +102,6 @@ def is_regular_index(index: np.ndarray, count: int) -> bool:
         if index[times - 1] == 0 and np.array_equal(index, np.repeat(np.arange(count), times)):
             return True
     return False
-
-
-def expand_segments(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """Concatenated ranges ``[starts[k], starts[k] + lengths[k])``."""
-    lengths = lengths.astype(np.int64)
-    total = int(lengths.sum())
-    if total == 0:
-        return np.zeros(0, np.int64)
-    ends = np.cumsum(lengths)
-    return np.repeat(starts.astype(np.int64) - (ends - lengths), lengths) + np.arange(total, dtype=np.int64)
 
 
 def source_rows(node: Node, index: np.ndarray, constants: dict) -> np.ndarray:

@@ -5,8 +5,7 @@ from hypothesis import HealthCheck, assume, given, settings
 
 import neurovec
 from neurovec.compiler.ir import Node, Op, Program
-from neurovec.compiler.passes.dedup import (dedup_aggregations, dedup_linear, representatives,
-                                            row_value_ids, sequence_ids)
+from neurovec.compiler.passes.dedup import dedup_aggregations, dedup_linear
 from neurovec.compiler.settings import Settings
 from neurovec.engines.torch_module import CompiledModule
 from neurovec.sources.graph import Weight, product_shape
@@ -126,32 +125,6 @@ def gcn_layer(x_index, edge_index, counts, n_facts=3, bias=None) -> Builder:
     return b
 
 
-# -- labels ---------------------------------------------------------------------------------------------
-
-def test_representatives_first_occurrence_order():
-    reps, inverse = representatives(np.array([5, 3, 5, 9, 3]))
-    assert reps.tolist() == [0, 1, 3] and inverse.tolist() == [0, 1, 0, 2, 1]
-
-
-def test_sequence_ids_exact_against_python():
-    rng = np.random.default_rng(1)
-    counts = rng.integers(0, 4, size=400)
-    values = rng.integers(0, 3, size=counts.sum())
-    segments = np.split(values, np.cumsum(counts)[:-1])
-    for ordered in (True, False):
-        labels = sequence_ids(values, counts, ordered=ordered)
-        keys = [tuple(s) if ordered else tuple(sorted(s)) for s in segments]
-        for i in range(0, 400, 7):
-            for j in range(400):
-                assert (labels[i] == labels[j]) == (keys[i] == keys[j])
-
-
-def test_row_value_ids_bitwise():
-    values = np.array([[1.0, 0.0], [1.0, -0.0], [1.0, 0.0], [np.nan, 1.0], [np.nan, 1.0]])
-    labels = row_value_ids(values)
-    assert labels[0] == labels[2] and labels[0] != labels[1] and labels[3] == labels[4]
-
-
 # -- dedup_linear ----------------------------------------------------------------------------------------
 
 def test_dedup_linear_computes_distinct_pairs_then_gathers():
@@ -224,6 +197,17 @@ def test_dedup_aggregations_groups_as_multisets_and_propagates_down():
     assert index_of(after, "conv_b") == [0, 0]
     assert index_of(after, "out") == [0, 1, 0, 0, 1]
     assert_same_function(before, after)
+
+
+def test_mean_merges_multisets_up_to_scale_sum_does_not():
+    # mean{a, a, b, b} = mean{a, b} = mean{b, a}; as sums they are different values.
+    for aggregation, rows in (("mean", 2), ("sum", 3)):
+        b = gcn_layer(x_index=[0, 1, 2], edge_index=[0, 0, 1, 1, 0, 1, 1, 0, 2], counts=[4, 2, 2, 1])
+        b.nodes["conv_agg"].attrs["aggregation"] = aggregation
+        before = b.build("conv")
+        after = dedup_aggregations(before, SETTINGS)
+        assert after.node("conv_agg").count == rows
+        assert_same_function(before, after)
 
 
 def test_dedup_aggregations_stops_at_a_bias_that_differs():

@@ -1,0 +1,82 @@
+"""Exact grouping (compiler/grouping.py): against plain Python, and with every hash colliding."""
+import numpy as np
+import pytest
+
+from neurovec.compiler import grouping
+from neurovec.compiler.grouping import (all_distinct, first_equal_multisets, first_equal_rows, first_rows,
+                                        representatives)
+
+
+def python_first(keys) -> list[int]:
+    seen: dict = {}
+    return [seen.setdefault(k, i) for i, k in enumerate(keys)]
+
+
+@pytest.mark.parametrize("bound", [5, 1000, 2**40, None])
+def test_first_rows_equals_python(bound):
+    rng = np.random.default_rng(bound or 7)
+    high = min(bound or 2**62, 2**62)
+    for n in (0, 1, 2, 17, 5000):
+        keys = rng.integers(0, high, n)
+        if n > 2:
+            keys[rng.integers(0, n, n // 2)] = keys[rng.integers(0, n, n // 2)]  # many repeats
+        assert first_rows(keys, bound).tolist() == python_first(keys.tolist())
+
+
+def test_first_rows_structured_keys_need_several_rounds():
+    # Keys that agree in their low bits and differ in their high bits: the slot hash must mix.
+    keys = (np.arange(3000, dtype=np.int64) % 1000) << 40
+    assert first_rows(keys).tolist() == python_first(keys.tolist())
+
+
+def test_representatives_first_occurrence_order():
+    first = first_rows(np.array([5, 3, 5, 9, 3]))
+    reps, inverse = representatives(first)
+    assert reps.tolist() == [0, 1, 3] and inverse.tolist() == [0, 1, 0, 2, 1]
+    assert not all_distinct(first) and all_distinct(first_rows(np.array([4, 2, 9])))
+
+
+def test_first_equal_rows_is_bitwise():
+    values = np.array([[1.0, 0.0], [1.0, -0.0], [1.0, 0.0], [np.nan, 1.0], [np.nan, 1.0],
+                       [1.0, 2.0**-60], [0.0, 1.0]])
+    assert first_equal_rows(values).tolist() == [0, 1, 0, 3, 3, 5, 6]
+    assert first_equal_rows(np.zeros((3, 0))).tolist() == [0, 0, 0]
+    assert first_equal_rows(np.array([1.5, -0.0, 1.5, 0.0])).tolist() == [0, 1, 0, 3]
+
+
+def test_first_equal_multisets_equals_python():
+    rng = np.random.default_rng(1)
+    counts = rng.integers(0, 4, size=400)
+    labels = rng.integers(0, 3, size=counts.sum())
+    segments = np.split(labels, np.cumsum(counts)[:-1])
+    expected = python_first([tuple(sorted(s)) for s in segments])
+    assert first_equal_multisets(labels, counts).tolist() == expected
+    assert first_equal_multisets(labels, counts, bound=2**61).tolist() == expected  # the lexsort path
+
+
+def test_colliding_hashes_never_merge(monkeypatch):
+    # Every row hashes alike: only the exact comparison with the group's first row decides.
+    monkeypatch.setattr(grouping, "_multiset_hashes", lambda labels, counts: np.zeros(counts.size, np.uint64))
+    monkeypatch.setattr(grouping, "row_hashes", lambda values: np.zeros(len(values), np.uint64))
+    counts = np.array([2, 2, 2, 1])
+    labels = np.array([0, 1, 1, 0, 0, 2, 0])
+    assert first_equal_multisets(labels, counts).tolist() == [0, 0, 2, 3]
+    assert first_equal_rows(np.array([[1.0], [-0.0], [1.0], [0.0]])).tolist() == [0, 1, 0, 3]
+
+
+def test_multisets_up_to_scale():
+    # {0, 0, 1, 1} ~ {1, 0} ~ {0, 1, 0, 1}; {0, 0, 1} differs; {2, 2, 2} ~ {2}; an empty segment.
+    counts = np.array([4, 2, 4, 3, 3, 1, 0, 0])
+    labels = np.array([0, 0, 1, 1, 1, 0, 0, 1, 0, 1, 0, 0, 1, 2, 2, 2, 2])
+    assert first_equal_multisets(labels, counts, up_to_scale=True).tolist() == [0, 0, 0, 3, 4, 4, 6, 6]
+    assert first_equal_multisets(labels, counts).tolist() == [0, 1, 0, 3, 4, 5, 6, 6]
+    rng = np.random.default_rng(3)
+    counts = rng.integers(1, 6, size=300)
+    labels = rng.integers(0, 2, size=counts.sum())
+    segments = np.split(labels, np.cumsum(counts)[:-1])
+
+    def canonical(s):
+        c = np.bincount(s, minlength=2)
+        return tuple(c // np.gcd.reduce(c))
+    assert first_equal_multisets(labels, counts, up_to_scale=True).tolist() == python_first(
+        [canonical(s) for s in segments])
