@@ -134,7 +134,7 @@ def _dense(name: str, n: int, source: int, weight: int, bias: int | None, transf
     """One neuron per node ``i`` reading node ``i`` of ``source`` through one weight."""
     return NeuronLayer(name, counts=np.ones(n, np.int64), input_layer=np.full(n, source),
                        input_ordinal=np.arange(n), input_weight=np.full(n, weight),
-                       bias=None if bias is None else np.full(n, bias), transformation=transformation)
+                       bias=None if bias is None else np.full(n, bias), transformation=transformation, copy=False)
 
 
 def build_gnn(ds: TUDataset, spec: GNNSpec, samples=None, seed: int = 0) -> Graph:
@@ -145,7 +145,7 @@ def build_gnn(ds: TUDataset, spec: GNNSpec, samples=None, seed: int = 0) -> Grap
     rng = np.random.default_rng(seed)
     weights = WeightTable()
     stack = _Stack()
-    h = stack.add(FactLayer("x", batch.x))
+    h = stack.add(FactLayer("x", batch.x, copy=False))
     in_dim = spec.in_dim
 
     in_degree = np.bincount(dst, minlength=n)
@@ -164,7 +164,7 @@ def build_gnn(ds: TUDataset, spec: GNNSpec, samples=None, seed: int = 0) -> Grap
         # GCNConv (add_remaining_self_loops) gives every node exactly one self loop of weight 1:
         # a listed loop is replaced by it, not counted on top. Repeated edges count each time.
         listed = src != dst
-        gcn_src, gcn_dst = src[listed], dst[listed]
+        gcn_src, gcn_dst = (src, dst) if listed.all() else (src[listed], dst[listed])
         deg = np.bincount(gcn_dst, minlength=n) + 1
         # c_ij = 1/sqrt(deg_i deg_j) depends only on deg_i * deg_j: one fixed weight per product.
         products = np.concatenate([deg * deg, deg[gcn_dst] * deg[gcn_src]])
@@ -186,14 +186,14 @@ def build_gnn(ds: TUDataset, spec: GNNSpec, samples=None, seed: int = 0) -> Grap
                 owner, source, weight = neighbours_or_zero()
             counts, source, weight = csr(owner, n, source, weight)
             h = stack.add(NeuronLayer(conv, counts, np.full(source.size, lin), source, weight,
-                                      bias=np.full(n, weights.add(f"{conv}.bias", b)), transformation=act))
+                                      bias=np.full(n, weights.add(f"{conv}.bias", b)), transformation=act, copy=False))
         elif spec.kind == "sage":
             w_l, b_l = _layer_init(rng, width, in_dim)
             w_r, _ = _layer_init(rng, width, in_dim)
             owner, source, weight = neighbours_or_zero()
             counts, source, weight = csr(owner, n, source, weight)
             mean = stack.add(NeuronLayer(f"{conv}.mean", counts, np.full(source.size, h), source, weight,
-                                         aggregation="mean"))
+                                         aggregation="mean", copy=False))
             i_l = weights.add(f"{conv}.lin_l.weight", w_l)
             i_b = weights.add(f"{conv}.lin_l.bias", b_l)
             i_r = weights.add(f"{conv}.lin_r.weight", w_r)
@@ -201,7 +201,7 @@ def build_gnn(ds: TUDataset, spec: GNNSpec, samples=None, seed: int = 0) -> Grap
             h = stack.add(NeuronLayer(
                 conv, np.full(n, 2), input_layer=np.stack([np.full(n, mean), np.full(n, h)], 1).ravel(),
                 input_ordinal=np.stack([nodes, nodes], 1).ravel(),
-                input_weight=np.tile([i_l, i_r], n), bias=np.full(n, i_b), transformation=act))
+                input_weight=np.tile([i_l, i_r], n), bias=np.full(n, i_b), transformation=act, copy=False))
         else:  # gin
             self_weight = -1 if spec.eps == 0 else weights.add(f"{conv}.one_plus_eps", 1.0 + spec.eps,
                                                                learnable=False)
@@ -209,7 +209,7 @@ def build_gnn(ds: TUDataset, spec: GNNSpec, samples=None, seed: int = 0) -> Grap
             source = np.concatenate([np.arange(n), src])
             weight = np.concatenate([np.full(n, self_weight), np.full(src.size, -1)])
             counts, source, weight = csr(owner, n, source, weight)
-            agg = stack.add(NeuronLayer(f"{conv}.agg", counts, np.full(source.size, h), source, weight))
+            agg = stack.add(NeuronLayer(f"{conv}.agg", counts, np.full(source.size, h), source, weight, copy=False))
             w1, b1 = _layer_init(rng, width, in_dim)
             w2, b2 = _layer_init(rng, width, width)
             mlp = stack.add(_dense(f"{conv}.mlp", n, agg, weights.add(f"{conv}.nn.0.weight", w1),
@@ -221,7 +221,7 @@ def build_gnn(ds: TUDataset, spec: GNNSpec, samples=None, seed: int = 0) -> Grap
     # Readout: one pooling neuron per sample position (so repeated samples get their own).
     s = batch.samples.size
     counts, ordinal = csr(batch.batch, s, np.arange(n))
-    pool = stack.add(NeuronLayer("pool", counts, np.full(n, h), ordinal, aggregation=spec.readout))
+    pool = stack.add(NeuronLayer("pool", counts, np.full(n, h), ordinal, aggregation=spec.readout, copy=False))
     w, b = _layer_init(rng, spec.out_dim, in_dim)
     out = stack.add(_dense("out", s, pool, weights.add("lin.weight", w), weights.add("lin.bias", b),
                            spec.output_transformation))

@@ -107,12 +107,12 @@ def mutagenesis_template(ds: Mutagenesis, architecture: str = "simple", dim: int
         ids = np.array([weights.add(f"{name}.{v}", rng.uniform(-1, 1, size)) for v in names])
         facts = add(FactLayer.units(name.replace("_embed", "_type"), n))
         return add(NeuronLayer(name, np.ones(n, np.int64), np.full(n, facts), np.arange(n),
-                               ids[kind], transformation=activation))
+                               ids[kind], transformation=activation, copy=False))
 
     atom_embed = embeddings("atom_embed", n_atoms, ds.atom_element[atoms], ds.element_names, dim)
     bond_embed = embeddings("bond_embed", n_bonds, ds.bond_type[bonds],
                             [f"type{v}" for v in ds.bond_type_values.tolist()], bond_dim)
-    bond_facts = add(FactLayer("bond", np.ones((n_rules, dim)))) if dims else None
+    bond_facts = add(FactLayer("bond", np.ones((n_rules, dim)), copy=False)) if dims else None
 
     h, h_ordinal = atom_embed, np.arange(n_atoms)  # previous representation and atom -> ordinal
     for k in range(1, layers + 1):
@@ -127,10 +127,10 @@ def mutagenesis_template(ds: Mutagenesis, architecture: str = "simple", dim: int
             columns.append((np.full(n_rules, bond_facts), np.arange(n_rules), np.full(n_rules, -1)))
         src, ordinal, weight = (np.stack([c[i] for c in columns], 1).ravel() for i in range(3))
         rule = add(NeuronLayer(f"layer{k}_rule", np.full(n_rules, len(columns)), src, ordinal, weight,
-                               transformation=activation))
+                               transformation=activation, copy=False))
         counts = np.bincount(rank[x], minlength=int(bonded.sum()))
         h = add(NeuronLayer(f"layer{k}", counts, np.full(n_rules, rule), np.arange(n_rules),
-                            aggregation=aggregation, transformation=activation))
+                            aggregation=aggregation, transformation=activation, copy=False))
         h_ordinal = rank
 
     # Readout: the bonded atoms of each sample position, in order.
@@ -138,5 +138,5 @@ def mutagenesis_template(ds: Mutagenesis, architecture: str = "simple", dim: int
     counts, ordinal = csr(owner, samples.size, np.arange(int(bonded.sum())))
     w_out = weights.add("out.weight", glorot(rng, (1, dim)))
     out = add(NeuronLayer("out", counts, np.full(ordinal.size, h), ordinal, np.full(ordinal.size, w_out),
-                          aggregation="mean", transformation="sigmoid"))
+                          aggregation="mean", transformation="sigmoid", copy=False))
     return Graph(stack, weights.weights, np.full(samples.size, out), np.arange(samples.size))

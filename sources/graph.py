@@ -28,11 +28,12 @@ indices, ordinals and counts must be integer arrays, values real floating or
 integer arrays; nothing is rounded, truncated or cast silently. The arrays a
 layer keeps are read-only and its own: an array passed in is copied unless the
 dtype conversion already made a fresh one, so changing the caller's array later
-cannot change a validated graph.
+cannot change a validated graph. A builder of big graphs can hand its freshly
+built arrays over without a copy with ``copy=False`` (they then become read-only).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from typing import Sequence
 
 import numpy as np
@@ -66,14 +67,15 @@ class GraphError(ValueError):
 _INT64_MAX = np.iinfo(np.int64).max
 
 
-def _owned(array: np.ndarray, source) -> np.ndarray:
+def _owned(array: np.ndarray, source, copy: bool = True) -> np.ndarray:
     """``array`` as a read-only array that nobody else can write to.
 
     ``array`` came from ``np.asarray(source, ...)``. A fresh conversion is kept; the
     caller's own array (or a view of another buffer) is copied, unless it is already
     frozen, e.g. the array of another validated layer: sharing that costs no memory.
+    ``copy=False``: the caller hands its array over and it is only made read-only.
     """
-    if (array is source or array.base is not None) and not _frozen(array):
+    if copy and (array is source or array.base is not None) and not _frozen(array):
         array = array.copy()
     array.flags.writeable = False
     return array
@@ -90,7 +92,7 @@ def _frozen(array: np.ndarray) -> bool:
     return False  # a view of a foreign buffer (a memory map, a torch tensor): it may change
 
 
-def integer_array(value, where: str, field: str) -> np.ndarray:
+def integer_array(value, where: str, field: str, copy: bool = True) -> np.ndarray:
     """``value`` as a private read-only 1-D int64 array; a :class:`GraphError` names ``where`` and ``field``.
 
     Accepts signed or unsigned integer arrays (and lists of Python ints). Floats
@@ -116,10 +118,10 @@ def integer_array(value, where: str, field: str) -> np.ndarray:
         raise GraphError(f"{problem}: expected an integer array (got {_describe(array)})")
     elif kind != "i":
         raise GraphError(f"{problem}: expected an integer array (got {_describe(array)})")
-    return _owned(np.asarray(array, dtype=np.int64, order="C"), value)
+    return _owned(np.asarray(array, dtype=np.int64, order="C"), value, copy)
 
 
-def real_array(value, where: str, field: str) -> np.ndarray:
+def real_array(value, where: str, field: str, copy: bool = True) -> np.ndarray:
     """``value`` as a private read-only float64 array.
 
     Refuses what float64 cannot hold exactly: complex, boolean and non-numeric
@@ -137,7 +139,7 @@ def real_array(value, where: str, field: str) -> np.ndarray:
             k = int(inexact[0])
             raise GraphError(f"{where}, {field}: integer {flat[k]} at position {k} is beyond +-2**53, "
                              "where float64 no longer holds every integer exactly")
-    return _owned(np.asarray(array, dtype=np.float64, order="C"), value)
+    return _owned(np.asarray(array, dtype=np.float64, order="C"), value, copy)
 
 
 def _describe(array: np.ndarray) -> str:
@@ -187,13 +189,16 @@ class FactLayer:
     name: str
     values: np.ndarray
     unit: bool = False
+    copy: InitVar[bool] = True  # False: take the caller's array without a copy (it becomes read-only)
 
-    def __post_init__(self):
-        object.__setattr__(self, "values", real_array(self.values, f"fact layer {self.name!r}", "values"))
+    def __post_init__(self, copy: bool):
+        object.__setattr__(self, "values", real_array(self.values, f"fact layer {self.name!r}", "values", copy))
 
     @classmethod
     def units(cls, name: str, count: int) -> "FactLayer":
         """``count`` unit facts: identity under multiplication by a weight."""
+        if not isinstance(count, (int, np.integer)) or isinstance(count, (bool, np.bool_)):
+            raise GraphError(f"fact layer {name!r}, count: expected an integer (got {type(count).__name__})")
         return cls(name, np.ones(count), unit=True)
 
     @property
@@ -223,16 +228,17 @@ class NeuronLayer:
     bias: np.ndarray | None = None
     aggregation: str = "sum"
     transformation: str = "identity"
+    copy: InitVar[bool] = True  # False: take the caller's arrays without a copy (they become read-only)
 
-    def __post_init__(self):
+    def __post_init__(self, copy: bool):
         where = f"layer {self.name!r}"
         for field_name in ("counts", "input_layer", "input_ordinal"):
-            object.__setattr__(self, field_name, integer_array(getattr(self, field_name), where, field_name))
+            object.__setattr__(self, field_name, integer_array(getattr(self, field_name), where, field_name, copy))
         n_edges = self.input_layer.shape[0]
         weight = np.full(n_edges, NO_WEIGHT) if self.input_weight is None else self.input_weight
-        object.__setattr__(self, "input_weight", integer_array(weight, where, "input_weight"))
+        object.__setattr__(self, "input_weight", integer_array(weight, where, "input_weight", copy))
         bias = np.full(self.counts.shape[0], NO_WEIGHT) if self.bias is None else self.bias
-        object.__setattr__(self, "bias", integer_array(bias, where, "bias"))
+        object.__setattr__(self, "bias", integer_array(bias, where, "bias", copy))
 
     @property
     def size(self) -> int:

@@ -108,9 +108,12 @@ def _validation_error(source: str, error: ValidationError) -> GraphError:
     kind, message = first["type"], first["msg"]
     if kind == "missing":
         message = "missing (a required key)"
+    elif kind == "union_tag_not_found":
+        message = "has no key 'kind' (expected 'facts' or 'neurons')"
     elif kind == "value_error":
         message = message.removeprefix("Value error, ")
-    got = "" if kind in ("missing", "union_tag_invalid", "value_error") else f" (got {first['input']!r:.60})"
+    quiet = ("missing", "union_tag_invalid", "union_tag_not_found", "value_error")
+    got = "" if kind in quiet else f" (got {first['input']!r:.60})"
     more = f"; and {error.error_count() - 1} more problem(s)" if error.error_count() > 1 else ""
     return GraphError(f"{source}: key {_key(first['loc'])}: {message}{got}{more}")
 

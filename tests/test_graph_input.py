@@ -98,6 +98,8 @@ def test_builder_refuses_float_ordinals_and_boolean_weights():
     with pytest.raises(GraphError, match=r"output 0: the ordinal of .* must be an integer"):
         b.build()
     assert x[1].ordinal == 1
+    with pytest.raises(GraphError, match=r"fact layer 'u', count: expected an integer \(got float\)"):
+        b.unit_facts("u", 2.0)
 
 
 # -- a validated graph cannot change behind its back ---------------------------------------
@@ -174,6 +176,7 @@ def _load_mutated(saved, mutate):
     (lambda d: d["weights"][0].update(learnable=1), r"key weights\[0\]\.learnable: Input should be a valid "
                                                     r"boolean"),
     (lambda d: d["layers"][0].update(kind="fax"), r"key layers\[0\]: .*'facts', 'neurons'"),
+    (lambda d: d["layers"][0].pop("kind"), r"key layers\[0\]: has no key 'kind' \(expected 'facts' or 'neurons'\)"),
     (lambda d: d["layers"][1].update(input_ordinal=[0, 2 ** 70]),
      r"layer 'h', input_ordinal: value \d+ at position 1 is beyond the int64 range"),
     (lambda d: d["layers"][1].update(aggregation="median"), r"layer 'h': unknown aggregation 'median'"),
@@ -202,3 +205,16 @@ def test_json_round_trip_still_exact(saved, tmp_path):
     graph = neurovec.sources.graph_from_dict(data)
     save_json(graph, tmp_path / "again.json")
     assert graph_to_dict(load_json(tmp_path / "again.json")) == data
+
+
+def test_copy_false_hands_arrays_over_read_only():
+    """A builder of big graphs can skip the copy; the array is then the layer's, read-only."""
+    ordinal = np.array([2])
+    values = np.ones((3, 2))
+    layer_ = layer(input_ordinal=ordinal, copy=False)
+    facts_ = FactLayer("x", values, copy=False)
+    assert layer_.input_ordinal is ordinal and facts_.values is values
+    with pytest.raises(ValueError, match="read-only"):
+        ordinal[0] = 0
+    with pytest.raises(GraphError, match=r"layer 'h', input_ordinal: expected an integer array"):
+        layer(input_ordinal=np.array([1.5]), copy=False)  # still checked
