@@ -101,7 +101,7 @@ def brute_force(template: Template, facts: dict, example_queries: list) -> list:
                 if rule.head.weight is not None:
                     agg, weighted = float(rule.head.weight.value) * agg, True
                 inputs.append(agg)
-            spec = template.predicates.get(atom[0])
+            spec = template.predicates.get(f"{atom[0]}/{len(atom[1])}")
             meta = spec.metadata if spec is not None else Metadata()
             if weighted and meta.offset is not None:
                 inputs = [float(meta.offset)] + inputs
@@ -439,7 +439,7 @@ def test_error_query_matching_nothing():
     ([(R.h(V.X) <= R.a(V.X)) | Metadata(combination=Combination.CONCAT), R.q <= R.h(V.X)],
      r"rule 0 .*combination concat is not supported; neurovec would need concatenation"),
     ([R.h(V.X) <= R.a(V.X), R.h / 1 | Metadata(depth=2), R.q <= R.h(V.X)],
-     r"depth=2 is declared, but h is not recursive"),
+     r"depth=2 is declared, but h/1 is not recursive"),
     ([(R.h(V.X) <= R.f(V.X)) | Metadata(aggregation=Aggregation.MAX), R.q <= R.h(V.X)],
      r"aggregation max of \(3,\) values is not supported"),
 ])
@@ -449,5 +449,5 @@ def test_other_template_errors(rules, match):
 
 
 def test_error_duplicate_fact():
-    with pytest.raises(TemplateError, match=r"relation a: the fact a\(1\) is given twice in example 0"):
+    with pytest.raises(TemplateError, match=r"relation a/1: the fact a\(1\) is given twice in example 0"):
         _ground([R.q <= R.a(V.X)], {"a": Relation([1, 1], example=[0, 0])})

@@ -135,7 +135,8 @@ class _Assembler:
                 continue
             distinct, inverse = _distinct_sorted(np.concatenate(rows))
             if facts.weights is None:
-                layer = self.add(FactLayer(predicate if predicate not in self.plan.derived else f"{predicate}:facts",
+                label = self.plan.label(predicate)
+                layer = self.add(FactLayer(label if predicate not in self.plan.derived else f"{label}:facts",
                                            facts.values[distinct]))
                 ordinal = inverse.reshape(-1)
                 layers = np.full(ordinal.size, layer)
@@ -145,7 +146,7 @@ class _Assembler:
                 layers, ordinal = np.full(distinct.size, _UNIT), np.zeros(distinct.size, np.int64)
                 if weighted.any():
                     n = int(weighted.sum())
-                    layer = self.add(NeuronLayer(f"{predicate}:embedding", np.ones(n, np.int64), np.full(n, _UNIT),
+                    layer = self.add(NeuronLayer(f"{self.plan.label(predicate)}:embedding", np.ones(n, np.int64), np.full(n, _UNIT),
                                                  np.zeros(n, np.int64),
                                                  [self.weight(w) for w, ok in zip(names, weighted) if ok]))
                     layers[weighted], ordinal[weighted] = layer, np.arange(n)
@@ -179,7 +180,7 @@ class _Assembler:
         n = distinct.size
         index = self.neurons(f"{name}:{lit.function}({lit.name})", np.ones(n, np.int64), layer[distinct],
                              ordinal[distinct], np.full(n, NO_WEIGHT), None, "sum", lit.function.name,
-                             self.plan.shape[lit.name])
+                             self.plan.shape[lit.key])
         return np.full(ids.size, index), inverse.reshape(-1)
 
     def rule(self, g, suffix: str):
@@ -187,7 +188,7 @@ class _Assembler:
         and where each head's aggregated value is."""
         rule, plan = g.rule, self.plan
         mode = self.inlining[id(g)]  # groundings come sorted by head, then inputs
-        name = f"rule{rule.index}:{rule.head.name}{suffix}"
+        name = f"rule{rule.index}:{plan.label(rule.head.key)}{suffix}"
         literals = rule.literals
         read = range(len(literals)) if mode is None else [mode[1]]
         refs = {i: self.input_refs(g, i, name) for i in read}
@@ -205,7 +206,7 @@ class _Assembler:
             in_ordinal = np.stack([refs[i][1] for i in range(k)], axis=1).reshape(-1)
             weights = [self.weight(plan.rule_weights[(rule.index, i)]) for i in range(k)]
             in_weight = np.tile(np.asarray(weights, np.int64), n)
-            scalar = np.array([plan.shape[lit.name] == () and lit.weight is None for lit in literals])
+            scalar = np.array([plan.shape[lit.key] == () and lit.weight is None for lit in literals])
             index = self.neurons(name, np.full(n, k), in_layer, in_ordinal, in_weight,
                                  np.full(n, self.weight(offset_name)), plan.combination(rule), transformation,
                                  plan.body_shape[rule.index], np.tile(scalar, n))
@@ -258,8 +259,8 @@ class _Assembler:
             return None
         units, scalars, others = [], [], []
         for i, lit in enumerate(literals):
-            facts = self.fact_tables.get(lit.name)
-            plain_fact = (lit.name not in plan.derived and facts is not None and facts.weights is None
+            facts = self.fact_tables.get(lit.key)
+            plain_fact = (lit.key not in plan.derived and facts is not None and facts.weights is None
                           and lit.weight is None and lit.function is None)
             if plain_fact and facts.values is None:
                 units.append(i)
@@ -279,7 +280,7 @@ class _Assembler:
     def fact_constants(self, g, i: int) -> tuple[np.ndarray, np.ndarray]:
         """The distinct values of the scalar facts of input ``i`` (bit patterns, so 0.0 and -0.0 stay apart) and
         which one each grounding reads; the distinct values are found once per predicate."""
-        predicate = g.rule.literals[i].name
+        predicate = g.rule.literals[i].key
         facts = self.fact_tables[predicate]
         if predicate not in self._constants:
             bits = facts.values.view(np.int64)
@@ -329,7 +330,7 @@ class _Assembler:
             build = ~single
         if build.any():
             members = np.repeat(build, counts)
-            index = self.neurons(f"{predicate}{suffix}", counts[build], layer[members], ordinal[members],
+            index = self.neurons(f"{plan.label(predicate)}{suffix}", counts[build], layer[members], ordinal[members],
                                  weight[members], offset[build], plan.atom_combination(predicate), transformation,
                                  plan.shape[predicate])
             ref_layer[atoms[build]], ref_ordinal[atoms[build]] = index, np.arange(int(build.sum()))

@@ -140,6 +140,10 @@ class Query:
         raise TemplateError(f"cannot read {item!r} as a query (expected R.name(...), a predicate name or Query)")
 
     @property
+    def key(self) -> str:
+        return f"{self.predicate}/{self.arity}"
+
+    @property
     def arity(self) -> int:
         if self.pattern is not None:
             return len(self.pattern)

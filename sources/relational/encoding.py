@@ -115,5 +115,6 @@ def check_duplicates(table: FactTable, constants: Vocabulary, examples: Vocabula
     counts = np.bincount(inverse)
     row = int(np.flatnonzero(counts[inverse] > 1)[0])
     atom = ", ".join(map(str, constants.decode([a[row] for a in table.args])))
-    raise TemplateError(f"relation {table.predicate}: the fact {table.predicate}({atom}) is given twice in example "
+    name = table.predicate.rsplit("/", 1)[0]
+    raise TemplateError(f"relation {table.predicate}: the fact {name}({atom}) is given twice in example "
                         f"{examples.decode([table.example[row]])[0]!r}")

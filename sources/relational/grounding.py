@@ -45,17 +45,18 @@ class Table:
 
     name: str
     predicate: str
-    example: np.ndarray
-    args: list
+    example: np.ndarray | None        # None in the SQL grounder: the atoms live in the database
+    args: list | None
     fact_row: np.ndarray
     derived: np.ndarray
     level: np.ndarray | None = None
     order: np.ndarray | None = None   # rows sorted by (example, args), if known: sorts any prefix of them too
+    sql: object = None                # the SQL grounder's temporary table of these atoms
     _sorted: dict = field(default_factory=dict, repr=False)
 
     @property
     def size(self) -> int:
-        return int(self.example.size)
+        return int(self.fact_row.size)
 
 
 @dataclass(eq=False)
@@ -118,7 +119,8 @@ class _Binding:
 def ground(template: Template, facts, queries, *, seed: int = 0, prune: bool = True) -> Grounding:
     """Ground ``template`` on ``facts`` and return the :class:`Grounding` with the :class:`neurovec.Graph`.
 
-    * ``facts``: a mapping predicate name -> :class:`Relation` (numpy arrays or DataFrames);
+    * ``facts``: a mapping predicate name -> :class:`Relation` (numpy arrays or DataFrames), or a
+      :class:`~.sql.Database` (then the joins run in the database);
     * ``queries``: the outputs, in order: ``R.predict`` (one per example, in example order), ``R.h(V.X)``
       (all derived atoms of ``h`` per example), a :class:`Query` (explicit atoms), or a list of them;
     * ``seed``: for the weights the template gives only dimensions;
@@ -131,7 +133,11 @@ def ground(template: Template, facts, queries, *, seed: int = 0, prune: bool = T
     queries = [Query.create(q) for q in (queries if isinstance(queries, (list, tuple)) else [queries])]
     if not queries:
         raise TemplateError("no queries: say which atoms are the outputs")
-    grounder = NumpyGrounder(template, facts, queries, seed)
+    if hasattr(facts, "connect") and hasattr(facts, "relations"):   # a sql.Database
+        from .sql import SQLGrounder
+        grounder = SQLGrounder(template, facts, queries, seed)
+    else:
+        grounder = NumpyGrounder(template, facts, queries, seed)
     stages, targets = grounder.run()
     grounded = time.perf_counter()
     n_groundings = sum(g.size for s in stages for g in s.groundings)
@@ -143,7 +149,225 @@ def ground(template: Template, facts, queries, *, seed: int = 0, prune: bool = T
     return Grounding(graph, stats, grounder.tables, stages)
 
 
-class NumpyGrounder:
+class Grounder:
+    """What the numpy and the SQL grounders share: the strata in order, recursion, the queries.
+
+    A subclass provides :meth:`derive` (ground rules into a table of atoms and sorted groundings),
+    :meth:`fact_atoms` (the facts of a predicate as a table of atoms) and :meth:`encoded` (a table with its
+    example and argument columns as ids of ``self.constants`` and ``self.examples``, for queries and messages).
+    It sets ``plan``, ``queries``, ``fact_tables``, ``tables``, ``constants``, ``examples`` and ``scope``.
+    """
+
+    # -- grounding -------------------------------------------------------------------------------------------------
+    def run(self) -> tuple[list, dict]:
+        self.current: dict[str, str] = {}   # predicate -> the table body literals read
+        for name in self.fact_tables:
+            self.tables[name] = self.fact_atoms(name)
+            self.current[name] = name
+        needed = self._relevant_predicates()
+        stages = []
+        for stratum in self.plan.strata:
+            if not needed.intersection(stratum.predicates):
+                continue
+            if not stratum.recursive:
+                stages.append(self._ground_predicate(stratum.predicates[0], stratum.rules))
+            elif stratum.depth is None:
+                stages.extend(self._fixed_point(stratum))
+            else:
+                stages.extend(self._unrolled(stratum))
+        return stages, self._resolve_queries()
+
+    def _relevant_predicates(self) -> set:
+        """Predicates the queries depend on (rules of others are not grounded at all)."""
+        unknown = [q for q in self.queries if q.key not in self.plan.arity]
+        if unknown:
+            raise TemplateError(f"query {unknown[0].describe()}: unknown predicate {unknown[0].key} (known: "
+                                f"{sorted(self.plan.arity)})")
+        needed, frontier = set(), [q.key for q in self.queries]
+        while frontier:
+            p = frontier.pop()
+            if p in needed:
+                continue
+            needed.add(p)
+            frontier.extend(lit.key for r in self.plan.template.rules if r.head.key == p for lit in r.body
+                            if not lit.special)
+        return needed
+
+    def _ground_predicate(self, predicate: str, rules: list) -> Stage:
+        """Ground the rules of a predicate that does not recurse; its atoms become the table named after it."""
+        table, groundings = self.derive(predicate, predicate, rules, None)
+        table.level = np.zeros(table.size, np.int64)
+        self.tables[predicate] = table
+        self.current[predicate] = predicate
+        return Stage({predicate: np.flatnonzero(table.derived)}, groundings, predicate)
+
+    # -- recursion -------------------------------------------------------------------------------------------------
+    def _fixed_point(self, stratum: Stratum) -> list:
+        """Derive the atoms of a recursive component until nothing new appears; then each atom's level is its
+        longest derivation (Kahn's algorithm, one whole-array step per level) and one stage is one level."""
+        for p in stratum.predicates:  # start from the facts of the component (if any)
+            self.tables[p] = self.fact_atoms(p)
+            self.current[p] = p
+        sizes = None
+        while True:  # naive evaluation: every round joins the whole tables again (rounds = the longest derivation)
+            derived = {p: self.derive(p, p, [r for r in stratum.rules if r.head.key == p], None)
+                       for p in stratum.predicates}
+            new_sizes = [derived[p][0].size for p in stratum.predicates]
+            for p in stratum.predicates:
+                self.tables[p] = derived[p][0]
+            if new_sizes == sizes:
+                break
+            sizes = new_sizes
+        groundings = [g for p in stratum.predicates for g in derived[p][1]]
+        levels = self._levels(stratum, groundings)
+        stages = []
+        for level in range(int(max((lv.max(initial=-1) for lv in levels.values()), default=-1)) + 1):
+            atoms = {p: np.flatnonzero(levels[p] == level) for p in stratum.predicates}
+            subset = [g.take(np.flatnonzero(levels[g.head_table][g.head] == level)) for g in groundings]
+            stages.append(Stage(atoms, [g for g in subset if g.size], f"{'+'.join(stratum.predicates)}@{level}"))
+        for p in stratum.predicates:
+            self.tables[p].level = levels[p]
+        return stages
+
+    def _levels(self, stratum: Stratum, groundings: list) -> dict:
+        members = stratum.predicates
+        offset = dict(zip(members, np.cumsum([0] + [self.tables[p].size for p in members[:-1]]).tolist()))
+        total = sum(self.tables[p].size for p in members)
+        derived = np.concatenate([self.tables[p].derived for p in members])
+        src, dst = [], []
+        for g in groundings:
+            for table, ids in zip(g.input_tables, g.inputs):
+                if table in offset:
+                    uses = derived[offset[table] + ids]  # an input that is only a fact is no dependency
+                    src.append(offset[table] + ids[uses])
+                    dst.append(offset[g.head_table] + g.head[uses])
+        src = np.concatenate(src) if src else np.zeros(0, np.int64)
+        dst = np.concatenate(dst) if dst else np.zeros(0, np.int64)
+        waiting = np.bincount(dst, minlength=total)
+        order = np.argsort(src, kind="stable")
+        ptr = np.concatenate([[0], np.cumsum(np.bincount(src, minlength=total))])
+        level = np.full(total, -1, np.int64)
+        frontier = np.flatnonzero(derived & (waiting == 0))
+        depth = 0
+        while frontier.size:
+            level[frontier] = depth
+            edges = order[_runs(ptr[frontier], ptr[frontier + 1] - ptr[frontier])]
+            waiting -= np.bincount(dst[edges], minlength=total)
+            touched = np.unique(dst[edges])
+            frontier = touched[(waiting[touched] == 0) & (level[touched] < 0)]
+            depth += 1
+        stuck = np.flatnonzero(derived & (level < 0))
+        if stuck.size:
+            self._cycle_error(stratum, stuck[0], offset)
+        return {p: level[offset[p]:offset[p] + self.tables[p].size] for p in members}
+
+    def _cycle_error(self, stratum: Stratum, atom: int, offset: dict) -> None:
+        p = max((q for q in stratum.predicates if offset[q] <= atom), key=lambda q: offset[q])
+        table, i = self.tables[p], atom - offset[p]
+        described = self._describe_atom(table, i)
+        rules = "; ".join(f"{r.label} `{r}`" for r in stratum.rules)
+        name, arity = p.rsplit("/", 1)
+        raise TemplateError(f"recursion with no fixed point: the ground atom {described} depends on itself through "
+                            f"{rules} (a cycle in the data); declare a depth with R.{name} / {arity} | "
+                            "Metadata(depth=...) to unroll the recursion instead")
+
+    def _describe_atom(self, table: Table, i: int) -> str:
+        table = self.encoded(table)
+        args = ", ".join(map(str, self.constants.decode([a[i] for a in table.args])))
+        example = self.examples.decode([table.example[i]])[0] if self.examples.size else 0
+        name = table.predicate.rsplit("/", 1)[0]
+        return f"{name}({args}) in example {example!r}" if args else f"{name} in example {example!r}"
+
+    def _unrolled(self, stratum: Stratum) -> list:
+        """A recursion unrolled ``depth`` times: round 0 uses the rules that do not recurse, round t reads round
+        t - 1 for the recursive literals; each round's atoms are their own table ``p@t``."""
+        members = set(stratum.predicates)
+        stages = []
+        for t in range(stratum.depth + 1):
+            reads_round = {p: f"{p}@{t - 1}" for p in members} if t else {}
+            for p in stratum.predicates:
+                rules = [r for r in stratum.rules if r.head.key == p and
+                         (t > 0 or not any(lit.key in members for lit in r.body if not lit.special))]
+                reads = {r.index: {k: reads_round[lit.key] for k, lit in enumerate(r.body)
+                                   if not lit.special and lit.key in members} for r in rules}
+                if not rules:
+                    raise TemplateError(f"predicate {p}: every rule recurses, so round 0 of its unrolled recursion "
+                                        "has no atoms; add a rule that does not recurse")
+                table, groundings = self.derive(p, f"{p}@{t}", rules, reads)
+                table.level = np.full(table.size, t, np.int64)
+                self.tables[table.name] = table
+                stages.append(Stage({table.name: np.flatnonzero(table.derived)}, groundings, table.name))
+        for p in stratum.predicates:
+            self.current[p] = f"{p}@{stratum.depth}"
+        return stages
+
+    # -- queries ---------------------------------------------------------------------------------------------------
+    def _resolve_queries(self) -> dict:
+        """Table name and atom id of every output, in query order."""
+        tables, atoms = [], []
+        for q in self.queries:
+            table = self.tables.get(self.current.get(q.key, ""))
+            if table is None:
+                raise TemplateError(f"query {q.describe()}: nothing derives {q.key} for these examples")
+            ids = self._query_atoms(q, self.encoded(table))
+            tables.append(np.full(ids.size, len(tables)))
+            atoms.append((table.name, ids))
+        names = [name for name, _ in atoms]
+        return {"table": [names[i] for i in np.concatenate(tables).tolist()],
+                "atom": np.concatenate([ids for _, ids in atoms])}
+
+    def _query_atoms(self, q: Query, table: Table) -> np.ndarray:
+        if q.has_variables:
+            mask = np.isin(table.example, self.scope)
+            for c, term in enumerate(q.pattern):
+                if isinstance(term, Constant):
+                    mask &= table.args[c] == self.constants.encode_one(term)
+            for c, term in enumerate(q.pattern):  # a repeated variable asks for equal constants
+                first = next(j for j, t in enumerate(q.pattern) if t == term)
+                if isinstance(term, Variable) and first != c:
+                    mask &= table.args[c] == table.args[first]
+            ids = np.flatnonzero(mask)
+            if ids.size == 0:
+                raise TemplateError(f"query {q.describe()} matches nothing: no atom of {q.predicate} is derived")
+            return ids
+        if q.pattern is not None:   # a ground literal, asked in every example of the scope
+            example = self.scope
+            args = [np.full(example.size, self.constants.encode_one(t), np.int64) for t in q.pattern]
+            named = None
+        else:
+            args = [self.constants.encode(_as_ids(c)) for c in (q.args or ())]
+            named = None if q.example is None else _as_ids(np.asarray(q.example).reshape(-1))
+            if named is not None:
+                example = self.examples.encode(named)
+                if args and example.size == 1:
+                    example, named = np.repeat(example, args[0].size), np.repeat(named, args[0].size)
+            elif not args:
+                example = self.scope
+            elif self.examples.size == 0:
+                example = np.zeros(args[0].size, np.int64)
+            else:
+                raise TemplateError(f"query {q.describe()}: say in which examples (example=...): the data has "
+                                    "examples")
+        keys_table, keys_probe = row_keys([table.example] + table.args,
+                                          [np.maximum(example, 0)] + [np.maximum(a, 0) for a in args])
+        found = lookup(keys_table, keys_probe)
+        bad = (found < 0) | (example < 0)
+        for a in args:
+            bad |= a < 0
+        if bad.any():
+            k = int(np.flatnonzero(bad)[0])
+            what = q.describe() if q.pattern is not None or not q.args else \
+                f"{q.predicate}({', '.join(str(np.asarray(c).reshape(-1)[k]) for c in q.args)})"
+            ex = named[k].item() if named is not None else \
+                self.examples.decode([example[k]])[0] if self.examples.size else 0
+            raise TemplateError(f"query {what} in example {ex!r} (output {k}) matches nothing: the template derives "
+                                f"no such atom of {q.predicate} (no grounding of its rules reaches it)")
+        return found
+
+
+
+
+class NumpyGrounder(Grounder):
     """Grounds on in-memory relations, joining numpy arrays."""
 
     def __init__(self, template: Template, facts, queries: list, seed: int):
@@ -154,13 +378,17 @@ class NumpyGrounder:
             if not isinstance(relation, Relation):
                 raise TemplateError(f"relation {name!r}: expected a neurovec.relational.Relation (got "
                                     f"{type(relation).__name__}); build one with Relation(...) or Relation.from_frame")
-            relations[name] = relation
+            key = relation_key(name, relation.arity)
+            if key in relations:
+                raise TemplateError(f"two relations for the predicate {key}")
+            relations[key] = relation
         for fact in template.facts:
-            if fact.name in relations:
-                raise TemplateError(f"predicate {fact.name} has facts both in the template and in the data")
-        schemas = {name: (r.arity, r.value_shape) for name, r in relations.items()}
+            if fact.key in relations:
+                raise TemplateError(f"predicate {fact.key} has facts both in the template and in the data")
+        schemas = {key: r.value_shape for key, r in relations.items()}
         self.plan = make_plan(template, schemas, seed)
         self.queries = queries
+        self.tables: dict[str, Table] = {}
         self._encode(relations)
 
     # -- encoding --------------------------------------------------------------------------------------------------
@@ -201,7 +429,7 @@ class NumpyGrounder:
         tables = {}
         by_name: dict[str, list] = {}
         for k, fact in enumerate(self.plan.template.facts):
-            by_name.setdefault(fact.name, []).append(k)
+            by_name.setdefault(fact.key, []).append(k)
         for name, indices in by_name.items():
             facts = [self.plan.template.facts[k] for k in indices]
             args = [np.array([self.constants.encode_one(f.terms[c]) for f in facts], np.int64)
@@ -213,53 +441,21 @@ class NumpyGrounder:
             tables[name] = table
         return tables
 
-    # -- grounding -------------------------------------------------------------------------------------------------
-    def run(self) -> tuple[list, dict]:
-        self.tables: dict[str, Table] = {}
-        self.current: dict[str, str] = {}   # predicate -> the table body literals read
-        for name, facts in self.fact_tables.items():
-            self.tables[name] = Table(name, name, facts.example, facts.args, np.arange(facts.size),
-                                      np.zeros(facts.size, bool), order=facts.order)
-            self.current[name] = name
-        needed = self._relevant_predicates()
-        stages = []
-        for stratum in self.plan.strata:
-            if not needed.intersection(stratum.predicates):
-                continue
-            if not stratum.recursive:
-                stages.append(self._ground_predicate(stratum.predicates[0], stratum.rules))
-            elif stratum.depth is None:
-                stages.extend(self._fixed_point(stratum))
-            else:
-                stages.extend(self._unrolled(stratum))
-        return stages, self._resolve_queries()
+    def fact_atoms(self, predicate: str) -> Table:
+        facts = self.fact_tables.get(predicate)
+        if facts is None:
+            zero = np.zeros(0, np.int64)
+            return Table(predicate, predicate, zero, [zero] * self.plan.arity[predicate], zero, np.zeros(0, bool))
+        return Table(predicate, predicate, facts.example, facts.args, np.arange(facts.size),
+                     np.zeros(facts.size, bool), order=facts.order)
 
-    def _relevant_predicates(self) -> set:
-        """Predicates the queries depend on (rules of others are not grounded at all)."""
-        unknown = [q for q in self.queries if q.predicate not in self.plan.arity]
-        if unknown:
-            raise TemplateError(f"query {unknown[0].describe()}: unknown predicate {unknown[0].predicate!r} (known: "
-                                f"{sorted(self.plan.arity)})")
-        needed, frontier = set(), [q.predicate for q in self.queries]
-        while frontier:
-            p = frontier.pop()
-            if p in needed:
-                continue
-            needed.add(p)
-            frontier.extend(lit.name for r in self.plan.template.rules if r.head.name == p for lit in r.body
-                            if not lit.special)
-        return needed
+    def encoded(self, table: Table) -> Table:
+        return table
 
-    def _ground_predicate(self, predicate: str, rules: list, name: str | None = None, reads: dict | None = None,
-                          level: int = 0) -> Stage:
-        """Ground the rules of ``predicate`` against the current tables; its atoms become table ``name``."""
-        name = name or predicate
-        bodies = [self._ground_body(rule, reads) for rule in rules]
-        table, groundings = self._derive(predicate, name, list(zip(rules, bodies)))
-        table.level = np.full(table.size, level, np.int64)
-        self.tables[name] = table
-        self.current[predicate] = name
-        return Stage({name: np.flatnonzero(table.derived)}, groundings, name)
+    def derive(self, predicate: str, name: str, rules: list, reads: dict | None) -> tuple[Table, list]:
+        """Join the bodies of ``rules`` (``reads``: body position -> table, for recursion rounds), then derive."""
+        reads = reads or {}
+        return self._derive(predicate, name, [(r, self._ground_body(r, reads.get(r.index))) for r in rules])
 
     def _derive(self, predicate: str, name: str, bodies: list) -> tuple[Table, list]:
         """The atoms of ``predicate`` (its facts and the distinct heads of its groundings, numbered in the order of
@@ -353,7 +549,7 @@ class NumpyGrounder:
         for k, lit in enumerate(rule.body):
             if lit.special:
                 continue
-            table = self.tables[(reads or {}).get(k) or self.current[lit.name]]
+            table = self.tables[(reads or {}).get(k) or self.current[lit.key]]
             rows, columns = self._selection(table, lit)
             pending[k] = (table, rows, columns)
         size = lambda k: pending[k][0].size if pending[k][1] is None else pending[k][1].size  # noqa: E731
@@ -436,179 +632,6 @@ class NumpyGrounder:
         first, _ = distinct(key)
         return binding.take(np.sort(first))
 
-    # -- recursion -------------------------------------------------------------------------------------------------
-    def _fixed_point(self, stratum: Stratum) -> list:
-        """Derive the atoms of a recursive component until nothing new appears; then each atom's level is its
-        longest derivation (Kahn's algorithm, one whole-array step per level) and one stage is one level."""
-        for p in stratum.predicates:  # start from the facts of the component (if any)
-            facts = self.fact_tables.get(p)
-            example = facts.example if facts is not None else np.zeros(0, np.int64)
-            args = list(facts.args) if facts is not None else [np.zeros(0, np.int64)] * self.plan.arity[p]
-            n = example.size
-            self.tables[p] = Table(p, p, example, args, np.arange(n), np.zeros(n, bool))
-            self.current[p] = p
-        sizes = None
-        while True:  # naive evaluation: every round joins the whole tables again (rounds = the longest derivation)
-            bodies = {r.index: self._ground_body(r, None) for r in stratum.rules}
-            derived = {}
-            for p in stratum.predicates:
-                rules = [r for r in stratum.rules if r.head.name == p]
-                derived[p] = self._derive(p, p, [(r, bodies[r.index]) for r in rules])
-            new_sizes = [derived[p][0].size for p in stratum.predicates]
-            for p in stratum.predicates:
-                self.tables[p] = derived[p][0]
-            if new_sizes == sizes:
-                break
-            sizes = new_sizes
-        groundings = [g for p in stratum.predicates for g in derived[p][1]]
-        levels = self._levels(stratum, groundings)
-        stages = []
-        for level in range(int(max((lv.max(initial=-1) for lv in levels.values()), default=-1)) + 1):
-            atoms = {p: np.flatnonzero(levels[p] == level) for p in stratum.predicates}
-            subset = [g.take(np.flatnonzero(levels[g.head_table][g.head] == level)) for g in groundings]
-            stages.append(Stage(atoms, [g for g in subset if g.size], f"{'+'.join(stratum.predicates)}@{level}"))
-        for p in stratum.predicates:
-            self.tables[p].level = levels[p]
-        return stages
-
-    def _levels(self, stratum: Stratum, groundings: list) -> dict:
-        members = stratum.predicates
-        offset = dict(zip(members, np.cumsum([0] + [self.tables[p].size for p in members[:-1]]).tolist()))
-        total = sum(self.tables[p].size for p in members)
-        derived = np.concatenate([self.tables[p].derived for p in members])
-        src, dst = [], []
-        for g in groundings:
-            for table, ids in zip(g.input_tables, g.inputs):
-                if table in offset:
-                    uses = derived[offset[table] + ids]  # an input that is only a fact is no dependency
-                    src.append(offset[table] + ids[uses])
-                    dst.append(offset[g.head_table] + g.head[uses])
-        src = np.concatenate(src) if src else np.zeros(0, np.int64)
-        dst = np.concatenate(dst) if dst else np.zeros(0, np.int64)
-        waiting = np.bincount(dst, minlength=total)
-        order = np.argsort(src, kind="stable")
-        ptr = np.concatenate([[0], np.cumsum(np.bincount(src, minlength=total))])
-        level = np.full(total, -1, np.int64)
-        frontier = np.flatnonzero(derived & (waiting == 0))
-        depth = 0
-        while frontier.size:
-            level[frontier] = depth
-            edges = order[_runs(ptr[frontier], ptr[frontier + 1] - ptr[frontier])]
-            waiting -= np.bincount(dst[edges], minlength=total)
-            touched = np.unique(dst[edges])
-            frontier = touched[(waiting[touched] == 0) & (level[touched] < 0)]
-            depth += 1
-        stuck = np.flatnonzero(derived & (level < 0))
-        if stuck.size:
-            self._cycle_error(stratum, stuck[0], offset)
-        return {p: level[offset[p]:offset[p] + self.tables[p].size] for p in members}
-
-    def _cycle_error(self, stratum: Stratum, atom: int, offset: dict) -> None:
-        p = max((q for q in stratum.predicates if offset[q] <= atom), key=lambda q: offset[q])
-        table, i = self.tables[p], atom - offset[p]
-        described = self._describe_atom(table, i)
-        rules = "; ".join(f"{r.label} `{r}`" for r in stratum.rules)
-        raise TemplateError(f"recursion with no fixed point: the ground atom {described} depends on itself through "
-                            f"{rules} (a cycle in the data); declare a depth with R.{p} / {self.plan.arity[p]} | "
-                            "Metadata(depth=...) to unroll the recursion instead")
-
-    def _describe_atom(self, table: Table, i: int) -> str:
-        args = ", ".join(map(str, self.constants.decode([a[i] for a in table.args])))
-        example = self.examples.decode([table.example[i]])[0] if self.examples.size else 0
-        return f"{table.predicate}({args}) in example {example!r}" if args else \
-            f"{table.predicate} in example {example!r}"
-
-    def _unrolled(self, stratum: Stratum) -> list:
-        """A recursion unrolled ``depth`` times: round 0 uses the rules that do not recurse, round t reads round
-        t - 1 for the recursive literals; each round's atoms are their own table ``p@t``."""
-        members = set(stratum.predicates)
-        stages = []
-        for t in range(stratum.depth + 1):
-            reads_round = {p: f"{p}@{t - 1}" for p in members} if t else {}
-            for p in stratum.predicates:
-                rules = [r for r in stratum.rules if r.head.name == p and
-                         (t > 0 or not any(lit.name in members for lit in r.body if not lit.special))]
-                reads = [{k: reads_round[lit.name] for k, lit in enumerate(r.body)
-                          if not lit.special and lit.name in members} for r in rules]
-                if not rules:
-                    raise TemplateError(f"predicate {p}: every rule recurses, so round 0 of its unrolled recursion "
-                                        "has no atoms; add a rule that does not recurse")
-                bodies = [self._ground_body(r, rd) for r, rd in zip(rules, reads)]
-                table, groundings = self._derive(p, f"{p}@{t}", list(zip(rules, bodies)))
-                table.level = np.full(table.size, t, np.int64)
-                self.tables[table.name] = table
-                stages.append(Stage({table.name: np.flatnonzero(table.derived)}, groundings, table.name))
-        for p in stratum.predicates:
-            self.current[p] = f"{p}@{stratum.depth}"
-        return stages
-
-    # -- queries ---------------------------------------------------------------------------------------------------
-    def _resolve_queries(self) -> dict:
-        """Table name and atom id of every output, in query order."""
-        tables, atoms = [], []
-        for q in self.queries:
-            table = self.tables.get(self.current.get(q.predicate, ""))
-            if table is None:
-                raise TemplateError(f"query {q.describe()}: nothing derives {q.predicate} for these examples")
-            if q.arity != self.plan.arity[q.predicate]:
-                raise TemplateError(f"query {q.describe()}: arity mismatch: {q.predicate} has "
-                                    f"{self.plan.arity[q.predicate]} arguments")
-            ids = self._query_atoms(q, table)
-            tables.append(np.full(ids.size, len(tables)))
-            atoms.append((table.name, ids))
-        names = [name for name, _ in atoms]
-        return {"table": [names[i] for i in np.concatenate(tables).tolist()],
-                "atom": np.concatenate([ids for _, ids in atoms])}
-
-    def _query_atoms(self, q: Query, table: Table) -> np.ndarray:
-        if q.has_variables:
-            mask = np.isin(table.example, self.scope)
-            for c, term in enumerate(q.pattern):
-                if isinstance(term, Constant):
-                    mask &= table.args[c] == self.constants.encode_one(term)
-            for c, term in enumerate(q.pattern):  # a repeated variable asks for equal constants
-                first = next(j for j, t in enumerate(q.pattern) if t == term)
-                if isinstance(term, Variable) and first != c:
-                    mask &= table.args[c] == table.args[first]
-            ids = np.flatnonzero(mask)
-            if ids.size == 0:
-                raise TemplateError(f"query {q.describe()} matches nothing: no atom of {q.predicate} is derived")
-            return ids
-        if q.pattern is not None:   # a ground literal, asked in every example of the scope
-            example = self.scope
-            args = [np.full(example.size, self.constants.encode_one(t), np.int64) for t in q.pattern]
-            named = None
-        else:
-            args = [self.constants.encode(_as_ids(c)) for c in (q.args or ())]
-            named = None if q.example is None else _as_ids(np.asarray(q.example).reshape(-1))
-            if named is not None:
-                example = self.examples.encode(named)
-                if args and example.size == 1:
-                    example, named = np.repeat(example, args[0].size), np.repeat(named, args[0].size)
-            elif not args:
-                example = self.scope
-            elif self.examples.size == 0:
-                example = np.zeros(args[0].size, np.int64)
-            else:
-                raise TemplateError(f"query {q.describe()}: say in which examples (example=...): the data has "
-                                    "examples")
-        keys_table, keys_probe = self._keys([[table.example] + table.args,
-                                             [np.maximum(example, 0)] + [np.maximum(a, 0) for a in args]])
-        found = lookup(keys_table, keys_probe)
-        bad = (found < 0) | (example < 0)
-        for a in args:
-            bad |= a < 0
-        if bad.any():
-            k = int(np.flatnonzero(bad)[0])
-            what = q.describe() if q.pattern is not None or not q.args else \
-                f"{q.predicate}({', '.join(str(np.asarray(c).reshape(-1)[k]) for c in q.args)})"
-            ex = named[k].item() if named is not None else \
-                self.examples.decode([example[k]])[0] if self.examples.size else 0
-            raise TemplateError(f"query {what} in example {ex!r} (output {k}) matches nothing: the template derives "
-                                f"no such atom of {q.predicate} (no grounding of its rules reaches it)")
-        return found
-
-
 def prune_unreached(stages: list, tables: dict, targets: dict) -> tuple[list, dict]:
     """Keep only the groundings the queries reach, walking the stages from the last one back; also returns, per
     table, which atoms are reached."""
@@ -628,6 +651,15 @@ def prune_unreached(stages: list, tables: dict, targets: dict) -> tuple[list, di
         atoms = {name: ids[needed[name][ids]] for name, ids in stage.atoms.items()}
         kept.append(Stage(atoms, groundings, stage.label))
     return kept[::-1], needed
+
+
+def relation_key(name: str, arity: int) -> str:
+    """The predicate key of a data relation given under ``name``: ``name/arity`` (a name may carry it already)."""
+    if "/" in name:
+        if not name.rsplit("/", 1)[1].isdigit() or int(name.rsplit("/", 1)[1]) != arity:
+            raise TemplateError(f"relation {name!r} has {arity} argument columns")
+        return name
+    return f"{name}/{arity}"
 
 
 def _input_positions(rule: Rule) -> list:

@@ -8,7 +8,7 @@ shape. Every template error of ``docs/relational.md`` that needs no data is rais
 with the rule it is in:
 
 * a head variable not bound by the body, a special literal (``@neq``...) with an unbound variable;
-* an unknown predicate; a predicate used with two arities;
+* an unknown predicate; an arity that no relation, fact or rule of that name has;
 * functions neurovec does not compute (with what it would need);
 * weights whose shapes do not fit the values they multiply; a shared weight used with two shapes;
 * a recursion depth declared on a predicate that is not recursive.
@@ -77,14 +77,19 @@ class Stratum:
 class Plan:
     template: Template
     strata: list                                  # Stratum, in grounding order
-    arity: dict                                   # predicate -> arity
-    shape: dict                                   # predicate -> value shape of its atoms
-    derived: set                                  # predicates with rules
+    arity: dict                                   # predicate key (name/arity) -> arity
+    shape: dict                                   # predicate key -> value shape of its atoms
+    derived: set                                  # predicate keys with rules
     weights: dict = field(default_factory=dict)   # name -> WeightPlan, in template order
     rule_weights: dict = field(default_factory=dict)  # (rule index, "head" | i | "offset") -> weight name
-    predicate_offsets: dict = field(default_factory=dict)  # predicate -> weight name
+    predicate_offsets: dict = field(default_factory=dict)  # predicate key -> weight name
     fact_weights: list = field(default_factory=list)  # per template fact: weight name or None (a unit fact)
     body_shape: dict = field(default_factory=dict)    # rule index -> value shape of its rule neurons
+
+    def label(self, key: str) -> str:
+        """A predicate's name for layer names: ``name``, or ``name/arity`` when the name has several arities."""
+        name = key.rsplit("/", 1)[0]
+        return name if sum(k.rsplit("/", 1)[0] == name for k in self.arity) == 1 else key
 
     def combination(self, rule: Rule) -> str:
         function = rule.metadata.combination
@@ -110,44 +115,33 @@ class Plan:
 
 
 def make_plan(template: Template, schemas: dict, seed: int = 0) -> Plan:
-    """Check ``template`` against ``schemas`` (predicate -> (arity, value shape) of the data's relations)."""
+    """Check ``template`` against ``schemas`` (predicate key ``name/arity`` -> value shape of the data's facts)."""
     if not template.rules:
         raise TemplateError("the template has no rules")
-    arity: dict[str, tuple[int, str]] = {name: (a, f"the data's relation {name!r}") for name, (a, _) in schemas.items()}
-    fact_shapes: dict[str, tuple] = {name: tuple(shape) for name, (_, shape) in schemas.items()}
-
-    def use(name: str, n: int, where: str) -> None:
-        if name not in arity:
-            arity[name] = (n, where)
-        elif arity[name][0] != n:
-            raise TemplateError(f"{where}: arity mismatch: {name} has {n} arguments here, but {arity[name][0]} in "
-                                f"{arity[name][1]} (a predicate name has one arity in neurovec)")
-
-    for fact in template.facts:
-        use(fact.name, fact.arity, f"template fact {fact}")
-    derived = set()
+    fact_shapes: dict[str, tuple] = {key: tuple(shape) for key, shape in schemas.items()}
+    derived = {rule.head.key for rule in template.rules}
     for rule in template.rules:
-        where = f"{rule.label} `{rule}`"
-        use(rule.head.name, rule.head.arity, where)
-        derived.add(rule.head.name)
-        _check_rule(rule, where)
-        for lit in rule.body:
-            if not lit.special:
-                use(lit.name, lit.arity, where)
-    known = set(schemas) | {f.name for f in template.facts} | derived
+        _check_rule(rule, f"{rule.label} `{rule}`")
+    known = set(schemas) | {f.key for f in template.facts} | derived
     for rule in template.rules:
         for lit in rule.body:
-            if not lit.special and lit.name not in known:
-                raise TemplateError(f"{rule.label} `{rule}`: unknown predicate {lit.name}/{lit.arity}: no relation "
-                                    f"in the data, no template fact and no rule derives it (known: {sorted(known)})")
-    for name, spec in template.predicates.items():
-        if name in arity and arity[name][0] != spec.arity:
-            raise TemplateError(f"predicate settings {spec}: arity mismatch: {name} has {arity[name][0]} arguments "
-                                f"in {arity[name][1]}")
+            if not lit.special and lit.key not in known:
+                where = f"{rule.label} `{rule}`"
+                same_name = sorted(k for k in known if k.rsplit("/", 1)[0] == lit.name)
+                if same_name:
+                    arities = " and ".join(k.rsplit("/", 1)[1] for k in same_name)
+                    source = "the data's relation" if same_name[0] in schemas else "the template's"
+                    raise TemplateError(f"{where}: arity mismatch: {lit.name} has {lit.arity} arguments here, but "
+                                        f"{arities} in {source} {lit.name!r}")
+                raise TemplateError(f"{where}: unknown predicate {lit.key}: no relation in the data, no template fact "
+                                    f"and no rule derives it (known: {sorted(known)})")
+    for key, spec in template.predicates.items():
+        if key not in known:
+            raise TemplateError(f"predicate settings {spec}: no rule, fact or relation has the predicate {key}")
         for function in (spec.metadata.transformation, spec.metadata.combination):
-            _check_function(function, f"predicate {name}/{spec.arity}")
-
-    plan = Plan(template, _strata(template, derived), {k: v[0] for k, v in arity.items()}, {}, derived)
+            _check_function(function, f"predicate {key}")
+    arity = {key: int(key.rsplit("/", 1)[1]) for key in known}
+    plan = Plan(template, _strata(template, derived), arity, {}, derived)
     _template_fact_shapes(plan, fact_shapes)
     _infer_shapes(plan, fact_shapes)
     _weights(plan, np.random.default_rng(seed))
@@ -190,7 +184,7 @@ def _strata(template: Template, derived: set) -> list[Stratum]:
     """Strongly connected components of "head depends on body predicate", dependencies first (Tarjan)."""
     edges = {p: [] for p in derived}
     for rule in template.rules:
-        edges[rule.head.name].extend(lit.name for lit in rule.body if not lit.special and lit.name in derived)
+        edges[rule.head.key].extend(lit.key for lit in rule.body if not lit.special and lit.key in derived)
     index, low, on_stack, stack, order = {}, {}, set(), [], []
 
     def visit(p):  # recursion depth = length of the longest predicate chain: small
@@ -213,14 +207,14 @@ def _strata(template: Template, derived: set) -> list[Stratum]:
                     break
             order.append(component)
 
-    for p in sorted(derived, key=lambda name: min(r.index for r in template.rules if r.head.name == name)):
+    for p in sorted(derived, key=lambda key: min(r.index for r in template.rules if r.head.key == key)):
         if p not in index:
             visit(p)
     strata = []
     for component in order:
         members = set(component)
-        rules = [r for r in template.rules if r.head.name in members]
-        recursive = len(component) > 1 or any(lit.name in members for r in rules for lit in r.body if not lit.special)
+        rules = [r for r in template.rules if r.head.key in members]
+        recursive = len(component) > 1 or any(lit.key in members for r in rules for lit in r.body if not lit.special)
         depths = {p: template.predicates[p].metadata.depth for p in component
                   if p in template.predicates and template.predicates[p].metadata.depth is not None}
         if depths and not recursive:
@@ -231,7 +225,7 @@ def _strata(template: Template, derived: set) -> list[Stratum]:
         depth = next(iter(depths.values()), None)
         if depth is not None and (not isinstance(depth, int) or depth < 1):
             raise TemplateError(f"predicate {next(iter(depths))}: depth must be a positive int (got {depth!r})")
-        ordered = sorted(component, key=lambda name: min(r.index for r in rules if r.head.name == name))
+        ordered = sorted(component, key=lambda key: min(r.index for r in rules if r.head.key == key))
         strata.append(Stratum(ordered, rules, recursive, depth))
     return strata
 
@@ -239,9 +233,9 @@ def _strata(template: Template, derived: set) -> list[Stratum]:
 def _template_fact_shapes(plan: Plan, fact_shapes: dict) -> None:
     for fact in plan.template.facts:
         shape = fact.weight.shape if fact.weight is not None else ()
-        previous = fact_shapes.setdefault(fact.name, shape)
+        previous = fact_shapes.setdefault(fact.key, shape)
         if previous != shape:
-            raise TemplateError(f"template fact {fact}: value shape {shape}, but other facts of {fact.name} have "
+            raise TemplateError(f"template fact {fact}: value shape {shape}, but other facts of {fact.key} have "
                                 f"{previous}")
 
 
@@ -254,16 +248,16 @@ def _infer_shapes(plan: Plan, fact_shapes: dict) -> None:
     for stratum in plan.strata:
         pending = list(stratum.rules)
         while pending:  # recursive rules wait until a base rule gave their body's shape
-            progress = [r for r in pending if all(lit.name in shape for lit in r.literals)]
+            progress = [r for r in pending if all(lit.key in shape for lit in r.literals)]
             if not progress:
                 rule = pending[0]
                 raise TemplateError(f"{rule.label} `{rule}`: the value shape of "
-                                    f"{next(lit.name for lit in rule.literals if lit.name not in shape)} is unknown: a "
+                                    f"{next(lit.key for lit in rule.literals if lit.key not in shape)} is unknown: a "
                                     "recursive predicate needs a rule or fact that does not recurse")
             for rule in progress:
                 pending.remove(rule)
                 plan.body_shape[rule.index], head = _head_shape(plan, rule, shape)
-                name = rule.head.name
+                name = rule.head.key
                 if name in shape and shape[name] != head:
                     raise TemplateError(f"{rule.label} `{rule}`: the atoms of {name} get shape {head} here, but "
                                         f"{shape[name]} from its other rules or facts")
@@ -281,7 +275,7 @@ def _head_shape(plan: Plan, rule: Rule, shape: dict) -> tuple[tuple, tuple]:
     combination = plan.combination(rule)
     products = []
     for lit in rule.literals:
-        value = shape[lit.name]
+        value = shape[lit.key]
         if lit.function is not None and lit.function.name == "softmax" and value == ():
             raise TemplateError(f"{where}: softmax({lit}) needs a vector value (got a scalar)")
         product = product_shape(lit.weight.shape if lit.weight is not None else None, value)
@@ -358,18 +352,18 @@ def _weights(plan: Plan, rng: np.random.Generator) -> None:
         for i, lit in enumerate(rule.literals):
             plan.rule_weights[(rule.index, i)] = register(fix(lit.weight), f"rule{rule.index}:{lit.name}{i}", where)
         plan.rule_weights[(rule.index, "offset")] = register(fix(rule.offset), f"rule{rule.index}:offset", where)
-    for name, spec in plan.template.predicates.items():
+    for key, spec in plan.template.predicates.items():
         offset = spec.metadata.offset
         if offset is None:
             continue
         offset = WeightSpec.parse(offset)
         where = f"predicate {spec}"
-        if name not in plan.derived:
-            raise TemplateError(f"{where}: an offset on {name}, which no rule derives")
-        if offset.shape not in ((), plan.shape[name]):
+        if key not in plan.derived:
+            raise TemplateError(f"{where}: an offset on {key}, which no rule derives")
+        if offset.shape not in ((), plan.shape[key]):
             raise TemplateError(f"{where}: weight shapes do not fit: the offset has shape {offset.shape} but the "
-                                f"atoms of {name} have shape {plan.shape[name]}")
-        plan.predicate_offsets[name] = register(offset, f"{name}/{spec.arity}:offset", where)
+                                f"atoms of {key} have shape {plan.shape[key]}")
+        plan.predicate_offsets[key] = register(offset, f"{key}:offset", where)
 
 
 def _glorot(rng: np.random.Generator, shape: tuple) -> np.ndarray:

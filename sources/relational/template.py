@@ -266,6 +266,11 @@ class Literal:
         return len(self.terms)
 
     @property
+    def key(self) -> str:
+        """``name/arity``: NeuraLogic's predicate identity (``shape/2`` and ``shape/3`` are different predicates)."""
+        return f"{self.name}/{self.arity}"
+
+    @property
     def variables(self) -> list[str]:
         return [t.name for t in self.terms if isinstance(t, Variable)]
 
@@ -429,8 +434,12 @@ class PredicateSpec:
     arity: int
     metadata: Metadata
 
+    @property
+    def key(self) -> str:
+        return f"{self.name}/{self.arity}"
+
     def __str__(self) -> str:
-        return f"{self.name}/{self.arity} {self.metadata}"
+        return f"{self.key} {self.metadata}"
 
 
 @dataclass(frozen=True)
@@ -540,7 +549,7 @@ class Template:
 
     def __init__(self, entries: Iterable = ()):
         self.rules: list[Rule] = []
-        self.predicates: dict[str, PredicateSpec] = {}
+        self.predicates: dict[str, PredicateSpec] = {}   # by name/arity
         self.facts: list[Literal] = []
         self.add_rules(entries)
 
@@ -552,10 +561,10 @@ class Template:
             if isinstance(entry, Rule):
                 self.rules.append(replace(entry, index=len(self.rules)))
             elif isinstance(entry, PredicateSpec):
-                previous = self.predicates.get(entry.name)
+                previous = self.predicates.get(entry.key)
                 if previous is not None:
                     entry = PredicateSpec(entry.name, entry.arity, _merge(previous, entry))
-                self.predicates[entry.name] = entry
+                self.predicates[entry.key] = entry
             elif isinstance(entry, Literal):
                 if entry.function is not None or entry.hidden or entry.special:
                     raise TemplateError(f"template fact {entry} cannot have a function or be hidden or special")
@@ -586,8 +595,6 @@ class Template:
 
 
 def _merge(old: PredicateSpec, new: PredicateSpec) -> Metadata:
-    if old.arity != new.arity:
-        raise TemplateError(f"predicate {new.name} is given settings with arities {old.arity} and {new.arity}")
     merged = {k: v for k, v in old.metadata.__dict__.items() if v is not None}
     merged.update({k: v for k, v in new.metadata.__dict__.items() if v is not None})
     return Metadata(**merged)
