@@ -9,6 +9,8 @@ import sys as _sys
 from .compiler import Program, Settings, compile, iter_presets, list_presets
 from .compiler.autotune import autotune
 from .engines.reference import ReferenceModule
+from .loader import MiniBatch, MiniBatchModel, SampleLoader
+from .progress import set_progress
 from .sources import FactLayer, Graph, GraphBuilder, GraphError, NeuronLayer, Ref, Weight, load_json, save_json
 from .sources import relational  # neurovec.relational: templates grounded by joins (also importable by that name)
 
@@ -17,6 +19,6 @@ _sys.modules[f"{__name__}.relational"] = relational
 __all__ = [
     "Program", "ReferenceModule", "Settings", "autotune", "compile", "iter_presets", "list_presets",
     "FactLayer", "Graph", "GraphBuilder", "GraphError", "NeuronLayer", "Ref", "Weight",
-    "load_json", "save_json",
+    "load_json", "save_json", "MiniBatch", "MiniBatchModel", "SampleLoader", "set_progress",
 ]
 __version__ = "0.1.0"

@@ -53,6 +53,7 @@ import numpy as np
 import torch
 
 from ..engines.torch_module import CompiledModule
+from ..progress import Progress
 from ..sources.graph import Graph
 from .pipeline import compile as compile_graph
 from .settings import Settings, list_presets
@@ -233,7 +234,8 @@ class AutotuneResult(NamedTuple):
 def autotune(graph: Graph, presets: Sequence[str | Settings] | None = None, device: str | torch.device = "cpu",
              budget_s: float = 60.0, kernels: Sequence[str | None] | None = None, dtype: torch.dtype | None = None,
              repeat: int = 5, warmup: int = 2,
-             loss: Callable[[torch.Tensor], torch.Tensor] | None = None) -> AutotuneResult:
+             loss: Callable[[torch.Tensor], torch.Tensor] | None = None,
+             progress: bool | None = None) -> AutotuneResult:
     """Compile ``graph`` under several presets and kernels; return the fastest module.
 
     Args:
@@ -254,6 +256,8 @@ def autotune(graph: Graph, presets: Sequence[str | Settings] | None = None, devi
         repeat, warmup: timed and untimed training steps per candidate; the score is
             the median of the timed ones.
         loss: ``loss(outputs) -> scalar``; default ``outputs.pow(2).mean()``.
+        progress: show the budget used and the candidate running (a tqdm bar on a
+            terminal, plain lines otherwise); None: ``neurovec.set_progress``'s choice.
 
     Returns:
         :class:`AutotuneResult` ``(module, table)``, with ``.settings``, ``.preset``
@@ -279,6 +283,7 @@ def autotune(graph: Graph, presets: Sequence[str | Settings] | None = None, devi
     loss = loss or _mean_square
     table = AutotuneTable([], str(device), budget_s)
     timer = _Timer(start, budget_s, device, repeat, warmup, loss)
+    bar = Progress("neurovec autotune", budget_s, unit="s", enabled=progress)
 
     late = [choice for choice in choices if choice[0] in LATE_PRESETS]
     early = [choice for choice in choices if choice[0] not in LATE_PRESETS]
@@ -288,12 +293,15 @@ def autotune(graph: Graph, presets: Sequence[str | Settings] | None = None, devi
             for name, settings in presets_:
                 candidate = _candidate(name, settings, kernel)
                 if all(row.label != candidate.label for row in table.rows):  # e.g. unoptimized's own scatter
+                    best = f", best {timer.best.label} {timer.best.median_ms:.2f} ms" if timer.best else ""
+                    bar.update(time.perf_counter() - start, f"{candidate.label}{best}")
                     timer.run(table, candidate, graph, dtype)
 
     run(early, kernel_list[:1])
     run(_ranked(table, early)[:TOP_PRESETS], kernel_list[1:])
     run(late, kernel_list[:1])
     run(_ranked(table, choices), kernel_list[1:])
+    bar.close()
 
     if timer.best is None:
         table.elapsed_s = time.perf_counter() - start

@@ -7,12 +7,14 @@ program is checked after each one, and a failure names the pass.
 """
 from __future__ import annotations
 
+import logging
 import time
 from typing import Callable
 
 import torch
 
 from ..engines.torch_module import CompiledModule
+from ..progress import Progress
 from ..sources.graph import FactLayer, Graph
 from .ir import IRError, Program
 from .passes import (cleanup, coefficients, dedup, dedup_facts, fold_constants, iso_compression, kernels,
@@ -20,7 +22,12 @@ from .passes import (cleanup, coefficients, dedup, dedup_facts, fold_constants, 
 from .settings import Settings
 from .vectorizer import vectorize
 
-__all__ = ["compile", "build_program", "PIPELINE", "enabled_passes"]
+__all__ = ["compile", "build_program", "PIPELINE", "enabled_passes", "PROGRESS_DELAY_S"]
+
+logger = logging.getLogger(__name__)
+
+#: A compile running longer than this shows which pass runs (a tqdm bar, or plain lines; neurovec.progress).
+PROGRESS_DELAY_S = 3.0
 
 Pass = Callable[[Program, Settings], Program]
 
@@ -85,6 +92,8 @@ def build_program(graph: Graph, settings: Settings | None = None, timings: dict 
     unknown = set(settings.dynamic_facts) - {layer.name for layer in graph.layers if isinstance(layer, FactLayer)}
     if unknown:
         raise ValueError(f"Settings.dynamic_facts names {sorted(unknown)}, which are not fact layers of the graph")
+    bar = Progress("neurovec compile", 1 + len(enabled_passes(settings)), "passes", PROGRESS_DELAY_S, leave=False)
+    bar.update(0, "vectorize")
     program = vectorize(graph).replace(dynamic_facts=tuple(settings.dynamic_facts))
     if timings is not None:
         timings["vectorize"] = time.perf_counter() - start
@@ -92,16 +101,19 @@ def build_program(graph: Graph, settings: Settings | None = None, timings: dict 
     for name, enabled, run in PIPELINE:
         if not enabled(settings):
             continue
+        bar.update(len(ran) + 1, name)
         start = time.perf_counter()
         program = run(program, settings)
         if timings is not None:
             timings[name] = timings.get(name, 0.0) + time.perf_counter() - start
+        logger.debug("pass %s: %.3f s, %d nodes", name, time.perf_counter() - start, len(program.nodes))
         ran.append(name)
         if settings.verify:
             try:
                 program.verify()
             except IRError as error:
                 raise IRError(f"after pass {name!r} (ran: {', '.join(ran)}): {error}\n{program}") from error
+    bar.close()
     return program
 
 

@@ -4,6 +4,8 @@
   templates :func:`gcn`, :func:`sage`, :func:`gin`;
 * :func:`create_database` / :func:`load_mutagenesis` (relational Mutagenesis via
   SQL), templates :func:`mutagenesis_simple`, :func:`mutagenesis_dims`;
+* :func:`from_pyg` / :func:`to_pyg`: PyTorch Geometric ``Data``, ``Batch`` or
+  ``InMemoryDataset`` in and out (:mod:`neurovec.datasets.pyg_convert`);
 * :mod:`neurovec.datasets.pyg_twins`: PyTorch Geometric models equal to the GNN
   templates (needs ``torch_geometric``).
 
@@ -13,11 +15,13 @@ from . import pyg_twins  # torch_geometric itself is imported only when a twin i
 from ._common import DatasetError
 from .gnn import GNNSpec, TUBatch, build_gnn, gcn, gin, sage, tu_batch
 from .mutagenesis import Mutagenesis, MutagenesisError, create_database, load_mutagenesis
+from .pyg_convert import PygGraphs, from_pyg, to_pyg
 from .relational import mutagenesis_dims, mutagenesis_simple, mutagenesis_template
 from .tu import TUDataset, TUFormatError, load_tu
 
 __all__ = [
     "DatasetError", "GNNSpec", "Mutagenesis", "MutagenesisError", "TUBatch", "TUDataset", "TUFormatError",
     "build_gnn", "create_database", "gcn", "gin", "load_mutagenesis", "load_tu", "mutagenesis_dims",
-    "mutagenesis_simple", "mutagenesis_template", "pyg_twins", "sage", "tu_batch",
+    "mutagenesis_simple", "mutagenesis_template", "pyg_twins", "sage", "tu_batch", "PygGraphs", "from_pyg",
+    "to_pyg",
 ]

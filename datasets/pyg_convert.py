@@ -1,0 +1,172 @@
+"""PyTorch Geometric data in and out: :func:`from_pyg` and :func:`to_pyg`.
+
+    ds = datasets.from_pyg(pyg_dataset)          # a PyG Data, Batch, InMemoryDataset or list of Data
+    graph = datasets.gin(ds, hidden=32)          # the GCN, SAGE and GIN templates take it
+    data_list = datasets.to_pyg(ds)              # one torch_geometric Data per graph, for PyG loaders
+
+A converted dataset is a :class:`PygGraphs`, a :class:`~neurovec.datasets.tu.TUDataset`
+whose node features are PyG's ``x`` as given (float64), whatever ``use_attributes``
+says; a graph without ``x`` gets the constant feature 1 per node, as the TU loader
+does. ``y`` must hold one class label per graph: non-negative integers are the
+class indices as they are (PyG's convention); other labels (floats, -1/1) become
+the classes ``0..C-1`` in sorted order, and ``label_values`` keeps the originals.
+``edge_attr``, if present, is kept as ``edge_attributes`` (the GNN templates do
+not read it). Node-level or multi-column ``y`` is refused with a
+:class:`~neurovec.datasets.DatasetError`.
+
+Requires ``torch_geometric`` for :func:`to_pyg` and for converting datasets;
+:func:`from_pyg` imports it only to recognise its input.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ._common import DatasetError
+from .tu import TUDataset
+
+__all__ = ["PygGraphs", "from_pyg", "to_pyg"]
+
+
+@dataclass(frozen=True, eq=False)
+class PygGraphs(TUDataset):
+    """Graphs converted from PyTorch Geometric; ``x`` is the node feature matrix."""
+
+    x: np.ndarray = None
+    edge_attributes: np.ndarray | None = None
+
+    def node_features(self, use_attributes: bool = False) -> np.ndarray:
+        """PyG's ``x`` (``use_attributes`` is accepted for the templates and ignored)."""
+        return self.x
+
+    def __repr__(self) -> str:
+        return (f"PygGraphs({self.name!r}, {self.n_graphs} graphs, {self.n_nodes} nodes, {self.n_edges} edges, "
+                f"{self.x.shape[1]} features, {self.num_classes} classes)")
+
+
+def from_pyg(data, name: str | None = None) -> PygGraphs:
+    """Convert a PyG ``Data`` (one graph), ``Batch``, ``InMemoryDataset`` or list of ``Data``.
+
+    Graphs keep their order: sample ``k`` of the result is graph ``k`` of the input.
+    """
+    from torch_geometric.data import Batch, Data, InMemoryDataset
+
+    if isinstance(data, Batch):
+        return _convert(name or "pyg-batch", data.x, data.edge_index, data.batch, data.num_graphs, data.y,
+                        getattr(data, "edge_attr", None))
+    if isinstance(data, Data):
+        return _convert(name or "pyg-data", data.x, data.edge_index, None, 1, data.y,
+                        getattr(data, "edge_attr", None), num_nodes=data.num_nodes)
+    if isinstance(data, InMemoryDataset) and _plain_storage(data):
+        return _from_storage(data, name or getattr(data, "name", type(data).__name__))
+    try:
+        items = list(data)
+    except TypeError:
+        raise DatasetError(f"from_pyg expects a torch_geometric Data, Batch, InMemoryDataset or a list of Data "
+                           f"(got {type(data).__name__})") from None
+    if not items or not all(isinstance(item, Data) for item in items):
+        kinds = sorted({type(item).__name__ for item in items}) or ["nothing"]
+        raise DatasetError(f"from_pyg: expected a non-empty sequence of torch_geometric Data (got {kinds})")
+    return from_pyg(Batch.from_data_list(items), name or getattr(data, "name", type(data).__name__))
+
+
+def _plain_storage(dataset) -> bool:
+    """An InMemoryDataset whose collated storage is exactly its items (no subset view, no transform)."""
+    return (dataset._indices is None and dataset.transform is None and dataset.slices is not None
+            and "edge_index" in dataset.slices)
+
+
+def _from_storage(dataset, name: str) -> PygGraphs:
+    """Read an InMemoryDataset's collated storage in bulk (edge ids there are local to each graph)."""
+    store, slices = dataset._data, dataset.slices
+    n_graphs = len(slices["edge_index"]) - 1
+    if "x" in slices:
+        node_ptr = _numpy(slices["x"])
+    else:
+        raise DatasetError(f"from_pyg({name}): the dataset has no node features x; convert it through "
+                           f"a list of Data (from_pyg(list(dataset)))")
+    graph_of_node = np.repeat(np.arange(n_graphs), np.diff(node_ptr))
+    edge_ptr = _numpy(slices["edge_index"])
+    graph_of_edge = np.repeat(np.arange(n_graphs), np.diff(edge_ptr))
+    edge_index = _numpy(store.edge_index) + node_ptr[graph_of_edge]
+    return _convert(name, store.x, edge_index, graph_of_node, n_graphs, store.y, getattr(store, "edge_attr", None))
+
+
+def _numpy(value) -> np.ndarray:
+    return value.detach().cpu().numpy() if hasattr(value, "detach") else np.asarray(value)
+
+
+def _convert(name, x, edge_index, graph_of_node, n_graphs, y, edge_attr, num_nodes=None) -> PygGraphs:
+    if edge_index is None:
+        raise DatasetError(f"from_pyg({name}): no edge_index")
+    edge_index = _numpy(edge_index)
+    if edge_index.ndim != 2 or edge_index.shape[0] != 2 or not np.issubdtype(edge_index.dtype, np.integer):
+        raise DatasetError(f"from_pyg({name}): edge_index must be an integer array of shape (2, E) "
+                           f"(got {edge_index.dtype} {edge_index.shape})")
+    if x is not None:
+        x = _numpy(x)
+        if x.ndim == 1:
+            x = x[:, None]
+        if x.ndim != 2 or not (np.issubdtype(x.dtype, np.floating) or np.issubdtype(x.dtype, np.integer)
+                               or x.dtype == np.bool_):
+            raise DatasetError(f"from_pyg({name}): x must be a real (n_nodes, features) array "
+                               f"(got {x.dtype} {x.shape})")
+        x = x.astype(np.float64)
+        n_nodes = x.shape[0]
+    else:
+        n_nodes = int(num_nodes if num_nodes is not None else graph_of_node.size)
+        x = np.ones((n_nodes, 1))
+    graph_of_node = np.zeros(n_nodes, np.int64) if graph_of_node is None else _numpy(graph_of_node).astype(np.int64)
+    if graph_of_node.size != n_nodes:
+        raise DatasetError(f"from_pyg({name}): {graph_of_node.size} graph indices for {n_nodes} nodes")
+    if edge_index.size and (edge_index.min() < 0 or edge_index.max() >= n_nodes):
+        raise DatasetError(f"from_pyg({name}): edge_index refers to node {int(edge_index.max())} "
+                           f"(or {int(edge_index.min())}), outside 0..{n_nodes - 1}")
+    edge_index = np.ascontiguousarray(edge_index, dtype=np.int64)
+    if np.any(graph_of_node[edge_index[0]] != graph_of_node[edge_index[1]]):
+        raise DatasetError(f"from_pyg({name}): an edge joins nodes of two different graphs")
+    empty = np.flatnonzero(np.bincount(graph_of_node, minlength=n_graphs) == 0)
+    if empty.size:
+        raise DatasetError(f"from_pyg({name}): graph {int(empty[0])} has no nodes")
+    if y is None:
+        raise DatasetError(f"from_pyg({name}): no graph labels (y); the templates need one label per graph")
+    y = _numpy(y)
+    if y.ndim == 2 and y.shape[1] == 1:
+        y = y[:, 0]
+    if y.ndim == 0:
+        y = y.reshape(1)
+    if y.ndim != 1 or y.size != n_graphs:
+        raise DatasetError(f"from_pyg({name}): y must hold one class label per graph ({n_graphs}), got shape "
+                           f"{tuple(y.shape)} (node-level or multi-column labels are not graph classes)")
+    if np.issubdtype(y.dtype, np.floating) and np.isnan(y).any():
+        raise DatasetError(f"from_pyg({name}): y has NaN labels (graph {int(np.flatnonzero(np.isnan(y))[0])})")
+    if np.issubdtype(y.dtype, np.integer) and y.min() >= 0:
+        labels, label_values = y, np.arange(int(y.max()) + 1)       # already class indices (PyG's way)
+    else:
+        label_values, labels = np.unique(y, return_inverse=True)
+    edge_attributes = None if edge_attr is None else _numpy(edge_attr).astype(np.float64)
+    return PygGraphs(name, edge_index, graph_of_node, labels.reshape(-1).astype(np.int64), None, None,
+                     label_values, x=x, edge_attributes=edge_attributes)
+
+
+def to_pyg(ds: TUDataset, use_attributes: bool = False, dtype=None) -> list:
+    """One ``torch_geometric.data.Data(x, edge_index, y)`` per graph of ``ds``, in sample order.
+
+    ``x`` is ``ds.node_features(use_attributes)`` (what the templates read), ``y``
+    the class index; feed the list to ``torch_geometric.loader.DataLoader``.
+    """
+    import torch
+    from torch_geometric.data import Data
+
+    dtype = dtype or torch.get_default_dtype()
+    x = torch.tensor(ds.node_features(use_attributes), dtype=dtype)
+    nodes, edges = ds.nodes, ds.edges
+    local = torch.from_numpy(ds.nodes.local[ds.edge_index])
+    y = torch.from_numpy(ds.graph_labels)
+    out = []
+    for g in range(ds.n_graphs):
+        node_ids = torch.from_numpy(nodes.order[nodes.ptr[g]:nodes.ptr[g + 1]])
+        edge_ids = torch.from_numpy(edges.order[edges.ptr[g]:edges.ptr[g + 1]])
+        out.append(Data(x=x[node_ids], edge_index=local[:, edge_ids], y=y[g:g + 1]))
+    return out
