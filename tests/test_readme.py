@@ -15,6 +15,7 @@ import os
 import re
 import shlex
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -85,9 +86,14 @@ def _torch_pin() -> str:
 
 def _check_script(script: Path, args: list[str], where: str) -> None:
     assert script.is_file(), f"{where}: no script {script}"
-    spec = importlib.util.spec_from_file_location(f"readme_{script.stem}", script)
+    name = f"readme_{script.stem}"
+    spec = importlib.util.spec_from_file_location(name, script)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    sys.modules[name] = module  # dataclasses in the script look their module up
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        del sys.modules[name]
     parse = getattr(module, "parse_args", None)
     assert parse is not None, f"{where}: {script.name} has no parse_args(argv) to check its arguments with"
     try:
