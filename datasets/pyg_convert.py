@@ -34,11 +34,13 @@ class PygGraphs(TUDataset):
     """Graphs converted from PyTorch Geometric; ``x`` is the node feature matrix."""
 
     x: np.ndarray = None
-    edge_attributes: np.ndarray | None = None
 
     def node_features(self, use_attributes: bool = False) -> np.ndarray:
         """PyG's ``x`` (``use_attributes`` is accepted for the templates and ignored)."""
         return self.x
+
+    def num_node_features(self, use_attributes: bool = False) -> int:
+        return int(self.x.shape[1])
 
     def __repr__(self) -> str:
         return (f"PygGraphs({self.name!r}, {self.n_graphs} graphs, {self.n_nodes} nodes, {self.n_edges} edges, "
