@@ -41,7 +41,7 @@ def blocks(language: str) -> list[tuple[str, str]]:
 def commands(code: str) -> list[list[str]]:
     """The commands of a bash block, comments dropped, one argv per line."""
     argvs = []
-    for line in code.splitlines():
+    for line in re.sub(r"\\\n", " ", code).splitlines():  # join continued lines first
         argv = shlex.split(line, comments=True)
         if argv:
             argvs.append(argv)
