@@ -60,6 +60,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from . import ops
+
 try:  # optional: only a forward kernel, never required
     import torch_scatter as _torch_scatter
 except (ImportError, OSError):  # OSError: a wheel built against another torch
@@ -79,10 +81,11 @@ REDUCTIONS = ("sum", "mean", "max", "min", "prod")
 
 #: Forward kernels ``impl=`` accepts. ``"auto"`` picks per device and size (see the
 #: module docstring), ``"native"`` is ``"auto"`` restricted to plain torch.
-IMPLS = ("auto", "native", "torch_scatter", "spmm", "segment_reduce", "scatter_reduce", "index_add")
+IMPLS = ("auto", "native", "torch_scatter", "spmm", "segment_reduce", "scatter_reduce", "index_add", "cpp")
 
 # Which reductions each forward kernel computes ("mean" is always sum / counts).
 _IMPL_REDUCTIONS = {
+    "cpp": {"sum", "max", "min"},
     "torch_scatter": {"sum", "max", "min"},
     "spmm": {"sum"},
     "index_add": {"sum"},
@@ -160,6 +163,10 @@ def _width(x: torch.Tensor) -> int:
 
 
 def _auto_impl(x: torch.Tensor, reduce: str, allow_torch_scatter: bool) -> str:
+    """``allow_torch_scatter`` False is ``impl="native"``: plain torch kernels only
+    (neither torch-scatter nor neurovec's C++ kernels)."""
+    if allow_torch_scatter and reduce in _IMPL_REDUCTIONS["cpp"] and ops.native_ok(x):
+        return "cpp"
     if torch.compiler.is_compiling():
         # Dynamo cannot trace sparse CSR tensors: a dense kernel keeps the graph whole.
         return "segment_reduce"
@@ -192,6 +199,10 @@ def segment_forward(x: torch.Tensor, ptr: torch.Tensor, seg_id: torch.Tensor, re
         raise ValueError(f"forward kernel {impl!r} does not compute {reduce!r}")
     n = ptr.numel() - 1
     out_shape = (n,) + tuple(x.shape[1:])
+    if impl == "cpp":
+        if not ops.native_ok(x):
+            raise RuntimeError(f"impl='cpp' but neurovec's C++ kernels do not run here ({_cpp_problem(x)})")
+        return ops._csr_sum_impl(x, ptr, None, None, None) if reduce == "sum" else ops._extremum_impl(x, ptr, reduce)
     if impl == "torch_scatter":
         if _torch_scatter is None:
             raise RuntimeError("impl='torch_scatter' but torch_scatter is not installed")
@@ -354,6 +365,28 @@ class SegmentProd(torch.autograd.Function):
         return grad_x, None, None, None
 
 
+def _cpp_problem(x: torch.Tensor) -> str:
+    from . import native
+    if not native.enabled():
+        return "switched off (NEUROVEC_NATIVE=0 or native.set_enabled(False))"
+    if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64):
+        return f"{x.dtype} on {x.device.type}; they take float32/float64 CPU tensors"
+    return f"not built: {native.build_info.get('error', 'unknown error')}"
+
+
+def _use_ops(x: torch.Tensor, reduce: str, impl: str) -> bool:
+    """Whether a reduction goes through ``ops`` (C++ kernels, or the registered torch ops
+    while dynamo traces): always for ``impl="cpp"``, for ``"auto"`` where the C++
+    kernels run or while compiling (the ops keep the graph whole, max/min included)."""
+    if reduce not in ops.REDUCTIONS:
+        return False
+    if impl == "cpp":
+        if not (ops.native_ok(x) or torch.compiler.is_compiling()):
+            raise RuntimeError(f"impl='cpp' but neurovec's C++ kernels do not run here ({_cpp_problem(x)})")
+        return True
+    return impl == "auto" and (torch.compiler.is_compiling() or ops.native_ok(x))
+
+
 def segment_reduce(x: torch.Tensor, ptr: torch.Tensor, seg_id: torch.Tensor, counts: torch.Tensor | None,
                    reduce: str, *, impl: str = "auto") -> torch.Tensor:
     """Reduce the rows of each CSR segment: ``y[j] = reduce(x[ptr[j]:ptr[j+1]], 0)``.
@@ -371,6 +404,8 @@ def segment_reduce(x: torch.Tensor, ptr: torch.Tensor, seg_id: torch.Tensor, cou
     Returns:
         ``(S, *shape)``.
     """
+    if _use_ops(x, reduce, impl):
+        return ops.segment_reduce(x, ptr, reduce, counts)
     if reduce == "sum":
         return SegmentSum.apply(x, ptr, seg_id, impl)
     if reduce == "mean":
@@ -538,6 +573,11 @@ def gather_segment_sum(x: torch.Tensor, ptr: torch.Tensor, index: torch.Tensor, 
         raise ValueError("gather_segment_sum takes coef (learnable) or values (constant), not both")
     if values is not None and values.requires_grad:
         raise ValueError("values are constant per-edge coefficients; pass a coef that needs a gradient as coef=")
+    if coef is None and (torch.compiler.is_compiling() or ops.native_ok(x)):
+        # C++ kernels (or, while dynamo traces, the registered op, which runs them or MKL).
+        if values is not None and t_values is None:
+            t_values = values[t_perm]
+        return ops.gather_sum(x, ptr, index, values, t_ptr, t_col, t_values)
     if torch.compiler.is_compiling():
         # Same function without sparse tensors, which dynamo cannot trace.
         rows = x.index_select(0, index.long())

@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from neurovec.engines import kernels as K
+from neurovec.engines import native
 
 F64 = torch.float64
 _STACK_REDUCE = {
@@ -34,6 +35,8 @@ def impls_for(reduce: str) -> list[str]:
     base = "sum" if reduce == "mean" else reduce
     out = ["auto", "native"]
     for impl, reductions in K._IMPL_REDUCTIONS.items():
+        if impl == "cpp" and not native.available():
+            continue
         if base in reductions and (impl != "torch_scatter" or K.HAS_TORCH_SCATTER):
             out.append(impl)
     return out
@@ -241,7 +244,15 @@ def test_unsupported_and_missing_kernels(monkeypatch):
 
 
 def test_auto_choice(monkeypatch):
-    """CPU never picks torch-scatter; other devices use it if (and only if) installed."""
+    """CPU never picks torch-scatter; other devices use it if (and only if) installed.
+    With the C++ kernels built, the CPU picks them for sum / max / min (float32/64 only)."""
+    if native.available():
+        assert K._auto_impl(torch.empty(10, 1), "sum", True) == "cpp"
+        assert K._auto_impl(torch.empty(10, 1, dtype=torch.float64), "max", True) == "cpp"
+        assert K._auto_impl(torch.empty(10, 1), "prod", True) == "segment_reduce"
+        assert K._auto_impl(torch.empty(10, 1, dtype=torch.bfloat16), "sum", True) == "segment_reduce"
+        assert K._auto_impl(torch.empty(10, 1), "sum", False) == "segment_reduce"  # "native": plain torch
+    monkeypatch.setattr(native, "_enabled", False)
     cpu_wide, cpu_narrow = torch.empty(100_000, 32), torch.empty(10, 1)
     assert K._auto_impl(torch.empty(10_000, 16), "max", True) == "scatter_reduce"
     assert K._auto_impl(torch.empty(1_000, 16), "max", True) == "segment_reduce"

@@ -1,0 +1,369 @@
+"""Segment reductions as torch ops: C++ kernels on the CPU, torch kernels elsewhere.
+
+Each reduction is a ``torch.library`` custom op in the ``neurovec`` namespace, with
+a fake (meta) implementation and a registered autograd formula, so that
+``torch.compile(module, fullgraph=True)`` traces programs that call them::
+
+    neurovec::gather_sum(x, ptr, col, values?, t_ptr, t_col, t_values?)   y = A @ x
+    neurovec::segment_sum(x, ptr, values?, divide?)                       y[j] = sum_e c[e] x[e] / d[j]
+    neurovec::segment_broadcast(g, ptr, values?, divide?, n_entries)      its transpose (the backward)
+    neurovec::segment_max(x, ptr) / neurovec::segment_min(x, ptr)
+    neurovec::segment_extremum_backward(grad, x, y, ptr)                  ties share the gradient
+
+An op's implementation runs the C++ kernel (:mod:`.native`) for float32/float64 CPU
+tensors when the kernels are built and switched on, else an equivalent made of
+torch ops (the CUDA path, half precision, no compiler). The backward of
+``gather_sum`` is ``gather_sum`` on the transposed CSR (``t_ptr``, ``t_col``,
+``t_values``), built once at compile time; that of ``segment_sum`` is
+``segment_broadcast`` and vice versa, so double backward works too.
+
+Eager calls skip the dispatcher: :func:`gather_sum`, :func:`segment_reduce` use
+:class:`torch.autograd.Function` s that call the same implementations directly
+(about half the per-call overhead of a custom op's autograd, which matters on
+small graphs); while dynamo traces they call the registered ops instead.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from . import native
+
+__all__ = ["native_ok", "gather_sum", "segment_reduce", "REDUCTIONS"]
+
+REDUCTIONS = ("sum", "mean", "max", "min")
+_NATIVE_DTYPES = (torch.float32, torch.float64)
+
+
+def native_ok(x: torch.Tensor) -> bool:
+    """Whether the C++ kernels compute on ``x`` (CPU float32/float64, built and switched on)."""
+    return x.device.type == "cpu" and x.dtype in _NATIVE_DTYPES and native.available()
+
+
+def _address(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def _width(x: torch.Tensor) -> int:
+    return math.prod(x.shape[1:])
+
+
+def _values(values: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor | None:
+    return None if values is None else values.to(like.dtype).contiguous()
+
+
+def _per_row(v: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    return v.view((-1,) + (1,) * (like.dim() - 1))
+
+
+def _same_index_dtype(*indices: torch.Tensor) -> torch.dtype:
+    dtype = indices[0].dtype
+    if any(i.dtype != dtype for i in indices[1:]) or dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"CSR indices must all be int32 or all int64, got {[i.dtype for i in indices]}")
+    return dtype
+
+
+# --------------------------------------------------------------------------- implementations (no autograd)
+
+def _csr_sum_impl(x, ptr, col, values, divide):
+    """``y[j] = sum_{e in ptr[j]:ptr[j+1]} values[e] * x[col[e]] / divide[j]`` (``col`` None: row e)."""
+    n = ptr.numel() - 1
+    if native_ok(x):
+        # Locals keep every temporary alive while C reads it.
+        x, values, divide = x.contiguous(), _values(values, x), _values(divide, x)
+        index_dtype = _same_index_dtype(ptr) if col is None else _same_index_dtype(ptr, col)
+        y = x.new_empty((n,) + tuple(x.shape[1:]))
+        native.function("segment_sum", x.dtype, index_dtype)(
+            n, ptr.data_ptr(), _address(col), _address(values), x.data_ptr(), _width(x), y.data_ptr(),
+            _address(divide), torch.get_num_threads())
+        return y
+    return _csr_sum_torch(x, ptr, col, values, divide)
+
+
+def _csr_sum_torch(x, ptr, col, values, divide):
+    from .kernels import _csr, _spmm, _ones, _csr_index_dtype  # noqa: PLC0415 - kernels imports this module
+    n = ptr.numel() - 1
+    if col is not None and x.device.type == "cpu" and x.dtype in _NATIVE_DTYPES:
+        # MKL's CSR sparse-dense product (int32 indices where they fit).
+        e = col.numel()
+        c = _ones(e, x.dtype, x.device) if values is None else values.to(x.dtype)
+        index_dtype = _csr_index_dtype(max(e, x.shape[0], 1))
+        y = _spmm(_csr(ptr.to(index_dtype), col.to(index_dtype), c, (n, x.shape[0])), x)
+    else:
+        rows = x if col is None else x.index_select(0, col.long())
+        if values is not None:
+            rows = rows * _per_row(values.to(x.dtype), rows)
+        y = torch.segment_reduce(rows, "sum", offsets=ptr.long(), axis=0, unsafe=True)
+    if divide is not None:
+        y = y / _per_row(divide.to(y.dtype), y)
+    return y
+
+
+def _broadcast_impl(g, ptr, values, divide, n_entries):
+    """``out[e] = values[e] * g[j] / divide[j]`` for the entries e of segment j."""
+    if native_ok(g):
+        g, values, divide = g.contiguous(), _values(values, g), _values(divide, g)
+        out = g.new_empty((n_entries,) + tuple(g.shape[1:]))
+        native.function("segment_broadcast", g.dtype, _same_index_dtype(ptr))(
+            ptr.numel() - 1, ptr.data_ptr(), _address(values), g.data_ptr(), _width(g), out.data_ptr(),
+            _address(divide), torch.get_num_threads())
+        return out
+    if divide is not None:
+        g = g / _per_row(divide.to(g.dtype), g)
+    out = g.repeat_interleave(ptr.diff().long(), dim=0, output_size=n_entries)
+    if values is not None:
+        out = out * _per_row(values.to(out.dtype), out)
+    return out
+
+
+def _extremum_impl(x, ptr, reduce):
+    if native_ok(x):
+        x = x.contiguous()
+        n = ptr.numel() - 1
+        y = x.new_empty((n,) + tuple(x.shape[1:]))
+        native.function(f"segment_{reduce}", x.dtype, _same_index_dtype(ptr))(
+            n, ptr.data_ptr(), None, x.data_ptr(), _width(x), y.data_ptr(), torch.get_num_threads())
+        return y
+    return torch.segment_reduce(x, reduce, offsets=ptr.long(), axis=0, unsafe=True)
+
+
+def _extremum_backward_impl(grad, x, y, ptr):
+    """``mask * (grad / ties)[seg]`` with ``mask = x == y[seg]``, ``ties[j] = sum(mask[seg j])``."""
+    if native_ok(x) and grad.dtype == x.dtype:
+        x, y, grad = x.contiguous(), y.contiguous(), grad.contiguous()
+        out = torch.empty_like(x)
+        ties = torch.empty_like(y)  # scratch
+        native.function("segment_extremum_backward", x.dtype, _same_index_dtype(ptr))(
+            ptr.numel() - 1, ptr.data_ptr(), x.data_ptr(), y.data_ptr(), grad.data_ptr(), _width(x), out.data_ptr(),
+            ties.data_ptr(), torch.get_num_threads())
+        return out
+    return _extremum_backward_torch(grad, x, y, ptr)
+
+
+def _extremum_backward_torch(grad, x, y, ptr):
+    # Differentiable in grad (double backward): the mask is a constant.
+    counts = ptr.diff().long()
+    n_entries = x.shape[0]
+    mask = (x.detach() == y.detach().repeat_interleave(counts, dim=0, output_size=n_entries)).to(grad.dtype)
+    ties = torch.segment_reduce(mask, "sum", offsets=ptr.long(), axis=0, unsafe=True)
+    return (grad / ties).repeat_interleave(counts, dim=0, output_size=n_entries) * mask
+
+
+# --------------------------------------------------------------------------- registered ops
+
+@torch.library.custom_op("neurovec::gather_sum", mutates_args=())
+def _gather_sum_op(x: torch.Tensor, ptr: torch.Tensor, col: torch.Tensor, values: torch.Tensor | None,
+                   t_ptr: torch.Tensor, t_col: torch.Tensor, t_values: torch.Tensor | None) -> torch.Tensor:
+    return _csr_sum_impl(x, ptr, col, values, None)
+
+
+@_gather_sum_op.register_fake
+def _(x, ptr, col, values, t_ptr, t_col, t_values):
+    return x.new_empty((ptr.shape[0] - 1,) + tuple(x.shape[1:]))
+
+
+def _gather_sum_setup(ctx, inputs, output):
+    x, ptr, col, values, t_ptr, t_col, t_values = inputs
+    ctx.save_for_backward(ptr, col, values, t_ptr, t_col, t_values)
+
+
+def _gather_sum_backward(ctx, grad):
+    ptr, col, values, t_ptr, t_col, t_values = ctx.saved_tensors
+    grad_x = None
+    if ctx.needs_input_grad[0]:
+        grad_x = torch.ops.neurovec.gather_sum(grad, t_ptr, t_col, t_values, ptr, col, values)
+    return grad_x, None, None, None, None, None, None
+
+
+_gather_sum_op.register_autograd(_gather_sum_backward, setup_context=_gather_sum_setup)
+
+
+@torch.library.custom_op("neurovec::segment_sum", mutates_args=())
+def _segment_sum_op(x: torch.Tensor, ptr: torch.Tensor, values: torch.Tensor | None,
+                    divide: torch.Tensor | None) -> torch.Tensor:
+    return _csr_sum_impl(x, ptr, None, values, divide)
+
+
+@_segment_sum_op.register_fake
+def _(x, ptr, values, divide):
+    return x.new_empty((ptr.shape[0] - 1,) + tuple(x.shape[1:]))
+
+
+@torch.library.custom_op("neurovec::segment_broadcast", mutates_args=())
+def _segment_broadcast_op(g: torch.Tensor, ptr: torch.Tensor, values: torch.Tensor | None,
+                          divide: torch.Tensor | None, n_entries: int) -> torch.Tensor:
+    return _broadcast_impl(g, ptr, values, divide, n_entries)
+
+
+@_segment_broadcast_op.register_fake
+def _(g, ptr, values, divide, n_entries):
+    return g.new_empty((n_entries,) + tuple(g.shape[1:]))
+
+
+def _segment_sum_setup(ctx, inputs, output):
+    x, ptr, values, divide = inputs
+    ctx.save_for_backward(ptr, values, divide)
+    ctx.n_entries = x.shape[0]
+
+
+def _segment_sum_backward(ctx, grad):
+    ptr, values, divide = ctx.saved_tensors
+    grad_x = None
+    if ctx.needs_input_grad[0]:
+        grad_x = torch.ops.neurovec.segment_broadcast(grad, ptr, values, divide, ctx.n_entries)
+    return grad_x, None, None, None
+
+
+def _broadcast_setup(ctx, inputs, output):
+    g, ptr, values, divide, n_entries = inputs
+    ctx.save_for_backward(ptr, values, divide)
+
+
+def _broadcast_backward(ctx, grad):
+    ptr, values, divide = ctx.saved_tensors
+    grad_g = None
+    if ctx.needs_input_grad[0]:
+        grad_g = torch.ops.neurovec.segment_sum(grad, ptr, values, divide)
+    return grad_g, None, None, None, None
+
+
+_segment_sum_op.register_autograd(_segment_sum_backward, setup_context=_segment_sum_setup)
+_segment_broadcast_op.register_autograd(_broadcast_backward, setup_context=_broadcast_setup)
+
+
+@torch.library.custom_op("neurovec::segment_max", mutates_args=())
+def _segment_max_op(x: torch.Tensor, ptr: torch.Tensor) -> torch.Tensor:
+    return _extremum_impl(x, ptr, "max")
+
+
+@torch.library.custom_op("neurovec::segment_min", mutates_args=())
+def _segment_min_op(x: torch.Tensor, ptr: torch.Tensor) -> torch.Tensor:
+    return _extremum_impl(x, ptr, "min")
+
+
+@torch.library.custom_op("neurovec::segment_extremum_backward", mutates_args=())
+def _extremum_backward_op(grad: torch.Tensor, x: torch.Tensor, y: torch.Tensor, ptr: torch.Tensor) -> torch.Tensor:
+    return _extremum_backward_impl(grad, x, y, ptr)
+
+
+def _extremum_fake(x, ptr):
+    return x.new_empty((ptr.shape[0] - 1,) + tuple(x.shape[1:]))
+
+
+_segment_max_op.register_fake(_extremum_fake)
+_segment_min_op.register_fake(_extremum_fake)
+
+
+@_extremum_backward_op.register_fake
+def _(grad, x, y, ptr):
+    return torch.empty_like(x)
+
+
+def _extremum_setup(ctx, inputs, output):
+    x, ptr = inputs
+    ctx.save_for_backward(x, output, ptr)
+
+
+def _extremum_backward(ctx, grad):
+    x, y, ptr = ctx.saved_tensors
+    grad_x = None
+    if ctx.needs_input_grad[0]:
+        grad_x = torch.ops.neurovec.segment_extremum_backward(grad, x, y, ptr)
+    return grad_x, None
+
+
+_segment_max_op.register_autograd(_extremum_backward, setup_context=_extremum_setup)
+_segment_min_op.register_autograd(_extremum_backward, setup_context=_extremum_setup)
+
+
+# --------------------------------------------------------------------------- eager autograd
+
+class _GatherSum(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, ptr, col, values, t_ptr, t_col, t_values):
+        ctx.save_for_backward(ptr, col, values, t_ptr, t_col, t_values)
+        return _csr_sum_impl(x, ptr, col, values, None)
+
+    @staticmethod
+    def backward(ctx, grad):
+        ptr, col, values, t_ptr, t_col, t_values = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph: stay differentiable
+            grad_x = _GatherSum.apply(grad, t_ptr, t_col, t_values, ptr, col, values)
+        else:
+            grad_x = _csr_sum_impl(grad, t_ptr, t_col, t_values, None)
+        return grad_x, None, None, None, None, None, None
+
+
+class _SegmentSum(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, ptr, values, divide):
+        ctx.save_for_backward(ptr, values, divide)
+        ctx.n_entries = x.shape[0]
+        return _csr_sum_impl(x, ptr, None, values, divide)
+
+    @staticmethod
+    def backward(ctx, grad):
+        ptr, values, divide = ctx.saved_tensors
+        if torch.is_grad_enabled():
+            return _SegmentBroadcast.apply(grad, ptr, values, divide, ctx.n_entries), None, None, None
+        return _broadcast_impl(grad, ptr, values, divide, ctx.n_entries), None, None, None
+
+
+class _SegmentBroadcast(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, g, ptr, values, divide, n_entries):
+        ctx.save_for_backward(ptr, values, divide)
+        return _broadcast_impl(g, ptr, values, divide, n_entries)
+
+    @staticmethod
+    def backward(ctx, grad):
+        ptr, values, divide = ctx.saved_tensors
+        return _SegmentSum.apply(grad, ptr, values, divide), None, None, None, None
+
+
+class _SegmentExtremum(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, ptr, reduce):
+        y = _extremum_impl(x, ptr, reduce)
+        ctx.save_for_backward(x, y, ptr)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, y, ptr = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph: the differentiable torch formula
+            return _extremum_backward_torch(grad, x, y, ptr), None, None
+        return _extremum_backward_impl(grad, x, y, ptr), None, None
+
+
+# --------------------------------------------------------------------------- entry points
+
+def gather_sum(x: torch.Tensor, ptr: torch.Tensor, col: torch.Tensor, values: torch.Tensor | None,
+               t_ptr: torch.Tensor, t_col: torch.Tensor, t_values: torch.Tensor | None) -> torch.Tensor:
+    """``y[j] = sum_{e in ptr[j]:ptr[j+1]} values[e] * x[col[e]]``; ``t_*`` is the transposed CSR."""
+    if torch.compiler.is_compiling():
+        return torch.ops.neurovec.gather_sum(x, ptr, col, values, t_ptr, t_col, t_values)
+    return _GatherSum.apply(x, ptr, col, values, t_ptr, t_col, t_values)
+
+
+def segment_reduce(x: torch.Tensor, ptr: torch.Tensor, reduce: str, counts: torch.Tensor | None = None,
+                   values: torch.Tensor | None = None) -> torch.Tensor:
+    """Reduce each CSR segment of ``x`` (rows sorted by segment): sum (times per-row
+    ``values``), mean (divided by ``counts``), max or min (ties share the gradient)."""
+    compiling = torch.compiler.is_compiling()
+    if reduce in ("sum", "mean"):
+        divide = None
+        if reduce == "mean":
+            if counts is None:
+                raise ValueError("reduce='mean' needs counts")
+            divide = counts if counts.dtype == x.dtype else counts.to(x.dtype)
+        if compiling:
+            return torch.ops.neurovec.segment_sum(x, ptr, values, divide)
+        return _SegmentSum.apply(x, ptr, values, divide)
+    if reduce in ("max", "min"):
+        if compiling:
+            op = torch.ops.neurovec.segment_max if reduce == "max" else torch.ops.neurovec.segment_min
+            return op(x, ptr)
+        return _SegmentExtremum.apply(x, ptr, reduce)
+    raise ValueError(f"unknown reduction {reduce!r} for the native segment ops; expected one of {REDUCTIONS}")

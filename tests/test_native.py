@@ -1,0 +1,251 @@
+"""neurovec's C++ kernels (``engines/native.py``) and the ops around them (``engines/ops.py``).
+
+Every op is checked against a per-segment reference (the reference engine's
+``stack + sum/mean/amax/amin``), outputs and gradients in float64, with the C++
+kernels on and off (the torch fallback), through the eager autograd Functions and
+through the registered ``torch.ops.neurovec`` ops; and the build: cache, lock,
+switch, and a compiler that fails.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from neurovec.engines import kernels as K
+from neurovec.engines import native, ops
+
+F64 = torch.float64
+ROOT = Path(__file__).resolve().parents[2]  # the folder holding the neurovec package
+
+needs_native = pytest.mark.skipif(not native.available(), reason=f"C++ kernels not built: {native.build_info}")
+
+
+@pytest.fixture(params=["cpp", "torch"])
+def backend(request, monkeypatch):
+    """Run a test with the C++ kernels and with their pure-torch fallback."""
+    if request.param == "cpp":
+        if not native.available():
+            pytest.skip(f"C++ kernels not built: {native.build_info}")
+    else:
+        monkeypatch.setattr(native, "_enabled", False)
+    return request.param
+
+
+def reference_reduce(x: torch.Tensor, counts, reduce: str, values=None) -> torch.Tensor:
+    if values is not None:
+        x = x * values.view((-1,) + (1,) * (x.dim() - 1))
+    fn = {"sum": lambda t: t.sum(0), "mean": lambda t: t.mean(0), "max": lambda t: t.amax(0),
+          "min": lambda t: t.amin(0)}[reduce]
+    return torch.stack([fn(part) for part in torch.split(x, list(counts))])
+
+
+def grads(fn, x: torch.Tensor, seed: int):
+    x = x.detach().clone().requires_grad_()
+    y = fn(x)
+    g = torch.randn(y.shape, dtype=y.dtype, generator=torch.Generator().manual_seed(seed))
+    (gx,) = torch.autograd.grad(y, x, g)
+    return y.detach(), gx
+
+
+def ptr_of(counts, dtype=torch.int64) -> torch.Tensor:
+    return torch.tensor(np.concatenate([[0], np.cumsum(counts)]), dtype=dtype)
+
+
+# --------------------------------------------------------------------------- segment reductions
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(counts=st.lists(st.integers(1, 5), min_size=1, max_size=10),
+       width=st.sampled_from([(), (1,), (3,), (16,), (5,), (2, 3)]),
+       reduce=st.sampled_from(ops.REDUCTIONS), with_values=st.booleans(), ties=st.booleans(),
+       index_dtype=st.sampled_from([torch.int32, torch.int64]), registered=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_segment_ops_match_reference(backend, counts, width, reduce, with_values, ties, index_dtype, registered, seed):
+    """Outputs and gradients of sum (with per-row values) / mean / max / min, ties split evenly."""
+    gen = torch.Generator().manual_seed(seed)
+    shape = (sum(counts),) + width
+    # Small integers: many ties (also whole tied segments); gaussians: the generic case.
+    x = torch.randint(-2, 3, shape, generator=gen).to(F64) if ties else torch.randn(shape, dtype=F64, generator=gen)
+    values = torch.randn(shape[0], dtype=F64, generator=gen) if with_values and reduce == "sum" else None
+    ptr, cnt = ptr_of(counts, index_dtype), torch.tensor(counts, dtype=F64)
+
+    def native_path(t):
+        if registered:  # the custom op and its registered autograd, as under torch.compile
+            if reduce in ("sum", "mean"):
+                return torch.ops.neurovec.segment_sum(t, ptr, values, cnt if reduce == "mean" else None)
+            return getattr(torch.ops.neurovec, f"segment_{reduce}")(t, ptr)
+        return ops.segment_reduce(t, ptr, reduce, cnt, values)
+
+    y, gx = grads(native_path, x, seed)
+    y_ref, gx_ref = grads(lambda t: reference_reduce(t, counts, reduce, values), x, seed)
+    exact = ties and reduce in ("max", "min")  # integer extrema and their gradients are exact
+    tol = 0 if exact else 1e-12
+    torch.testing.assert_close(y, y_ref, atol=tol, rtol=tol)
+    torch.testing.assert_close(gx, gx_ref, atol=1e-12, rtol=1e-12)
+
+
+@needs_native
+@pytest.mark.parametrize("reduce", ["max", "min"])
+def test_extremum_bitwise_equal_to_torch_fallback(reduce):
+    """Forward and backward floats identical to the torch formula, ties, -0.0, NaN and inf included."""
+    x = torch.tensor([[1.0, -0.0, float("nan"), 3.0], [1.0, 0.0, 2.0, float("inf")], [0.5, -0.0, 1.0, 3.0],
+                      [2.0, 5.0, -1.0, float("-inf")], [2.0, 5.0, -1.0, float("-inf")]], dtype=F64)
+    ptr = torch.tensor([0, 3, 5])
+    g = torch.tensor([[1.0, -2.0, 3.0, -0.5], [-1.0, 4.0, 0.0, 2.0]], dtype=F64)
+    y = ops._extremum_impl(x, ptr, reduce)
+    gx = ops._extremum_backward_impl(g, x, y, ptr)
+    with native.disabled():
+        y_t = ops._extremum_impl(x, ptr, reduce)
+        gx_t = ops._extremum_backward_impl(g, x, y_t, ptr)
+    np.testing.assert_array_equal(y.numpy(), y_t.numpy())
+    np.testing.assert_array_equal(gx.numpy(), gx_t.numpy())  # NaN where NaN, and signed zeros...
+    assert (torch.signbit(gx) == torch.signbit(gx_t)).all()
+
+
+@pytest.mark.parametrize("reduce", ["sum", "mean"])
+def test_double_backward(backend, reduce):
+    ptr, cnt = ptr_of([2, 1, 3]), torch.tensor([2.0, 1.0, 3.0], dtype=F64)
+    x = (torch.arange(12, dtype=F64).view(6, 2) * 0.37 % 1.3).requires_grad_()
+    values = torch.linspace(0.5, 2.0, 6, dtype=F64)
+    assert torch.autograd.gradgradcheck(lambda t: ops.segment_reduce(t, ptr, reduce, cnt), (x,))
+    assert torch.autograd.gradgradcheck(lambda t: ops.segment_reduce(t, ptr, "sum", None, values), (x,))
+    assert torch.autograd.gradgradcheck(lambda t: torch.ops.neurovec.segment_sum(t, ptr, values, None), (x,))
+
+
+# --------------------------------------------------------------------------- gather + sum
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(counts=st.lists(st.integers(1, 5), min_size=1, max_size=10), n_sources=st.integers(1, 6),
+       width=st.sampled_from([(), (3,), (16,), (2, 3)]), with_values=st.booleans(), registered=st.booleans(),
+       seed=st.integers(0, 2**16), data=st.data())
+def test_gather_sum_matches_reference(backend, counts, n_sources, width, with_values, registered, seed, data):
+    """Repeated sources (also within a segment), unread sources, single-edge segments."""
+    e = sum(counts)
+    index = data.draw(st.lists(st.integers(0, n_sources - 1), min_size=e, max_size=e))
+    gen = torch.Generator().manual_seed(seed)
+    values = torch.randn(e, dtype=F64, generator=gen) if with_values else None
+    gs = K.GatherSum.from_index(index, counts, n_sources, values, dtype=F64)
+    x = torch.randn((n_sources,) + width, dtype=F64, generator=gen)
+
+    def fused(t):
+        if registered:
+            return torch.ops.neurovec.gather_sum(t, gs.ptr, gs.index, gs.values, gs.t_ptr, gs.t_col, gs.t_values)
+        return gs(t)
+
+    y, gx = grads(fused, x, seed)
+    y_ref, gx_ref = grads(lambda t: reference_reduce(t[torch.tensor(index)], counts, "sum", values), x, seed)
+    torch.testing.assert_close(y, y_ref, atol=1e-12, rtol=1e-12)
+    torch.testing.assert_close(gx, gx_ref, atol=1e-12, rtol=1e-12)
+
+
+def test_gather_sum_double_backward(backend):
+    gs = K.GatherSum.from_index([0, 2, 2, 1, 0], [2, 3], 3, [0.5, 1.5, -1.0, 2.0, 0.25], dtype=F64)
+    x = torch.randn(3, 2, dtype=F64, requires_grad=True)
+    assert torch.autograd.gradgradcheck(gs, (x,))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_native_equals_fallback_at_scale(dtype):
+    """A PROTEINS-sized random layer: the C++ kernels give the torch fallback's numbers."""
+    if not native.available():
+        pytest.skip("C++ kernels not built")
+    rng = np.random.default_rng(0)
+    counts = rng.integers(1, 9, 5000)
+    index = rng.integers(0, 3000, int(counts.sum()))
+    gs = K.GatherSum.from_index(index, counts, 3000, rng.normal(size=index.size), dtype=dtype)
+    x = torch.randn(3000, 16, dtype=dtype)
+    tol = 1e-5 if dtype == torch.float32 else 1e-12
+    rows = rng.multinomial(3000 - 500, np.full(500, 1 / 500)) + 1  # 500 segments over the 3000 rows of x
+    ptr, cnt = ptr_of(rows), torch.tensor(rows, dtype=dtype)
+    for fn in (gs, lambda t: ops.segment_reduce(t, ptr, "max"), lambda t: ops.segment_reduce(t, ptr, "mean", cnt)):
+        y, gx = grads(fn, x, 0)
+        with native.disabled():
+            y_t, gx_t = grads(fn, x, 0)
+        torch.testing.assert_close(y, y_t, atol=tol, rtol=tol)
+        torch.testing.assert_close(gx, gx_t, atol=tol, rtol=tol)
+
+
+# --------------------------------------------------------------------------- registered ops
+
+@pytest.mark.parametrize("case", ["gather_sum", "segment_sum", "segment_broadcast", "segment_max", "segment_min",
+                                  "segment_extremum_backward"])
+def test_opcheck(case):
+    """Schemas, fake (meta) implementations and autograd registrations pass torch's own checks."""
+    ptr = torch.tensor([0, 2, 3, 6])
+    x = torch.randn(6, 2, dtype=F64, requires_grad=True)
+    gs = K.GatherSum.from_index([0, 2, 2, 1, 0, 3], [2, 1, 3], 4, np.linspace(0.5, 1.5, 6), dtype=F64)
+    cnt = torch.tensor([2.0, 1.0, 3.0], dtype=F64)
+    args = {
+        "gather_sum": (torch.randn(4, 2, dtype=F64, requires_grad=True), gs.ptr, gs.index, gs.values, gs.t_ptr,
+                       gs.t_col, gs.t_values),
+        "segment_sum": (x, ptr, torch.rand(6, dtype=F64), cnt),
+        "segment_broadcast": (torch.randn(3, 2, dtype=F64, requires_grad=True), ptr, None, cnt, 6),
+        "segment_max": (x, ptr),
+        "segment_min": (x, ptr),
+        "segment_extremum_backward": (torch.randn(3, 2, dtype=F64), x.detach(),
+                                      ops._extremum_impl(x.detach(), ptr, "max"), ptr),
+    }[case]
+    torch.library.opcheck(getattr(torch.ops.neurovec, case), args)
+
+
+# --------------------------------------------------------------------------- build, cache, switch
+
+def _python(code: str, **env) -> subprocess.CompletedProcess:
+    environment = dict(os.environ, PYTHONPATH=str(ROOT), **env)
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          env=environment, timeout=600)
+
+
+_REPORT = """
+    import json, torch
+    from neurovec.engines import native, kernels
+    ok = native.available()
+    y = kernels.Segments.from_counts([2, 1]).reduce(torch.tensor([1.0, 2.0, 3.0]), "sum")
+    print(json.dumps({"available": ok, "built": native.build_info.get("built"), "y": y.tolist(),
+                      "error": native.build_info.get("error")}))
+"""
+
+
+def _report(result: subprocess.CompletedProcess) -> dict:
+    import json
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_switched_off_by_environment(tmp_path):
+    report = _report(_python(_REPORT, NEUROVEC_NATIVE="0", NEUROVEC_CACHE_DIR=str(tmp_path)))
+    assert report["available"] is False and report["y"] == [3.0, 3.0]
+    assert not (tmp_path / "native").exists()  # nothing was built
+
+
+def test_failing_compiler_falls_back_with_a_warning(tmp_path):
+    result = _python(_REPORT, CXX="false", NEUROVEC_CACHE_DIR=str(tmp_path), PATH="/nonexistent")
+    report = _report(result)
+    assert report["available"] is False and report["y"] == [3.0, 3.0]
+    assert "no C++ compiler" in report["error"] and "native CPU kernels unavailable" in result.stderr
+
+
+@pytest.mark.skipif(native._compiler() is None, reason="no C++ compiler")
+def test_concurrent_first_use_builds_once(tmp_path):
+    """Two processes start on an empty cache at once: one builds, the other waits and loads it."""
+    environment = dict(os.environ, PYTHONPATH=str(ROOT), NEUROVEC_CACHE_DIR=str(tmp_path))
+    procs = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(_REPORT)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=environment) for _ in range(2)]
+    reports = []
+    for p in procs:
+        out, err = p.communicate(timeout=600)
+        reports.append(_report(subprocess.CompletedProcess(p.args, p.returncode, out, err)))
+    assert all(r["available"] and r["y"] == [3.0, 3.0] for r in reports), reports
+    assert sorted(r["built"] for r in reports) == [False, True]
+    libraries = list((tmp_path / "native").glob("*/*.so"))
+    assert len(libraries) == 1  # no temporary left behind
+    # A later process loads the cached library without building.
+    assert _report(_python(_REPORT, NEUROVEC_CACHE_DIR=str(tmp_path)))["built"] is False
