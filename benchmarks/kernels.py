@@ -1,29 +1,34 @@
 """Micro-benchmark of segment reductions and gather + sum (``neurovec.engines.kernels``).
 
-    python benchmarks/kernels.py                  # PROTEINS GCN layer, F = 32 and 64
-    python benchmarks/kernels.py --reduce sum max --dims 32 --reps 20
+    python benchmarks/kernels.py                  # PROTEINS GCN layer, F = 3, 16 and 32
+    python benchmarks/kernels.py --reduce sum max --dims 16 --reps 20 --threads 1
     python benchmarks/kernels.py --sweep          # sizes behind choose_kernel's thresholds
     python benchmarks/kernels.py --malloc-keep    # keep freed memory (see below)
 
 Sizes: one GCN layer over all PROTEINS graphs -- 43,471 nodes, 162,088 directed
 edges plus one self-loop per node (205,559 edges); segments are nodes, their sizes
-the in-degrees + 1 read from ``PROTEINS_A.txt``. Values ``(E, F)`` float32.
+the in-degrees + 1 read from ``PROTEINS_A.txt``. Values float32 (``--dtype``).
 
 Compared, each forward and backward (``torch.autograd.grad``) timed separately,
 median over ``--reps`` repetitions after warm-up, methods interleaved round-robin
 so that load from other processes spreads over all of them:
 
-* neurovec ``segment_reduce`` (auto, and each forced forward kernel; same backward),
+* neurovec ``segment_reduce``: auto (the C++ kernels where built), with the C++
+  kernels switched off, and each forced torch forward kernel,
 * torch-scatter ``segment_csr`` (if importable; its own backward),
 * PyTorch ``scatter_reduce`` and ``index_add`` (PyTorch's backward),
+* inductor: ``torch.compile`` of the ``index_add`` / ``scatter_reduce`` version
+  (the fused C++ loops it generates, forward and backward),
 * ``torch.segment_reduce`` (PyTorch's backward),
-* and for gather + sum: ``index_select`` + each of the above vs. one sparse CSR
-  matmul (:class:`~neurovec.engines.kernels.GatherSum`).
+* and for gather -> per-edge coefficient (GCN's ``1/sqrt(deg_i deg_j)``) -> sum:
+  :class:`~neurovec.engines.kernels.GatherSum` (C++ kernel, or MKL's CSR matmul
+  with the C++ kernels off) vs. ``index_select`` + multiply + each of the above.
 
 Only the neurovec rows and ``scatter_reduce`` have the reference engine's gradient
 semantics for max/min (ties share the gradient evenly): torch-scatter routes all
 of it to one argmax, and ``torch.segment_reduce`` (torch 2.13) does not divide
 *negative* gradients among ties. Their rows are timings, not alternatives.
+OpenMP threads of the C++ kernels follow ``torch.get_num_threads()`` (``--threads``).
 
 Note on CPU timings: glibc serves blocks over 32 MiB with fresh ``mmap`` and
 unmaps them on free, so every op whose output exceeds that (here the ``(E, 64)``
@@ -45,6 +50,7 @@ import numpy as np
 import torch
 
 from neurovec.engines import kernels as K
+from neurovec.engines import native
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "tu" / "PROTEINS" / "PROTEINS_A.txt"
 
@@ -82,9 +88,24 @@ def time_methods(methods: dict, make_input, reps: int, warmup: int = 2) -> dict[
     return {name: (statistics.median(f), statistics.median(b), min(f), min(b)) for name, (f, b) in times.items()}
 
 
+def torch_only(fn):
+    """``fn`` with neurovec's C++ kernels switched off while it runs (its backward then
+    is the torch one too: the autograd node is chosen in the forward)."""
+    def call(x):
+        with native.disabled():
+            return fn(x)
+    return call
+
+
+def inductor(fn):
+    """``fn`` compiled by torch.compile's default backend (inductor's generated C++ loops)."""
+    return torch.compile(fn, fullgraph=True, dynamic=False)
+
+
 def segment_methods(reduce: str, seg: K.Segments) -> dict:
     ptr, seg_id, counts, n = seg.ptr, seg.seg_id, seg.counts, seg.n_segments
-    m = {"neurovec segment (auto)": lambda x: K.segment_reduce(x, ptr, seg_id, counts, reduce)}
+    m = {"neurovec segment (auto)": lambda x: K.segment_reduce(x, ptr, seg_id, counts, reduce),
+         "neurovec segment, C++ off": torch_only(lambda x: K.segment_reduce(x, ptr, seg_id, counts, reduce))}
     base = "sum" if reduce == "mean" else reduce
     for impl in ("spmm", "segment_reduce", "scatter_reduce", "index_add", "torch_scatter"):
         if base in K._IMPL_REDUCTIONS[impl] and (impl != "torch_scatter" or K.HAS_TORCH_SCATTER):
@@ -99,25 +120,35 @@ def segment_methods(reduce: str, seg: K.Segments) -> dict:
             out = x.new_zeros((n,) + x.shape[1:]).index_add(0, seg_id, x)
             return out if reduce == "sum" else out / counts.view(-1, 1)
         m["torch index_add"] = index_add
+        m["inductor: index_add"] = inductor(index_add)
+    else:
+        m["inductor: scatter_reduce"] = inductor(lambda x: K.scatter_reduce_native(x, seg_id, n, reduce, counts))
     m["torch.segment_reduce"] = lambda x: torch.segment_reduce(x, reduce, offsets=ptr, unsafe=True)
     return m
 
 
 def gather_methods(gs: K.GatherSum, seg: K.Segments) -> dict:
-    ptr, seg_id, counts, n, index = seg.ptr, seg.seg_id, seg.counts, seg.n_segments, gs.index
+    """Each method computes ``y[j] = sum_e values[e] * x[index[e]]`` (GCN's per-edge coefficients)."""
+    ptr, seg_id, counts, n, index = seg.ptr, seg.seg_id, seg.counts, seg.n_segments, gs.index.long()
+    v = gs.values.view(-1, 1)
+
+    def index_add(x):
+        return x.new_zeros((n,) + x.shape[1:]).index_add(0, seg_id, x.index_select(0, index) * v)
+
     m = {
-        "GatherSum (sparse CSR mm)": lambda x: gs(x),
-        "index_select + neurovec segment sum": lambda x: K.segment_reduce(x.index_select(0, index), ptr, seg_id,
-                                                                          counts, "sum"),
-        "index_select + torch index_add": lambda x: x.new_zeros((n,) + x.shape[1:]).index_add(
-            0, seg_id, x.index_select(0, index)),
-        "index_select + torch scatter_reduce": lambda x: K.scatter_reduce_native(
-            x.index_select(0, index), seg_id, n, "sum"),
+        "GatherSum (auto: C++)": lambda x: gs(x),
+        "GatherSum, C++ off (MKL sparse CSR mm)": torch_only(lambda x: gs(x)),
+        "inductor: index_select * c + index_add": inductor(index_add),
+        "index_select * c + neurovec segment sum": lambda x: K.segment_reduce(x.index_select(0, index) * v, ptr,
+                                                                              seg_id, counts, "sum"),
+        "index_select * c + torch index_add": index_add,
+        "index_select * c + torch scatter_reduce": lambda x: K.scatter_reduce_native(
+            x.index_select(0, index) * v, seg_id, n, "sum"),
     }
     if K.HAS_TORCH_SCATTER:
         import torch_scatter
-        m["index_select + torch_scatter.segment_csr"] = lambda x: torch_scatter.segment_csr(
-            x.index_select(0, index), ptr, reduce="sum")
+        m["index_select * c + torch_scatter.segment_csr"] = lambda x: torch_scatter.segment_csr(
+            x.index_select(0, index) * v, ptr, reduce="sum")
     return m
 
 
@@ -135,7 +166,9 @@ def print_table(title: str, results: dict[str, tuple[float, ...]], baseline: str
 def run_proteins(args):
     src, counts = proteins_layer(args.data)
     seg = K.Segments.from_counts(counts, dtype=args.dtype)
-    gs = K.GatherSum.from_index(src, counts, len(counts))
+    deg = counts.astype(np.float64)  # GCN's normalisation 1/sqrt(deg_i deg_j), as per-edge values
+    gs = K.GatherSum.from_index(src, counts, len(counts), 1 / np.sqrt(np.repeat(deg, counts) * deg[src]),
+                                dtype=args.dtype)
     e, n = seg.n_edges, seg.n_segments
     print(f"PROTEINS GCN layer: {n} segments (nodes), {e} edges incl. self-loops, "
           f"counts {counts.min()}..{counts.max()} (mean {counts.mean():.2f}); {args.dtype}, "
@@ -153,7 +186,8 @@ def run_proteins(args):
         if args.gather:
             res = time_methods(gather_methods(gs, seg),
                                lambda: torch.randn((n, dim), generator=gen, dtype=args.dtype), args.reps)
-            print_table(f"gather + sum, F = {dim}: (N, F) -> (S, F)", res, "index_select + torch scatter_reduce")
+            print_table(f"gather * coefficient + sum, F = {dim}: (N, F) -> (S, F)", res,
+                        "index_select * c + torch scatter_reduce")
 
 
 def run_sweep(args):
@@ -217,7 +251,7 @@ def keep_freed_memory():
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dims", type=int, nargs="+", default=[32, 64])
+    parser.add_argument("--dims", type=int, nargs="+", default=[3, 16, 32])
     parser.add_argument("--reduce", nargs="+", default=["sum", "mean", "max", "prod"], choices=K.REDUCTIONS)
     parser.add_argument("--no-gather", dest="gather", action="store_false", help="skip the gather + sum table")
     parser.add_argument("--reps", type=int, default=10)

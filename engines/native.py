@@ -181,23 +181,24 @@ _P = ctypes.c_void_p
 _I64 = ctypes.c_int64
 _INT = ctypes.c_int
 _SIGNATURES = {
-    "segment_sum": (_I64, _P, _P, _P, _P, _I64, _P, _P, _INT),
+    "gather_sum": (_I64, _P, _P, _P, _P, _I64, _P, _INT),
+    "segment_sum": (_I64, _P, _P, _P, _I64, _P, _P, _INT),
     "segment_broadcast": (_I64, _P, _P, _P, _I64, _P, _P, _INT),
-    "segment_max": (_I64, _P, _P, _P, _I64, _P, _INT),
-    "segment_min": (_I64, _P, _P, _P, _I64, _P, _INT),
+    "segment_max": (_I64, _P, _P, _I64, _P, _INT),
+    "segment_min": (_I64, _P, _P, _I64, _P, _INT),
     "segment_extremum_backward": (_I64, _P, _P, _P, _P, _I64, _P, _P, _INT),
 }
-_SUFFIX = {torch.float32: "f32", torch.float64: "f64", torch.int32: "i32", torch.int64: "i64"}
+_SUFFIX = {torch.float32: "f32", torch.float64: "f64"}
 
 
 def _declare(lib: ctypes.CDLL) -> None:
     for name, args in _SIGNATURES.items():
-        for t in ("f32", "f64"):
-            for i in ("i32", "i64"):
-                fn = getattr(lib, f"nv_{name}_{t}_{i}")
-                fn.argtypes, fn.restype = args, None
+        for suffix in _SUFFIX.values():
+            fn = getattr(lib, f"nv_{name}_{suffix}")
+            fn.argtypes, fn.restype = args, None
 
 
-def function(name: str, dtype: torch.dtype, index_dtype: torch.dtype):
-    """The C function ``nv_<name>_<dtype>_<index dtype>`` (the library must be loaded)."""
-    return getattr(_lib, f"nv_{name}_{_SUFFIX[dtype]}_{_SUFFIX[index_dtype]}")
+def function(name: str, dtype: torch.dtype):
+    """The C function ``nv_<name>_<f32|f64>`` (the library must be loaded). Its index
+    arguments are int32 for ``gather_sum``, int64 for the others."""
+    return getattr(_lib, f"nv_{name}_{_SUFFIX[dtype]}")

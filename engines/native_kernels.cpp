@@ -11,7 +11,7 @@
 // Nothing ever writes to the same output row from two threads: threads own
 // disjoint ranges of segments, balanced by their number of entries.
 //
-// Exported symbols are extern "C" and named nv_<kernel>_<f32|f64>_<i32|i64>.
+// Exported symbols are extern "C" and named nv_<kernel>_<f32|f64>.
 #include <cmath>
 #include <cstdint>
 #include <omp.h>
@@ -51,54 +51,62 @@ void for_segments(const I* ptr, int64_t n_rows, int64_t width, int n_threads, Bo
     }
 }
 
-// ---------------------------------------------------------------- weighted sums
-//
-// y[j] = sum_e c[e] * x[src(e)]  (src(e) = col[e], or e when col is null),
-// then y[j] /= divide[j] if divide is given (a mean). The width is a template
-// argument for the common narrow widths, so the inner loop is fully unrolled
-// into registers; other widths accumulate in the output row.
+// The feature width as a template argument for the common narrow widths (W > 0),
+// so that every loop over features is unrolled into registers; Width<0> is any
+// width, read at run time. (Run-time widths also make the compiler version each
+// loop against aliasing: 3x slower at width 3.)
+template <int W>
+struct Width {
+    static constexpr int value = W;
+};
 
-template <typename T, typename I, int W>
-void sum_rows_fixed(int64_t r0, int64_t r1, const I* ptr, const I* col, const T* val, const T* x,
-                    T* y, const T* divide) {
-    for (int64_t r = r0; r < r1; ++r) {
-        T acc[W];
-        for (int k = 0; k < W; ++k) acc[k] = T(0);
-        const int64_t e1 = ptr[r + 1];
-        for (int64_t e = ptr[r]; e < e1; ++e) {
-            const T* xr = x + (col ? (int64_t)col[e] : e) * W;
-            if (val) {
-                const T v = val[e];
-                for (int k = 0; k < W; ++k) acc[k] += v * xr[k];
-            } else {
-                for (int k = 0; k < W; ++k) acc[k] += xr[k];
-            }
-        }
-        T* yr = y + r * W;
-        if (divide) {
-            const T d = divide[r];
-            for (int k = 0; k < W; ++k) yr[k] = acc[k] / d;
-        } else {
-            for (int k = 0; k < W; ++k) yr[k] = acc[k];
-        }
+template <typename Body>
+void with_width(int64_t w, Body body) {
+    switch (w) {
+        case 1: body(Width<1>{}); break;
+        case 2: body(Width<2>{}); break;
+        case 3: body(Width<3>{}); break;
+        case 4: body(Width<4>{}); break;
+        case 8: body(Width<8>{}); break;
+        case 16: body(Width<16>{}); break;
+        case 32: body(Width<32>{}); break;
+        default: body(Width<0>{});
     }
 }
 
-template <typename T, typename I>
-void sum_rows_any(int64_t r0, int64_t r1, const I* ptr, const I* col, const T* val, const T* x,
-                  int64_t w, T* y, const T* divide) {
+// ---------------------------------------------------------------- weighted sums
+//
+// y[j] = sum_e c[e] * x[src(e)]  (src(e) = col[e], or e when col is null),
+// then y[j] /= divide[j] if divide is given (a mean). Accumulates in registers
+// (fixed widths) or in the output row.
+
+template <typename T, typename I, typename WT>
+void sum_rows(int64_t r0, int64_t r1, const I* __restrict__ ptr, const I* __restrict__ col,
+              const T* __restrict__ val, const T* __restrict__ x, int64_t w_any, T* __restrict__ y,
+              const T* __restrict__ divide) {
+    constexpr int kW = WT::value;
+    const int64_t w = kW ? kW : w_any;
+    constexpr int kAcc = kW ? kW : 1;
     for (int64_t r = r0; r < r1; ++r) {
-        T* yr = y + r * w;
-        for (int64_t k = 0; k < w; ++k) yr[k] = T(0);
+        T acc_fixed[kAcc];
+        T* acc = kW ? acc_fixed : y + r * w;
+        for (int64_t k = 0; k < w; ++k) acc[k] = T(0);
         const int64_t e1 = ptr[r + 1];
         for (int64_t e = ptr[r]; e < e1; ++e) {
-            const T* xr = x + (col ? (int64_t)col[e] : e) * w;
-            const T v = val ? val[e] : T(1);
-            for (int64_t k = 0; k < w; ++k) yr[k] += v * xr[k];
+            const T* __restrict__ xr = x + (col ? (int64_t)col[e] : e) * w;
+            if (val) {
+                const T v = val[e];
+                for (int64_t k = 0; k < w; ++k) acc[k] += v * xr[k];
+            } else {
+                for (int64_t k = 0; k < w; ++k) acc[k] += xr[k];
+            }
         }
+        T* yr = y + r * w;
         if (divide) {
             const T d = divide[r];
-            for (int64_t k = 0; k < w; ++k) yr[k] /= d;
+            for (int64_t k = 0; k < w; ++k) yr[k] = acc[k] / d;
+        } else if (kW) {
+            for (int64_t k = 0; k < w; ++k) yr[k] = acc[k];
         }
     }
 }
@@ -107,43 +115,39 @@ template <typename T, typename I>
 void segment_sum(int64_t n_rows, const I* ptr, const I* col, const T* val, const T* x, int64_t w, T* y,
                  const T* divide, int n_threads) {
     for_segments(ptr, n_rows, w, n_threads, [&](int64_t r0, int64_t r1) {
-        switch (w) {
-            case 1: sum_rows_fixed<T, I, 1>(r0, r1, ptr, col, val, x, y, divide); break;
-            case 2: sum_rows_fixed<T, I, 2>(r0, r1, ptr, col, val, x, y, divide); break;
-            case 3: sum_rows_fixed<T, I, 3>(r0, r1, ptr, col, val, x, y, divide); break;
-            case 4: sum_rows_fixed<T, I, 4>(r0, r1, ptr, col, val, x, y, divide); break;
-            case 8: sum_rows_fixed<T, I, 8>(r0, r1, ptr, col, val, x, y, divide); break;
-            case 16: sum_rows_fixed<T, I, 16>(r0, r1, ptr, col, val, x, y, divide); break;
-            case 32: sum_rows_fixed<T, I, 32>(r0, r1, ptr, col, val, x, y, divide); break;
-            case 64: sum_rows_fixed<T, I, 64>(r0, r1, ptr, col, val, x, y, divide); break;
-            default: sum_rows_any<T, I>(r0, r1, ptr, col, val, x, w, y, divide);
-        }
+        with_width(w, [&](auto width) {
+            sum_rows<T, I, decltype(width)>(r0, r1, ptr, col, val, x, w, y, divide);
+        });
     });
 }
 
 // ---------------------------------------------------------------- broadcast
 //
 // The backward of a plain segment sum / mean: every entry of segment j gets
-// g[j] (times val[e], divided by divide[j]): out[e] = c[e] * g[j] / d[j].
+// g[j] (times val[e], divided by divide[j]): out[e] = c[e] * (g[j] / d[j]).
 template <typename T, typename I>
 void segment_broadcast(int64_t n_rows, const I* ptr, const T* val, const T* g, int64_t w, T* out,
                        const T* divide, int n_threads) {
     for_segments(ptr, n_rows, w, n_threads, [&](int64_t r0, int64_t r1) {
-        for (int64_t r = r0; r < r1; ++r) {
-            const T* gr = g + r * w;
-            const int64_t e1 = ptr[r + 1];
-            for (int64_t e = ptr[r]; e < e1; ++e) {
-                T* o = out + e * w;
-                if (divide) {
-                    const T d = divide[r];
-                    if (val) { const T v = val[e]; for (int64_t k = 0; k < w; ++k) o[k] = v * (gr[k] / d); }
-                    else { for (int64_t k = 0; k < w; ++k) o[k] = gr[k] / d; }
-                } else {
-                    if (val) { const T v = val[e]; for (int64_t k = 0; k < w; ++k) o[k] = v * gr[k]; }
-                    else { for (int64_t k = 0; k < w; ++k) o[k] = gr[k]; }
+        with_width(w, [&](auto width) {
+            constexpr int kW = decltype(width)::value;
+            const int64_t ww = kW ? kW : w;
+            for (int64_t r = r0; r < r1; ++r) {
+                const T* __restrict__ gr = g + r * ww;
+                const int64_t e1 = ptr[r + 1];
+                for (int64_t e = ptr[r]; e < e1; ++e) {
+                    T* __restrict__ o = out + e * ww;
+                    if (divide) {
+                        const T d = divide[r];
+                        if (val) { const T v = val[e]; for (int64_t k = 0; k < ww; ++k) o[k] = v * (gr[k] / d); }
+                        else { for (int64_t k = 0; k < ww; ++k) o[k] = gr[k] / d; }
+                    } else {
+                        if (val) { const T v = val[e]; for (int64_t k = 0; k < ww; ++k) o[k] = v * gr[k]; }
+                        else { for (int64_t k = 0; k < ww; ++k) o[k] = gr[k]; }
+                    }
                 }
             }
-        }
+        });
     });
 }
 
@@ -156,26 +160,42 @@ void segment_broadcast(int64_t n_rows, const I* ptr, const T* val, const T* g, i
 // its whole segment gets NaN, as there).
 
 template <bool MAX, typename T>
-inline bool better(T v, T m) { return MAX ? (v > m || std::isnan(v)) : (v < m || std::isnan(v)); }
+inline T pick(T v, T m) {
+    // A NaN stays once there ("v > NaN" is false) and replaces anything.
+    // "|" not "||": no branch (the comparisons are data-dependent, a branch mispredicts).
+    const bool take = (MAX ? v > m : v < m) | (v != v);
+    return take ? v : m;
+}
 
 template <bool MAX, typename T, typename I>
 void segment_extremum(int64_t n_rows, const I* ptr, const I* col, const T* x, int64_t w, T* y, int n_threads) {
     for_segments(ptr, n_rows, w, n_threads, [&](int64_t r0, int64_t r1) {
-        for (int64_t r = r0; r < r1; ++r) {
-            T* yr = y + r * w;
-            const int64_t e0 = ptr[r], e1 = ptr[r + 1];
-            if (e0 == e1) {  // an empty segment (never compiled): the identity, like torch.segment_reduce
-                for (int64_t k = 0; k < w; ++k) yr[k] = MAX ? -INFINITY : INFINITY;
-                continue;
+        with_width(w, [&](auto width) {
+            constexpr int kW = decltype(width)::value;
+            const int64_t ww = kW ? kW : w;
+            constexpr int kAcc = kW ? kW : 1;
+            for (int64_t r = r0; r < r1; ++r) {
+                T* __restrict__ yr = y + r * ww;
+                // Fixed widths keep the running extremum in registers: writing it to y
+                // and reading it back each row stalls on store forwarding (4-10x slower).
+                T m_fixed[kAcc];
+                T* __restrict__ m = kW ? m_fixed : yr;
+                const int64_t e0 = ptr[r], e1 = ptr[r + 1];
+                if (e0 == e1) {  // an empty segment (never compiled): the identity, like torch.segment_reduce
+                    for (int64_t k = 0; k < ww; ++k) yr[k] = MAX ? -INFINITY : INFINITY;
+                    continue;
+                }
+                const T* __restrict__ first = x + (col ? (int64_t)col[e0] : e0) * ww;
+                for (int64_t k = 0; k < ww; ++k) m[k] = first[k];
+                for (int64_t e = e0 + 1; e < e1; ++e) {
+                    const T* __restrict__ xr = x + (col ? (int64_t)col[e] : e) * ww;
+                    // "omp simd": without it gcc emits branchy scalar code here (10x slower).
+#pragma omp simd
+                    for (int64_t k = 0; k < ww; ++k) m[k] = pick<MAX>(xr[k], m[k]);
+                }
+                if (kW) for (int64_t k = 0; k < ww; ++k) yr[k] = m[k];
             }
-            const T* first = x + (col ? (int64_t)col[e0] : e0) * w;
-            for (int64_t k = 0; k < w; ++k) yr[k] = first[k];
-            for (int64_t e = e0 + 1; e < e1; ++e) {
-                const T* xr = x + (col ? (int64_t)col[e] : e) * w;
-                // A NaN stays once there ("v > NaN" is false) and replaces anything.
-                for (int64_t k = 0; k < w; ++k) yr[k] = better<MAX>(xr[k], yr[k]) ? xr[k] : yr[k];
-            }
-        }
+        });
     });
 }
 
@@ -184,56 +204,67 @@ void segment_extremum_backward(int64_t n_rows, const I* ptr, const T* x, const T
                                T* out, T* ties, int n_threads) {
     // ties: (n_rows, w) scratch.
     for_segments(ptr, n_rows, w, n_threads, [&](int64_t r0, int64_t r1) {
-        for (int64_t r = r0; r < r1; ++r) {
-            const T* yr = y + r * w;
-            const T* gr = g + r * w;
-            T* tr = ties + r * w;
-            const int64_t e0 = ptr[r], e1 = ptr[r + 1];
-            for (int64_t k = 0; k < w; ++k) tr[k] = T(0);
-            for (int64_t e = e0; e < e1; ++e) {
-                const T* xr = x + e * w;
-                for (int64_t k = 0; k < w; ++k) tr[k] += (xr[k] == yr[k]) ? T(1) : T(0);
+        with_width(w, [&](auto width) {
+            constexpr int kW = decltype(width)::value;
+            const int64_t ww = kW ? kW : w;
+            constexpr int kAcc = kW ? kW : 1;
+            for (int64_t r = r0; r < r1; ++r) {
+                const T* __restrict__ yr = y + r * ww;
+                const T* __restrict__ gr = g + r * ww;
+                T tr_fixed[kAcc];  // registers for fixed widths (see segment_extremum)
+                T* __restrict__ tr = kW ? tr_fixed : ties + r * ww;
+                const int64_t e0 = ptr[r], e1 = ptr[r + 1];
+                for (int64_t k = 0; k < ww; ++k) tr[k] = T(0);
+                for (int64_t e = e0; e < e1; ++e) {
+                    const T* __restrict__ xr = x + e * ww;
+#pragma omp simd
+                    for (int64_t k = 0; k < ww; ++k) tr[k] += (xr[k] == yr[k]) ? T(1) : T(0);
+                }
+                for (int64_t k = 0; k < ww; ++k) tr[k] = gr[k] / tr[k];  // now the share of each tie
+                for (int64_t e = e0; e < e1; ++e) {
+                    const T* __restrict__ xr = x + e * ww;
+                    T* __restrict__ o = out + e * ww;
+#pragma omp simd
+                    for (int64_t k = 0; k < ww; ++k) o[k] = (xr[k] == yr[k]) ? tr[k] : tr[k] * T(0);
+                }
             }
-            for (int64_t k = 0; k < w; ++k) tr[k] = gr[k] / tr[k];  // now the share of each tie
-            for (int64_t e = e0; e < e1; ++e) {
-                const T* xr = x + e * w;
-                T* o = out + e * w;
-                for (int64_t k = 0; k < w; ++k) o[k] = (xr[k] == yr[k]) ? tr[k] : tr[k] * T(0);
-            }
-        }
+        });
     });
 }
 
 }  // namespace
 
 // ---------------------------------------------------------------- C interface
+//
+// Gathers index with int32 (ptr and col of a GatherSum: 4 bytes per entry to read),
+// plain segment reductions with int64 ptr (the module's segment buffers).
 
-#define NV_EXPORT_ALL(T, TN, I, IN)                                                                        \
-    extern "C" void nv_segment_sum_##TN##_##IN(int64_t n_rows, const I* ptr, const I* col, const T* val,    \
-                                               const T* x, int64_t w, T* y, const T* divide, int nt) {      \
-        segment_sum<T, I>(n_rows, ptr, col, val, x, w, y, divide, nt);                                      \
+#define NV_EXPORT_ALL(T, TN)                                                                                \
+    extern "C" void nv_gather_sum_##TN(int64_t n_rows, const int32_t* ptr, const int32_t* col, const T* val, \
+                                       const T* x, int64_t w, T* y, int nt) {                               \
+        segment_sum<T, int32_t>(n_rows, ptr, col, val, x, w, y, nullptr, nt);                               \
     }                                                                                                       \
-    extern "C" void nv_segment_broadcast_##TN##_##IN(int64_t n_rows, const I* ptr, const T* val, const T* g, \
-                                                     int64_t w, T* out, const T* divide, int nt) {          \
-        segment_broadcast<T, I>(n_rows, ptr, val, g, w, out, divide, nt);                                   \
+    extern "C" void nv_segment_sum_##TN(int64_t n_rows, const int64_t* ptr, const T* val, const T* x,       \
+                                        int64_t w, T* y, const T* divide, int nt) {                         \
+        segment_sum<T, int64_t>(n_rows, ptr, nullptr, val, x, w, y, divide, nt);                             \
     }                                                                                                       \
-    extern "C" void nv_segment_max_##TN##_##IN(int64_t n_rows, const I* ptr, const I* col, const T* x,      \
-                                               int64_t w, T* y, int nt) {                                   \
-        segment_extremum<true, T, I>(n_rows, ptr, col, x, w, y, nt);                                        \
+    extern "C" void nv_segment_broadcast_##TN(int64_t n_rows, const int64_t* ptr, const T* val, const T* g,  \
+                                              int64_t w, T* out, const T* divide, int nt) {                 \
+        segment_broadcast<T, int64_t>(n_rows, ptr, val, g, w, out, divide, nt);                             \
     }                                                                                                       \
-    extern "C" void nv_segment_min_##TN##_##IN(int64_t n_rows, const I* ptr, const I* col, const T* x,      \
-                                               int64_t w, T* y, int nt) {                                   \
-        segment_extremum<false, T, I>(n_rows, ptr, col, x, w, y, nt);                                       \
+    extern "C" void nv_segment_max_##TN(int64_t n_rows, const int64_t* ptr, const T* x, int64_t w, T* y,     \
+                                        int nt) {                                                           \
+        segment_extremum<true, T, int64_t>(n_rows, ptr, nullptr, x, w, y, nt);                              \
     }                                                                                                       \
-    extern "C" void nv_segment_extremum_backward_##TN##_##IN(int64_t n_rows, const I* ptr, const T* x,      \
-                                                             const T* y, const T* g, int64_t w, T* out,     \
-                                                             T* ties, int nt) {                             \
-        segment_extremum_backward<T, I>(n_rows, ptr, x, y, g, w, out, ties, nt);                            \
+    extern "C" void nv_segment_min_##TN(int64_t n_rows, const int64_t* ptr, const T* x, int64_t w, T* y,     \
+                                        int nt) {                                                           \
+        segment_extremum<false, T, int64_t>(n_rows, ptr, nullptr, x, w, y, nt);                             \
+    }                                                                                                       \
+    extern "C" void nv_segment_extremum_backward_##TN(int64_t n_rows, const int64_t* ptr, const T* x,       \
+                                                      const T* y, const T* g, int64_t w, T* out, T* ties,   \
+                                                      int nt) {                                             \
+        segment_extremum_backward<T, int64_t>(n_rows, ptr, x, y, g, w, out, ties, nt);                      \
     }
 
-NV_EXPORT_ALL(float, f32, int32_t, i32)
-NV_EXPORT_ALL(float, f32, int64_t, i64)
-NV_EXPORT_ALL(double, f64, int32_t, i32)
-NV_EXPORT_ALL(double, f64, int64_t, i64)
-
-extern "C" int nv_version() { return 1; }
+NV_EXPORT_ALL(float, f32)
+NV_EXPORT_ALL(double, f64)

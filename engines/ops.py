@@ -57,11 +57,8 @@ def _per_row(v: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return v.view((-1,) + (1,) * (like.dim() - 1))
 
 
-def _same_index_dtype(*indices: torch.Tensor) -> torch.dtype:
-    dtype = indices[0].dtype
-    if any(i.dtype != dtype for i in indices[1:]) or dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"CSR indices must all be int32 or all int64, got {[i.dtype for i in indices]}")
-    return dtype
+def _int64(ptr: torch.Tensor) -> torch.Tensor:
+    return ptr if ptr.dtype == torch.int64 else ptr.long()
 
 
 # --------------------------------------------------------------------------- implementations (no autograd)
@@ -69,20 +66,26 @@ def _same_index_dtype(*indices: torch.Tensor) -> torch.dtype:
 def _csr_sum_impl(x, ptr, col, values, divide):
     """``y[j] = sum_{e in ptr[j]:ptr[j+1]} values[e] * x[col[e]] / divide[j]`` (``col`` None: row e)."""
     n = ptr.numel() - 1
-    if native_ok(x):
+    # The C gather takes int32 indices (GatherSum's, where they fit); larger ones use torch.
+    if native_ok(x) and (col is None or ptr.dtype == col.dtype == torch.int32):
         # Locals keep every temporary alive while C reads it.
         x, values, divide = x.contiguous(), _values(values, x), _values(divide, x)
-        index_dtype = _same_index_dtype(ptr) if col is None else _same_index_dtype(ptr, col)
         y = x.new_empty((n,) + tuple(x.shape[1:]))
-        native.function("segment_sum", x.dtype, index_dtype)(
-            n, ptr.data_ptr(), _address(col), _address(values), x.data_ptr(), _width(x), y.data_ptr(),
-            _address(divide), torch.get_num_threads())
-        return y
+        threads = torch.get_num_threads()
+        if col is None:
+            ptr = _int64(ptr).contiguous()
+            native.function("segment_sum", x.dtype)(n, ptr.data_ptr(), _address(values), x.data_ptr(), _width(x),
+                                                    y.data_ptr(), _address(divide), threads)
+            return y
+        ptr, col = ptr.contiguous(), col.contiguous()
+        native.function("gather_sum", x.dtype)(n, ptr.data_ptr(), col.data_ptr(), _address(values), x.data_ptr(),
+                                               _width(x), y.data_ptr(), threads)
+        return y if divide is None else y / _per_row(divide, y)
     return _csr_sum_torch(x, ptr, col, values, divide)
 
 
 def _csr_sum_torch(x, ptr, col, values, divide):
-    from .kernels import _csr, _spmm, _ones, _csr_index_dtype  # noqa: PLC0415 - kernels imports this module
+    from .kernels import _csr, _csr_index_dtype, _ones, _spmm  # noqa: PLC0415 - kernels imports this module
     n = ptr.numel() - 1
     if col is not None and x.device.type == "cpu" and x.dtype in _NATIVE_DTYPES:
         # MKL's CSR sparse-dense product (int32 indices where they fit).
@@ -94,7 +97,7 @@ def _csr_sum_torch(x, ptr, col, values, divide):
         rows = x if col is None else x.index_select(0, col.long())
         if values is not None:
             rows = rows * _per_row(values.to(x.dtype), rows)
-        y = torch.segment_reduce(rows, "sum", offsets=ptr.long(), axis=0, unsafe=True)
+        y = torch.segment_reduce(rows, "sum", offsets=_int64(ptr), axis=0, unsafe=True)
     if divide is not None:
         y = y / _per_row(divide.to(y.dtype), y)
     return y
@@ -103,9 +106,9 @@ def _csr_sum_torch(x, ptr, col, values, divide):
 def _broadcast_impl(g, ptr, values, divide, n_entries):
     """``out[e] = values[e] * g[j] / divide[j]`` for the entries e of segment j."""
     if native_ok(g):
-        g, values, divide = g.contiguous(), _values(values, g), _values(divide, g)
+        g, values, divide, ptr = g.contiguous(), _values(values, g), _values(divide, g), _int64(ptr).contiguous()
         out = g.new_empty((n_entries,) + tuple(g.shape[1:]))
-        native.function("segment_broadcast", g.dtype, _same_index_dtype(ptr))(
+        native.function("segment_broadcast", g.dtype)(
             ptr.numel() - 1, ptr.data_ptr(), _address(values), g.data_ptr(), _width(g), out.data_ptr(),
             _address(divide), torch.get_num_threads())
         return out
@@ -118,23 +121,24 @@ def _broadcast_impl(g, ptr, values, divide, n_entries):
 
 
 def _extremum_impl(x, ptr, reduce):
+    ptr = _int64(ptr)
     if native_ok(x):
-        x = x.contiguous()
+        x, ptr = x.contiguous(), ptr.contiguous()
         n = ptr.numel() - 1
         y = x.new_empty((n,) + tuple(x.shape[1:]))
-        native.function(f"segment_{reduce}", x.dtype, _same_index_dtype(ptr))(
-            n, ptr.data_ptr(), None, x.data_ptr(), _width(x), y.data_ptr(), torch.get_num_threads())
+        native.function(f"segment_{reduce}", x.dtype)(n, ptr.data_ptr(), x.data_ptr(), _width(x), y.data_ptr(),
+                                                      torch.get_num_threads())
         return y
-    return torch.segment_reduce(x, reduce, offsets=ptr.long(), axis=0, unsafe=True)
+    return torch.segment_reduce(x, reduce, offsets=ptr, axis=0, unsafe=True)
 
 
 def _extremum_backward_impl(grad, x, y, ptr):
     """``mask * (grad / ties)[seg]`` with ``mask = x == y[seg]``, ``ties[j] = sum(mask[seg j])``."""
     if native_ok(x) and grad.dtype == x.dtype:
-        x, y, grad = x.contiguous(), y.contiguous(), grad.contiguous()
+        x, y, grad, ptr = x.contiguous(), y.contiguous(), grad.contiguous(), _int64(ptr).contiguous()
         out = torch.empty_like(x)
-        ties = torch.empty_like(y)  # scratch
-        native.function("segment_extremum_backward", x.dtype, _same_index_dtype(ptr))(
+        ties = torch.empty_like(y)  # scratch for widths without a register version
+        native.function("segment_extremum_backward", x.dtype)(
             ptr.numel() - 1, ptr.data_ptr(), x.data_ptr(), y.data_ptr(), grad.data_ptr(), _width(x), out.data_ptr(),
             ties.data_ptr(), torch.get_num_threads())
         return out
@@ -146,7 +150,7 @@ def _extremum_backward_torch(grad, x, y, ptr):
     counts = ptr.diff().long()
     n_entries = x.shape[0]
     mask = (x.detach() == y.detach().repeat_interleave(counts, dim=0, output_size=n_entries)).to(grad.dtype)
-    ties = torch.segment_reduce(mask, "sum", offsets=ptr.long(), axis=0, unsafe=True)
+    ties = torch.segment_reduce(mask, "sum", offsets=_int64(ptr), axis=0, unsafe=True)
     return (grad / ties).repeat_interleave(counts, dim=0, output_size=n_entries) * mask
 
 

@@ -2,11 +2,10 @@
 
 The generated ``program`` is an exec'd function registered with ``linecache``;
 its weights come from ``self.weights[name]`` on the ``WeightStore`` module and
-its reductions are custom autograd Functions (``engines/kernels.py``). Dynamo
-traces all of that. What it cannot trace is the creation of sparse CSR tensors
-(the ``sparse_mm`` kernel, and ``segment_reduce``'s spmm forward for sums over
->= 16k values): there it breaks the graph and runs that piece eagerly, which is
-correct (tested here) but rules out ``fullgraph=True``.
+its reductions are neurovec's kernels. While dynamo traces, the kernels call the
+``torch.ops.neurovec`` custom ops (``engines/ops.py``: fake implementations and
+registered autograd), so every preset compiles with ``fullgraph=True``, max / min
+layers included, with the C++ kernels on or off.
 
 The quick tests use the ``aot_eager`` backend (dynamo + AOTAutograd, no code
 generation: seconds); the inductor test (C++ code generation, ~30-60 s cold) is
@@ -14,6 +13,7 @@ marked ``slow``. A tiny GCN (4 MUTAG graphs) keeps tracing fast.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import shutil
 
@@ -22,6 +22,8 @@ import torch
 
 import neurovec
 from neurovec import datasets
+from neurovec.compiler.settings import list_presets
+from neurovec.engines import native
 
 PRESETS = ["default", "upward-17-aggressive"]
 
@@ -61,6 +63,17 @@ def _fresh_dynamo():
     torch._dynamo.reset()
     yield
     torch._dynamo.reset()
+
+
+@pytest.fixture(scope="module")
+def tiny_max_min(tu_dir):
+    """GraphSAGE on 4 MUTAG graphs whose first neighbourhood aggregation is a max and readout a min."""
+    ds = datasets.load_tu("MUTAG", tu_dir)
+    graph = datasets.sage(ds, hidden=8, layers=2, samples=[0, 1, 2, 3])
+    swap = {"conv1.mean": "max", "pool": "min"}
+    layers = [dataclasses.replace(layer, aggregation=swap[layer.name]) if getattr(layer, "name", None) in swap
+              else layer for layer in graph.layers]
+    return dataclasses.replace(graph, layers=layers)
 
 
 def _outputs_and_grads(module: torch.nn.Module, call=None):
@@ -129,6 +142,26 @@ def test_fullgraph_with_sparse_mm(tiny_gcn):
     _assert_same(eager, torch.compile(module, backend="aot_eager", fullgraph=True), module)
 
 
+@pytest.mark.parametrize("preset", list_presets())
+def test_fullgraph_with_max_min_every_preset(tiny_max_min, preset):
+    """Segment max / min (and every other kernel a preset picks) trace as one graph."""
+    _require("aot_eager")
+    eager = neurovec.compile(tiny_max_min, preset, torch.float64)
+    module = neurovec.compile(tiny_max_min, preset, torch.float64)
+    _assert_same(eager, torch.compile(module, backend="aot_eager", fullgraph=True), module)
+
+
+@pytest.mark.parametrize("kernel", ["auto", "segment", "sparse_mm"])
+def test_fullgraph_without_native_kernels(tiny_max_min, kernel, monkeypatch):
+    """With the C++ kernels off, the registered ops run their torch fallbacks inside the graph."""
+    _require("aot_eager")
+    monkeypatch.setattr(native, "_enabled", False)
+    settings = neurovec.Settings(reduce_kernel=kernel)
+    eager = neurovec.compile(tiny_max_min, settings, torch.float64)
+    module = neurovec.compile(tiny_max_min, settings, torch.float64)
+    _assert_same(eager, torch.compile(module, backend="aot_eager", fullgraph=True), module)
+
+
 def test_dynamic_facts_under_compile(tiny_gcn):
     _require("aot_eager")
     settings = neurovec.Settings(dynamic_facts=("x",))
@@ -152,3 +185,11 @@ def test_inductor(tiny_gcn, preset):
     _sgd_step(eager, eager)
     _sgd_step(module, call)
     _assert_same(eager, call, module, tol=1e-10)
+
+
+@pytest.mark.slow
+def test_inductor_max_min(tiny_max_min):
+    _require("inductor")
+    eager = neurovec.compile(tiny_max_min, "default", torch.float64)
+    module = neurovec.compile(tiny_max_min, "default", torch.float64)
+    _assert_same(eager, torch.compile(module, backend="inductor", fullgraph=True), module, tol=1e-10)
