@@ -729,10 +729,19 @@ def dense_reduce(x: torch.Tensor, k: int, reduce: str) -> torch.Tensor:
 
 # --------------------------------------------------------------------------- cost model
 
+#: With the C++ kernels, equal-count layers below this many values (E * F) stay
+#: ``"dense"`` (a view and one torch reduction: less per-call overhead); above, the C++
+#: segment kernel is faster (1 thread, fwd + bwd: S=200, k=3, F=4 sum 60 vs 69 µs dense
+#: faster; S=2000, k=3, F=16 146 vs 96 µs; S=43471, k=2, F=16 2.2 vs 1.0 ms). For max /
+#: min the C++ kernel wins from ~1k values (S=200, k=3, F=4: 93 vs 77 µs; S=2000,
+#: F=16: 511 vs 130 µs: torch's amax backward is slow).
+_DENSE_MAX_ELEMENTS = {"sum": 8192, "mean": 8192, "max": 1024, "min": 1024}
+
+
 def choose_kernel(n_edges: int, n_segments: int, counts, feature_size: int, device: torch.device | str,
                   has_torch_scatter: bool = HAS_TORCH_SCATTER, *, reduce: str = "sum",
                   after_gather: bool = False, dtype: torch.dtype | None = None,
-                  rows_sorted: bool = True) -> str:
+                  rows_sorted: bool = True, native_kernels: bool | None = None) -> str:
     """Pick how a layer reduces its edge values into its ``n_segments`` neurons.
 
     Returns one of ``"dense"`` (:func:`dense_reduce`), ``"sparse_mm"``
@@ -743,35 +752,44 @@ def choose_kernel(n_edges: int, n_segments: int, counts, feature_size: int, devi
     ``counts`` are the segment sizes (array-like, or None if unknown);
     ``feature_size`` is the number of values per row (``prod(shape)``);
     ``rows_sorted`` says whether the rows come grouped by segment (CSR); ``dtype``
-    is the values' dtype if known (CPU sparse matmul has no half precision).
+    is the values' dtype if known (CPU sparse matmul has no half precision);
+    ``native_kernels`` whether neurovec's C++ kernels will run (default: on the CPU,
+    for float32/float64 or unknown dtypes, if they are built and switched on).
 
-    Rules, from ``benchmarks/kernels.py`` (2 CPU threads; see its output):
+    Rules, from ``benchmarks/kernels.py`` and ``benchmarks/kernels.py --sweep``:
 
     0. rows not grouped by segment -> ``"scatter"``, the only kernel that does not
        need CSR order (compiled layers are always sorted).
     1. equal counts -> ``"dense"``: a view + one dense reduction over axis 1 needs no
-       index at all and its backward is an ``expand``; fastest whenever it applies
-       (k = 3, F = 16, S = 2000, fwd + bwd: sum 144 vs 234 µs segment, 434 scatter).
-    2. sum right after a gather -> ``"sparse_mm"``: one spmm reads each source row
-       instead of writing and re-reading ``E`` gathered rows, and its backward is
-       one more spmm instead of an ``index_add`` into the sources. PROTEINS
-       (E = 205k, F = 32): forward 2.7 vs 5.9 ms, backward 2.6 vs 9.7 ms against
-       ``index_select`` + segment sum (2.9x / 9.9x against ``scatter_reduce``).
-    3. otherwise ``"segment"``: its forward is never slower than scatter_reduce (it
-       *is* scatter_reduce where that is fastest, spmm for sums) and its backward
-       beats scatter_reduce's at every measured size (PROTEINS F=32/64: 2.6-5x for
-       sum/mean, 3.2x for max, 11x for prod; small layers 1.2-3x).
+       index at all and its backward is an ``expand`` (k = 3, F = 16, S = 2000, fwd +
+       bwd: sum 144 vs 234 µs torch segment, 434 scatter). With the C++ kernels only
+       below :data:`_DENSE_MAX_ELEMENTS` values (``prod``: always), else ``"segment"``.
+    2. sum right after a gather -> ``"sparse_mm"``: one fused kernel (C++, else MKL's
+       spmm) reads each source row instead of writing and re-reading ``E`` gathered
+       rows, and its backward is the same kernel on the prebuilt transpose instead
+       of an ``index_add`` into the sources. PROTEINS (E = 205k, F = 16, 1 thread,
+       per-edge coefficients): C++ forward 0.8 ms, backward 0.7 ms; MKL 1.2 / 1.2 ms;
+       inductor's fused loops 1.3 / 0.8 ms; ``index_select`` + segment sum 4 / 23 ms.
+    3. otherwise ``"segment"``: the C++ kernels (sum, mean, max, min) or torch's best
+       forward per size with a gather backward; its backward beats scatter_reduce's at
+       every measured size (PROTEINS F=32/64: 2.6-5x for sum/mean, 3.2x for max, 11x
+       for prod; small layers 1.2-3x).
     Measured on CPU only; on CUDA the same rules are assumed (unmeasured) with
     torch-scatter's forward inside ``"segment"`` when installed.
     """
     del n_segments, has_torch_scatter  # the per-device forward choice is made inside "segment"
     if not rows_sorted:
         return "scatter"
+    cpu = torch.device(device).type == "cpu"
+    if native_kernels is None:
+        native_kernels = cpu and (dtype is None or dtype in ops._NATIVE_DTYPES) and ops.native.available()
     if counts is not None:
         c = _as_numpy_int(counts, "counts")
         if c.size and (c == c[0]).all() and c[0] * c.size == n_edges:
-            return "dense"
-    cpu_half = torch.device(device).type == "cpu" and dtype is not None and dtype not in _MKL_DTYPES
+            small = n_edges * max(feature_size, 1) < _DENSE_MAX_ELEMENTS.get(reduce, math.inf)
+            if not native_kernels or small:
+                return "dense"
+    cpu_half = cpu and dtype is not None and dtype not in _MKL_DTYPES
     if after_gather and reduce == "sum" and feature_size > 0 and not cpu_half:
         return "sparse_mm"
     return "segment"

@@ -80,7 +80,7 @@ void with_width(int64_t w, Body body) {
 // then y[j] /= divide[j] if divide is given (a mean). Accumulates in registers
 // (fixed widths) or in the output row.
 
-template <typename T, typename I, typename WT>
+template <typename T, typename I, typename WT, bool GATHER, bool WEIGHTED>
 void sum_rows(int64_t r0, int64_t r1, const I* __restrict__ ptr, const I* __restrict__ col,
               const T* __restrict__ val, const T* __restrict__ x, int64_t w_any, T* __restrict__ y,
               const T* __restrict__ divide) {
@@ -89,19 +89,21 @@ void sum_rows(int64_t r0, int64_t r1, const I* __restrict__ ptr, const I* __rest
     constexpr int kAcc = kW ? kW : 1;
     for (int64_t r = r0; r < r1; ++r) {
         T acc_fixed[kAcc];
-        T* acc = kW ? acc_fixed : y + r * w;
+        T* __restrict__ acc = kW ? acc_fixed : y + r * w;
         for (int64_t k = 0; k < w; ++k) acc[k] = T(0);
         const int64_t e1 = ptr[r + 1];
         for (int64_t e = ptr[r]; e < e1; ++e) {
-            const T* __restrict__ xr = x + (col ? (int64_t)col[e] : e) * w;
-            if (val) {
+            const T* __restrict__ xr = x + (GATHER ? (int64_t)col[e] : e) * w;
+            if constexpr (WEIGHTED) {
                 const T v = val[e];
+#pragma omp simd
                 for (int64_t k = 0; k < w; ++k) acc[k] += v * xr[k];
             } else {
+#pragma omp simd
                 for (int64_t k = 0; k < w; ++k) acc[k] += xr[k];
             }
         }
-        T* yr = y + r * w;
+        T* __restrict__ yr = y + r * w;
         if (divide) {
             const T d = divide[r];
             for (int64_t k = 0; k < w; ++k) yr[k] = acc[k] / d;
@@ -111,12 +113,21 @@ void sum_rows(int64_t r0, int64_t r1, const I* __restrict__ ptr, const I* __rest
     }
 }
 
+// The loop-invariant choices (gather or contiguous rows, weighted or not) are
+// template arguments: as run-time branches they cost 2-4x on short segments.
 template <typename T, typename I>
 void segment_sum(int64_t n_rows, const I* ptr, const I* col, const T* val, const T* x, int64_t w, T* y,
                  const T* divide, int n_threads) {
     for_segments(ptr, n_rows, w, n_threads, [&](int64_t r0, int64_t r1) {
         with_width(w, [&](auto width) {
-            sum_rows<T, I, decltype(width)>(r0, r1, ptr, col, val, x, w, y, divide);
+            using WT = decltype(width);
+            if (col) {
+                if (val) sum_rows<T, I, WT, true, true>(r0, r1, ptr, col, val, x, w, y, divide);
+                else sum_rows<T, I, WT, true, false>(r0, r1, ptr, col, val, x, w, y, divide);
+            } else {
+                if (val) sum_rows<T, I, WT, false, true>(r0, r1, ptr, col, val, x, w, y, divide);
+                else sum_rows<T, I, WT, false, false>(r0, r1, ptr, col, val, x, w, y, divide);
+            }
         });
     });
 }
@@ -125,28 +136,52 @@ void segment_sum(int64_t n_rows, const I* ptr, const I* col, const T* val, const
 //
 // The backward of a plain segment sum / mean: every entry of segment j gets
 // g[j] (times val[e], divided by divide[j]): out[e] = c[e] * (g[j] / d[j]).
+template <typename T, typename I, typename WT, bool WEIGHTED>
+void broadcast_rows(int64_t r0, int64_t r1, const I* __restrict__ ptr, const T* __restrict__ val,
+                    const T* __restrict__ g, int64_t w_any, T* __restrict__ out, const T* __restrict__ divide) {
+    constexpr int kW = WT::value;
+    const int64_t w = kW ? kW : w_any;
+    constexpr int kAcc = kW ? kW : 1;
+    for (int64_t r = r0; r < r1; ++r) {
+        const T* __restrict__ gr = g + r * w;
+        const int64_t e1 = ptr[r + 1];
+        if (divide && !kW) {  // any width: divide per entry
+            const T d = divide[r];
+            for (int64_t e = ptr[r]; e < e1; ++e) {
+                const T v = WEIGHTED ? val[e] : T(1);
+                for (int64_t k = 0; k < w; ++k) out[e * w + k] = WEIGHTED ? v * (gr[k] / d) : gr[k] / d;
+            }
+            continue;
+        }
+        // Fixed widths: the row divided once, in registers.
+        T row_fixed[kAcc];
+        if (divide) {
+            const T d = divide[r];
+            for (int64_t k = 0; k < w; ++k) row_fixed[k] = gr[k] / d;
+            gr = row_fixed;
+        }
+        for (int64_t e = ptr[r]; e < e1; ++e) {
+            T* __restrict__ o = out + e * w;
+            if constexpr (WEIGHTED) {
+                const T v = val[e];
+#pragma omp simd
+                for (int64_t k = 0; k < w; ++k) o[k] = v * gr[k];
+            } else {
+#pragma omp simd
+                for (int64_t k = 0; k < w; ++k) o[k] = gr[k];
+            }
+        }
+    }
+}
+
 template <typename T, typename I>
 void segment_broadcast(int64_t n_rows, const I* ptr, const T* val, const T* g, int64_t w, T* out,
                        const T* divide, int n_threads) {
     for_segments(ptr, n_rows, w, n_threads, [&](int64_t r0, int64_t r1) {
         with_width(w, [&](auto width) {
-            constexpr int kW = decltype(width)::value;
-            const int64_t ww = kW ? kW : w;
-            for (int64_t r = r0; r < r1; ++r) {
-                const T* __restrict__ gr = g + r * ww;
-                const int64_t e1 = ptr[r + 1];
-                for (int64_t e = ptr[r]; e < e1; ++e) {
-                    T* __restrict__ o = out + e * ww;
-                    if (divide) {
-                        const T d = divide[r];
-                        if (val) { const T v = val[e]; for (int64_t k = 0; k < ww; ++k) o[k] = v * (gr[k] / d); }
-                        else { for (int64_t k = 0; k < ww; ++k) o[k] = gr[k] / d; }
-                    } else {
-                        if (val) { const T v = val[e]; for (int64_t k = 0; k < ww; ++k) o[k] = v * gr[k]; }
-                        else { for (int64_t k = 0; k < ww; ++k) o[k] = gr[k]; }
-                    }
-                }
-            }
+            using WT = decltype(width);
+            if (val) broadcast_rows<T, I, WT, true>(r0, r1, ptr, val, g, w, out, divide);
+            else broadcast_rows<T, I, WT, false>(r0, r1, ptr, val, g, w, out, divide);
         });
     });
 }

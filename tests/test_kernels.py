@@ -420,6 +420,18 @@ def test_choose_kernel_rules():
     assert K.choose_kernel(10, 4, [3, 3, 3, 1], 8, cpu, True, rows_sorted=False) == "scatter"
 
 
+def test_choose_kernel_equal_counts_with_native_kernels():
+    """Large equal-count layers go to the C++ segment kernels, small ones (and prod) stay dense."""
+    big, small = np.full(10_000, 3), np.full(10, 3)
+    for reduce in ("sum", "max"):
+        assert K.choose_kernel(30_000, 10_000, big, 16, "cpu", reduce=reduce, native_kernels=True) == "segment"
+        assert K.choose_kernel(30_000, 10_000, big, 16, "cpu", reduce=reduce, native_kernels=False) == "dense"
+        assert K.choose_kernel(30, 10, small, 4, "cpu", reduce=reduce, native_kernels=True) == "dense"
+    assert K.choose_kernel(30_000, 10_000, big, 16, "cpu", reduce="prod", native_kernels=True) == "dense"
+    # Half precision never runs the C++ kernels: the default follows the dtype.
+    assert K.choose_kernel(30_000, 10_000, big, 16, "cpu", dtype=torch.bfloat16) == "dense"
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_precision_avoids_spmm_on_cpu(dtype):
     seg = K.Segments.from_counts([3, 2] * 5000)
