@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...engines.kernels import choose_kernel
+from ...engines.kernels import choose_gather_kernel, choose_kernel
 from ..ir import Node, Op, Program
-from ..rewrite import eliminate_dead_code, single_use
+from ..rewrite import eliminate_dead_code, fresh_const, single_use, zero_sign_matters
 from ..settings import Settings
 
 __all__ = ["choose_kernels"]
@@ -67,7 +67,49 @@ def choose_kernels(program: Program, settings: Settings) -> Program:
             node = node.with_(attrs=attrs, srcs=srcs)
             changed = True
         result.append(node)
-    if not changed:
+    if changed:
+        # Fused gathers are now unread.
+        program = eliminate_dead_code(program.replace(nodes=tuple(result)))
+    return _gathers_as_sums(program) if forced == "auto" else program
+
+
+def _needs_grad(program: Program) -> set[str]:
+    """Nodes computed from a learnable weight (their gradient flows back through them)."""
+    learnable = {w.name: w.learnable for w in program.weights}
+    result: set[str] = set()
+    for node in program.nodes:
+        if (node.op is Op.WEIGHTS and any(learnable.get(n, True) for n in node.attrs["names"])) \
+                or any(s in result for s in node.srcs):
+            result.add(node.name)
+    return result
+
+
+def _gathers_as_sums(program: Program) -> Program:
+    """A large gather of a value that needs a gradient becomes a one-row-per-segment fused sum::
+
+        %g = GATHER(%h; index=idx)   ->   %g = REDUCE(%h; kernel='sparse_mm', index=idx,
+                                                      aggregation='sum', counts=ones)
+
+    Same rows forward; the backward is a sorted sum over the transposed index (C++)
+    instead of index_select's scatter (``index_add``). Not where a ``-0.0`` could reach
+    an ``inverse``: a sum turns it into ``+0.0``, a gather keeps it.
+    """
+    grad = _needs_grad(program)
+    keep_sign = zero_sign_matters(program)
+    nodes = program.by_name()
+    constants = dict(program.constants)
+    ones: dict[int, str] = {}
+    result: list[Node] = []
+    for node in program.nodes:
+        if (node.op is Op.GATHER and node.name not in keep_sign
+                and choose_gather_kernel(node.count, _feature_size(node.shape), nodes[node.srcs[0]].name in grad)
+                == "sparse_mm"):
+            if node.count not in ones:
+                ones[node.count] = fresh_const(program, constants, f"ones_{node.count}",
+                                               np.ones(node.count, dtype=np.int64))
+            node = node.with_(op=Op.REDUCE, attrs={"aggregation": "sum", "counts": ones[node.count],
+                                                   "kernel": "sparse_mm", "index": node.attrs["index"]})
+        result.append(node)
+    if not ones:
         return program
-    # Fused gathers are now unread.
-    return eliminate_dead_code(program.replace(nodes=tuple(result)))
+    return program.replace(nodes=tuple(result), constants=constants)

@@ -9,6 +9,7 @@ import neurovec
 from neurovec.compiler.ir import Node, Op, Program
 from neurovec.compiler.passes.kernels import choose_kernels
 from neurovec.compiler.settings import Settings
+from neurovec.engines import native
 from neurovec.engines.torch_module import CompiledModule
 
 from ..equivalence import assert_equivalent
@@ -77,3 +78,62 @@ def test_sparse_mm_with_constant_coefficients(aggregation):
     rows = np.split(coef[:, None] * x[index], np.cumsum(counts)[:-1])
     expected = np.stack([r.sum(0) if aggregation == "sum" else r.mean(0) for r in rows])
     np.testing.assert_allclose(module().numpy(), expected, rtol=1e-12, atol=1e-12)
+
+
+def gather_of_product(rows=5000, sources=4000, width=16, inverse=False, learnable=True):
+    """%h = w * x (a learnable scalar, so %h needs a gradient), %g = GATHER(%h), output %g
+    (or 1 / %g: then the gathered -0.0 row must stay -0.0)."""
+    from neurovec.sources.graph import Weight
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(sources, width))
+    x[0] = -0.0  # a -0.0 row, gathered below
+    index = rng.integers(0, sources, rows)
+    index[:3] = 0
+    nodes = [Node("x", Op.FACT, (), sources, (width,), {"const": "cx"}),
+             Node("w", Op.WEIGHTS, (), 1, (), {"names": ["w"]}),
+             Node("h", Op.LINEAR, ("w", "x"), sources, (width,), {"kind": "mul", "w_layout": "tile"}),
+             Node("g", Op.GATHER, ("h",), rows, (width,), {"index": "idx"})]
+    if inverse:
+        nodes.append(Node("o", Op.TRANSFORM, ("g",), rows, (width,), {"fn": "inverse"}))
+    weight = Weight("w", np.array(1.5), learnable=learnable)
+    return Program(tuple(nodes), {"cx": x, "idx": index}, (weight,), nodes[-1].name)
+
+
+def outputs_and_grads(program):
+    module = CompiledModule(program, torch.float64)
+    out = module()
+    grads = torch.autograd.grad((out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view(out.shape)).sum(),
+                                [p for p in module.parameters()]) if out.requires_grad else ()
+    return out.detach(), grads, module.code
+
+
+@pytest.mark.skipif(not native.available(), reason="the gather rule needs the C++ kernels")
+def test_large_gather_needing_a_gradient_becomes_a_fused_sum():
+    before = gather_of_product()
+    after = choose_kernels(before, Settings())
+    g = after.node("g")
+    assert g.op is Op.REDUCE and g.attrs["kernel"] == "sparse_mm" and g.attrs["index"] == "idx"
+    out, grads, code = outputs_and_grads(after)
+    out_ref, grads_ref, _ = outputs_and_grads(before)
+    assert "gather_sum(h, self.csr_g)" in code
+    # A one-entry sum copies its row (up to the sign of a zero: 0.0 + -0.0 is +0.0, which no
+    # inverse reads here); the backward adds the same terms as index_add.
+    assert out_ref[0, 0].item() == 0 and torch.signbit(out_ref[0, 0])
+    torch.testing.assert_close(out.abs(), out_ref.abs(), rtol=0, atol=0)
+    for a, b in zip(grads, grads_ref):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("case", ["small", "narrow", "constant", "inverse", "forced"])
+def test_gathers_that_stay_index_select(case):
+    program = {"small": lambda: gather_of_product(rows=100, sources=50),
+               "narrow": lambda: gather_of_product(width=2, rows=50_000),
+               "constant": lambda: gather_of_product(learnable=False),
+               "inverse": lambda: gather_of_product(inverse=True),
+               "forced": gather_of_product}[case]()
+    settings = Settings(reduce_kernel="segment") if case == "forced" else Settings()
+    after = choose_kernels(program, settings)
+    assert after.node("g").op is Op.GATHER
+    if case == "inverse":  # 1 / -0.0 = -inf: the sign survives
+        out, _, _ = outputs_and_grads(after)
+        assert torch.isneginf(out[:3, 0]).all()
