@@ -298,8 +298,9 @@ def _header(results: dict) -> list[str]:
     if results.get("peak_rss_bytes"):
         lines.append(f"* peak resident memory of the run: {_mb(results['peak_rss_bytes'])} MB (the largest peak of "
                      "any task build or engine)")
-    if results.get("interrupted"):
-        lines.append(f"* **partial results**: {results['interrupted']}")
+    if not results.get("finished"):
+        lines.append("* **partial results**: written while the run was going on (or after it stopped); the "
+                     "tasks below are those finished by then")
     for note in results.get("notes", []):
         lines.append(f"* note: {note}")
     return lines + [""]
@@ -313,7 +314,8 @@ def _headline(results: dict) -> list[str]:
              "Speed-up = the fastest PyG contender's training step / neurovec's (> 1: neurovec is faster). "
              "neurovec is what a user gets: the `default` preset, and `autotune`'s pick timed in this run "
              "(interleaved with the others); the headline is the better of the two. Targets: "
-             + ", ".join(f"{t}x with {f} features" for f, t in TARGETS.items()) + ". The best preset picked "
+             + ", ".join(f"{t}x with {f.replace('labels', 'label')} features" for f, t in TARGETS.items())
+             + ". The best preset picked "
              "after timing them all is shown apart: it is not something a user gets without timing.", ""]
     lines += _table(["task", "fastest PyG", "PyG step", "default step", "default", "autotune's pick",
                      "autotune step", "autotune", "**headline**", "target", "met",
@@ -362,8 +364,8 @@ def _limit_table(results: dict) -> list[str]:
     copy = next((m for m in measured.values() if m), {})
     lines = ["## The physical limit", "",
              f"Memory bandwidth: a {copy.get('copy_bytes', 0) / 2 ** 20:.0f} MB tensor copy (read + write), median "
-             f"of {copy.get('repeats')}, torch threads {copy.get('threads')}: {speeds}. The bound is the estimated bytes "
-             "one training step must move (`neurovec.benchmarks.tasks.step_bytes`: inputs, adjacency, "
+             f"of {copy.get('repeats')}, torch threads {copy.get('threads')}: {speeds}. The bound is the estimated "
+             "bytes one training step must move (`neurovec.benchmarks.tasks.step_bytes`: inputs, adjacency, "
              "activations and gradients per layer, each read or written once; weights not counted) at that "
              "bandwidth; each engine's figure is bound / its step, the fraction of the bandwidth it achieves "
              "(above 100%: data stayed in cache).", ""]
@@ -554,7 +556,7 @@ def plot_speedup(results: dict, path: Path) -> bool:
                   for r in rows if r["features"] == mode}
         xs = [i + (k - (len(modes) - 1) / 2) * width for i, t in enumerate(tasks) if t in values]
         ys = [values[t] for t in tasks if t in values]
-        bars = ax.bar(xs, ys, width, color=colors.get(mode, "tab:gray"), label=f"{mode} features")
+        bars = ax.bar(xs, ys, width, color=colors.get(mode, "tab:gray"), label=f"{mode.replace('labels', 'label')} features")
         ax.bar_label(bars, labels=[f"{y:.2f}x" for y in ys], fontsize=7, padding=2)
     ax.axhline(1.0, color="black", linewidth=1.2, label="1x: as fast as the fastest PyG")
     ax.axhline(TARGETS["labels"], color="tab:blue", linestyle="--", linewidth=1,

@@ -47,8 +47,9 @@ from .measure import MemoryProbe, Stopwatch, memory_bandwidth, peak_rss_bytes, s
 from .tasks import (DATASETS, FEATURES, ORACLE_MAX_NODES, TU_DATASETS, DataCache, ModelOptions, Task, make_task,
                     models_for, step_bytes, task_key)
 
-__all__ = ["Config", "SPECIAL_ENGINES", "PYG_ENGINES", "expand_engines", "plan", "make_engine", "run", "Trial", "measure_engine",
-           "measure_group", "check_engine", "machine_description", "run_peak_rss", "TOLERANCES", "SCHEMA"]
+__all__ = ["Config", "SPECIAL_ENGINES", "PYG_ENGINES", "expand_engines", "plan", "make_engine", "run", "Trial",
+           "measure_engine", "measure_group", "check_engine", "machine_description", "run_peak_rss", "TOLERANCES",
+           "SCHEMA"]
 
 SCHEMA = "neurovec-benchmark/2"
 PYG_ENGINES = tuple(PYG_VARIANTS)

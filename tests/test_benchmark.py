@@ -206,7 +206,8 @@ def test_both_feature_modes_in_one_run(tu_dir):
     assert [c for c in cells if c[0] == "mutagenesis"] == [("mutagenesis", "simple", "labels", 1, "template")]
 
 
-@pytest.mark.parametrize("features, mode", [("labels", "distinct"), ("labels", "identical"), ("continuous", "distinct")])
+@pytest.mark.parametrize("features, mode",
+                         [("labels", "distinct"), ("labels", "identical"), ("continuous", "distinct")])
 def test_scaling_replicates_the_dataset(tu_dir, tmp_path, features, mode):
     results = suite.run(_config(tu_dir, engines=("default", "pyg-tuned"), scales=(1, 2), warmup=0, scale_mode=mode,
                                 features=(features,)))
@@ -255,7 +256,8 @@ def test_subset_oracle_checks_outputs_and_gradients(tu_dir):
         assert records[name]["status"] == "ok" and 0 < check["samples_checked"] < group["info"]["samples"], name
         assert check["gradients_checked"] > 0
     assert records["wrong"]["status"] == "invalid"
-    assert records["wrong-gradient"]["status"] == "invalid" and "gradient" in records["wrong-gradient"]["check"]["message"]
+    wrong_gradient = records["wrong-gradient"]
+    assert wrong_gradient["status"] == "invalid" and "gradient" in wrong_gradient["check"]["message"]
 
 
 def test_template_weights_do_not_depend_on_the_samples(tu_dir):
