@@ -291,7 +291,9 @@ def _header(results: dict) -> list[str]:
              + (f"; memory bandwidth {speed / 1e9:.1f} GB/s (tensor copy)" if speed else ""),
              f"* neurovec {machine['neurovec']} at {(machine.get('neurovec_commit') or '?')[:10]}"
              + (f" ({machine['neurovec_dirty_files']} modified tracked files)" if machine.get("neurovec_dirty_files")
-                else ""),
+                else "")
+             + {True: "; C++ kernels on", False: "; C++ kernels off or unavailable", None: ""}[
+                 machine.get("neurovec_native_kernels")],
              f"* {config['warmup']} warm-up + {config['reps']} timed iterations per engine "
              f"({config['schedule']}); times are medians in ms; a training step is forward + MSE loss + "
              "backward + Adam step, full batch; NeuraLogic's step is one training epoch"]

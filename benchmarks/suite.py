@@ -195,6 +195,7 @@ def run(config: Config, custom_engines: dict[str, Callable[[], Engine]] | None =
                "groups": []}
     if any(name == "pyg-compiled" for name in engines):
         warm_up_torch_compile()
+    results["machine"]["neurovec_native_kernels"] = _native_kernels()
     progress = _progress_bar(config, cells, engines)
     try:
         for dataset, model, features, scale, source in cells:
@@ -241,6 +242,19 @@ def _run_task(dataset, model, features, scale, source, engines, config, custom, 
     group["engines"] += measure_group(group_engines, task, config, progress)
     group["oracle"] = task.oracle_summary()
     return group
+
+
+def _native_kernels() -> bool | None:
+    """Whether neurovec's C++ kernels are on, building them now if needed (None: this neurovec has none).
+
+    Built once per machine and cached, like inductor's initialisation: done before the
+    first task so that no engine's compile time includes it.
+    """
+    try:
+        from neurovec.engines import native
+        return bool(native.available())
+    except Exception:  # an optional part of neurovec: its absence or failure changes nothing here
+        return None
 
 
 def run_peak_rss(results: dict) -> int | None:
