@@ -1,20 +1,39 @@
-"""How long does compiling a large synthetic graph take? (issue: 1M edges in < 10 s)
+"""How fast does neurovec compile, and how much memory does each pass take? (target: >= 1M edges/s)
 
-    python benchmarks/compile_speed.py --edges 1000000
+    python benchmarks/compile_speed.py --edges 1000000            # a random 3-layer graph
+    python benchmarks/compile_speed.py --tu PROTEINS --scale 1 10  # PROTEINS GCN, continuous features
 
-Builds a random 3-layer message-passing graph with the bulk array API, then
-times validation (Graph construction), the Vectorizer alone, the whole pipeline
-of a preset (with its slowest passes) and module construction.
+The first form builds a random 3-layer message-passing graph with the bulk array API and
+times validation (Graph construction), the Vectorizer alone, the whole pipeline of a preset
+(with its slowest passes) and module construction.
+
+The second form compiles a TU dataset replicated ``k`` times (distinct copies: continuous
+features, so nothing merges; ``benchmarks.tasks.replicate_tu``) with one template, and prints
+one table per scale: every pass's seconds and the process's peak RSS during it (Linux:
+the peak is reset before each pass through ``/proc/self/clear_refs``; elsewhere it is the
+peak so far), then edges per second for the vectorizer and passes, and for the whole
+compile with module construction. Time a quiet machine: the numbers are only as good as
+the machine is idle.
 """
+from __future__ import annotations
+
 import argparse
+import gc
+import resource
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
-import neurovec
+from neurovec import datasets
 from neurovec.compiler import Settings, build_program, vectorize
+from neurovec.compiler.pipeline import PIPELINE
 from neurovec.engines.torch_module import CompiledModule
 from neurovec.sources.graph import FactLayer, Graph, NeuronLayer, Weight
+
+_CLEAR_REFS = Path("/proc/self/clear_refs")
+_STATUS = Path("/proc/self/status")
 
 
 def synthetic_graph(n_edges: int, n_nodes: int | None = None, dim: int = 8, layers: int = 3, seed: int = 0):
@@ -33,11 +52,50 @@ def synthetic_graph(n_edges: int, n_nodes: int | None = None, dim: int = 8, laye
     return graph_layers, weights, n_nodes
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--edges", type=int, default=1_000_000)
-    parser.add_argument("--preset", default="default", help="optimizer preset for the full compile")
-    args = parser.parse_args()
+# -- peak memory ----------------------------------------------------------------------------------
+
+def reset_peak_rss() -> bool:
+    """Start a new peak-RSS window (Linux); False where the peak cannot be reset."""
+    try:
+        _CLEAR_REFS.write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_rss_bytes() -> int:
+    """The process's peak resident memory since the last reset (or since it started)."""
+    try:
+        for line in _STATUS.read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    scale = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: bytes on macOS, KiB on Linux
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
+
+
+def timed_pipeline(graph: Graph, settings: Settings) -> tuple[list[tuple[str, float, int]], object]:
+    """Vectorize and run every enabled pass; per step: (name, seconds, peak RSS bytes)."""
+    rows = []
+    gc.collect()
+    reset_peak_rss()
+    start = time.perf_counter()
+    program = vectorize(graph).replace(dynamic_facts=tuple(settings.dynamic_facts))
+    rows.append(("vectorize", time.perf_counter() - start, peak_rss_bytes()))
+    for name, enabled, run in PIPELINE:
+        if not enabled(settings):
+            continue
+        reset_peak_rss()
+        start = time.perf_counter()
+        program = run(program, settings)
+        rows.append((name, time.perf_counter() - start, peak_rss_bytes()))
+    return rows, program
+
+
+# -- the two forms -------------------------------------------------------------------------------------
+
+def synthetic(args) -> None:
     layers, weights, n_nodes = synthetic_graph(args.edges)
     t0 = time.perf_counter()
     graph = Graph(layers, weights, np.full(n_nodes, len(layers) - 1), np.arange(n_nodes))
@@ -55,6 +113,51 @@ def main():
     print(f"{graph!r}")
     print(f"validate {t1 - t0:.2f} s | vectorize alone {t2 - t1:.2f} s | {args.preset} pipeline {t3 - t2:.2f} s "
           f"({slowest}) | module {t4 - t3:.2f} s | first forward {t5 - t4:.2f} s")
+    print(f"{graph.n_edges / (t3 - t2) / 1e6:.2f} M edges/s (pipeline), "
+          f"{graph.n_edges / (t4 - t2) / 1e6:.2f} M edges/s (pipeline + module)")
+
+
+def tu_scaling(args) -> None:
+    from neurovec.benchmarks.tasks import replicate_tu
+    data = datasets.load_tu(args.tu, args.data_dir, download=False)
+    settings = Settings.preset(args.preset, verify=False)
+    template = getattr(datasets, args.model)
+    for scale in args.scale:
+        replicated = replicate_tu(data, scale, first_copy=True)
+        graph = template(replicated, samples=np.arange(replicated.n_graphs))
+        del replicated
+        rows, program = timed_pipeline(graph, settings)
+        reset_peak_rss()
+        start = time.perf_counter()
+        module = CompiledModule(program)
+        rows.append(("module", time.perf_counter() - start, peak_rss_bytes()))
+        passes = sum(seconds for name, seconds, _ in rows if name != "module")
+        total = passes + rows[-1][1]
+        print(f"\n{args.tu} {args.model.upper()} x{scale}, continuous features, preset {args.preset}: {graph!r}")
+        print("| step | seconds | peak RSS (GB) |\n|---|---:|---:|")
+        for name, seconds, peak in rows:
+            print(f"| {name} | {seconds:.2f} | {peak / 1e9:.2f} |")
+        print(f"| **vectorize + passes** | **{passes:.2f}** | |")
+        print(f"| **total** | **{total:.2f}** | **{max(p for _, _, p in rows) / 1e9:.2f}** |")
+        print(f"{graph.n_edges / passes / 1e6:.2f} M edges/s (vectorize + passes), "
+              f"{graph.n_edges / total / 1e6:.2f} M edges/s (with the module)", flush=True)
+        del graph, program, module
+        gc.collect()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--edges", type=int, default=1_000_000, help="size of the synthetic graph")
+    parser.add_argument("--preset", default="default", help="optimizer preset")
+    parser.add_argument("--tu", default=None, help="a TU dataset (MUTAG, ENZYMES, PROTEINS) instead")
+    parser.add_argument("--model", default="gcn", choices=["gcn", "sage", "gin"])
+    parser.add_argument("--scale", type=int, nargs="+", default=[1, 10, 100], help="copies of the dataset")
+    parser.add_argument("--data-dir", type=Path, default=Path("../shared/data/tu"))
+    args = parser.parse_args()
+    if args.tu:
+        tu_scaling(args)
+    else:
+        synthetic(args)
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ import itertools
 import numpy as np
 
 __all__ = ["first_rows", "first_equal_rows", "first_equal_multisets", "representatives", "all_distinct",
-           "mix64", "row_hashes", "expand_segments"]
+           "mix64", "row_hashes", "expand_segments", "dense_ranks", "stable_order"]
 
 # Odd 64-bit multipliers (from splitmix64 and the golden ratio) for the rounds of slot hashing.
 _MULTIPLIERS = tuple(np.uint64(m) for m in (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB,
@@ -103,6 +103,33 @@ def representatives(first: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def all_distinct(first: np.ndarray) -> bool:
     return bool(np.all(first == np.arange(first.size)))
+
+
+def dense_ranks(keys: np.ndarray, bound: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(values, rank, counts)`` of small non-negative integer keys (all below ``bound``): the
+    distinct keys ascending, each key's position among them, and how often each occurs --
+    ``np.unique(keys, return_inverse=True, return_counts=True)`` by counting instead of sorting."""
+    occurrences = np.bincount(keys, minlength=bound)
+    values = np.flatnonzero(occurrences)
+    position = np.cumsum(occurrences > 0) - 1
+    return values, position[keys], occurrences[values]
+
+
+def stable_order(keys: np.ndarray, bound: int) -> np.ndarray:
+    """``np.argsort(keys, kind="stable")`` for non-negative integer keys below ``bound``, as an LSD
+    radix sort on 16-bit digits (numpy sorts 16-bit keys stably in linear time)."""
+    keys = np.asarray(keys)
+    order = None
+    shift = 0
+    while True:
+        digit = ((keys >> shift) & 0xFFFF).astype(np.uint16)
+        if order is None:
+            order = np.argsort(digit, kind="stable")
+        else:
+            order = order[np.argsort(digit[order], kind="stable")]
+        shift += 16
+        if bound <= 1 << shift:
+            return order
 
 
 # -- rows of bytes ------------------------------------------------------------------------------------

@@ -40,6 +40,9 @@ before the gather, and the convolution on its 19 distinct neighbourhoods::
 """
 from __future__ import annotations
 
+import weakref
+from dataclasses import dataclass
+
 import numpy as np
 
 from ..grouping import first_equal_multisets, first_equal_rows, first_rows, representatives
@@ -65,6 +68,37 @@ def _pair(a: np.ndarray, a_bound: int, b: np.ndarray, b_bound: int) -> tuple[np.
     return a * b_bound + b, max(a_bound * b_bound, 1)
 
 
+@dataclass(frozen=True)
+class _Known:
+    """A node's labels as one labeling pass left them, and what they were computed from."""
+
+    node: Node
+    inputs: tuple          # the node objects it read
+    arrays: tuple          # (key, array) of the constants it named
+    ids: np.ndarray | None  # None: an edge-sized intermediate, recomputed when needed
+    bound: int
+    first: np.ndarray | None
+
+
+# NOTE: [label hand-over] iso_compression, dedup_linear and dedup_aggregations run back to back
+# and label the same nodes. Each leaves its labels to the next, keyed to the program it returned
+# (held weakly: they go when that program does). A label is reused only for the very same node
+# object reading the very same, unchanged nodes and constant arrays (``RowIds.unchanged``).
+_handover: list = []  # [(weakref to the program, {name: _Known})], at most one
+
+
+def _hand_over(program: Program, known: dict) -> None:
+    _handover.clear()
+    ref = weakref.ref(program, lambda _: _handover.clear())
+    _handover.append((ref, known))
+
+
+def _handed_over(program: Program) -> dict:
+    if _handover and _handover[0][0]() is program:
+        return _handover[0][1]
+    return {}
+
+
 class RowIds:
     """Exact labels of every node's rows: equal labels => equal values, as functions of the
     learnable weights (and of the dynamic facts). Follows row moves made through the editor.
@@ -74,8 +108,8 @@ class RowIds:
     (static facts only); an indexing op selects its source's labels; a LINEAR or ADD row is the
     pair of its inputs' labels; a TRANSFORM row its input's label; a REDUCE row the multiset of
     its inputs' labels (every aggregation is commutative; for a mean, up to a common factor of the
-    multiplicities: mean{a, a, b, b} = mean{a, b} for every value of a and b, gradients included). Rows of different CONCAT parts never
-    share a label. Two weights are never equal because their values are: a learnable weight is
+    multiplicities: mean{a, a, b, b} = mean{a, b} for every value of a and b, gradients included).
+    Rows of different CONCAT parts never share a label. Two weights are never equal because their values are: a learnable weight is
     itself only; a fixed weight, with ``fact_values``, equals the fixed weights with the same bytes.
 
     Labels of edge-sized intermediates (gathers, linear products) are dropped once read, so that
@@ -88,6 +122,8 @@ class RowIds:
         self.dynamic = set(dynamic)
         self.memo: dict[str, tuple[np.ndarray, int]] = {}
         self.firsts: dict[str, np.ndarray] = {}
+        self.known = _handed_over(editor.program)  # labels an earlier labeling pass left
+        self._unchanged: dict[str, tuple] = {}  # name -> (node, its inputs, unchanged?) as checked
         editor.row_listeners.append(self._moved)
 
     def _moved(self, name: str, rows: np.ndarray) -> None:
@@ -99,11 +135,59 @@ class RowIds:
     def labels(self, name: str) -> tuple[np.ndarray, int]:
         if name not in self.memo:
             node = self.editor.nodes[name]
-            self.memo[name] = self._compute(node)
+            known = self.known.get(name)
+            if known is not None and known.ids is not None and self.unchanged(name):
+                self.memo[name] = known.ids, known.bound
+                if known.first is not None:
+                    self.firsts[name] = known.first
+            else:
+                self.memo[name] = self._compute(node)
             for s in set(node.srcs):
                 if self.editor.nodes[s].op in _TRANSIENT:
                     self.memo.pop(s, None)
         return self.memo[name]
+
+    def carry(self, name: str) -> None:
+        """Keep an earlier pass's labels of node ``name`` across a redefinition that keeps its values."""
+        known = self.known.get(name)
+        if name not in self.memo and known is not None and known.ids is not None and self.unchanged(name):
+            self.memo[name] = known.ids, known.bound
+
+    def unchanged(self, name: str) -> bool:
+        """Whether node ``name`` holds the same values as when an earlier pass labelled it: the
+        same node object, reading unchanged nodes and the same constant arrays. Leaves (facts,
+        weights) are relabelled -- cheaply -- and compared, since this pass may label them by
+        other rules (fact values or not)."""
+        nodes = self.editor.nodes
+        node = nodes[name]
+        inputs = tuple(nodes[s] for s in node.srcs)
+        checked = self._unchanged.get(name)
+        if checked is not None and checked[0] is node and all(a is b for a, b in zip(checked[1], inputs)):
+            return checked[2] and all(self.unchanged(s) for s in set(node.srcs))
+        known = self.known.get(name)
+        same = known is not None and known.node is node
+        if same and node.op in (Op.FACT, Op.WEIGHTS):
+            ids, bound = self._compute(node)
+            same = bound == known.bound and np.array_equal(ids, known.ids)
+        elif same:
+            same = (all(a is self.editor.constants.get(k) for k, a in known.arrays)
+                    and all(a is b for a, b in zip(known.inputs, inputs))
+                    and all(self.unchanged(s) for s in set(node.srcs)))
+        self._unchanged[name] = (node, inputs, same)
+        return same
+
+    def hand_over(self, program: Program) -> None:
+        """Leave this pass's labels to the next labeling pass, for the nodes of ``program``."""
+        constants, nodes = program.constants, program.by_name()
+        known = {}
+        for name, node in nodes.items():
+            if node is not self.editor.nodes.get(name):
+                continue
+            ids, bound = self.memo.get(name, (None, 0))
+            arrays = tuple((v, constants[v]) for v in node.attrs.values() if isinstance(v, str) and v in constants)
+            known[name] = _Known(node, tuple(nodes[s] for s in node.srcs), arrays, ids, bound,
+                                 self.firsts.get(name) if ids is not None else None)
+        _hand_over(program, known)
 
     def of(self, name: str) -> np.ndarray:
         return self.labels(name)[0]
@@ -247,6 +331,8 @@ def _reindex(editor: Editor, planner: RowPlanner, old: str, new: str, reps: np.n
             editor.define(node.with_(srcs=srcs, count=int(sum(new_counts))), rows=concat_reps)
             _reindex(editor, planner, name, name, concat_reps, concat_inverse, after, after_output, ids)
             continue
+        if ids is not None:
+            ids.carry(name)  # the same values from a reindexed input: its labels still hold
         editor.define(node.with_(srcs=tuple(restored() if s == old else s for s in node.srcs)))
     if was_output:
         editor.output = restored()
@@ -279,7 +365,9 @@ def _dedup(program: Program, settings: Settings, ops: tuple[Op, ...], drop_unuse
             compress(editor, planner, name, reps, inverse, ids)
     if drop_unused:
         _drop_unused_rows(editor, planner, ids)
-    return editor.finish()
+    result = editor.finish()
+    ids.hand_over(result)
+    return result
 
 
 def _drop_unused_rows(editor: Editor, planner: RowPlanner, ids: RowIds) -> None:

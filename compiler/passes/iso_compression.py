@@ -60,7 +60,9 @@ def iso_compress(program: Program, settings: Settings) -> Program:
             if is_input_fact(node) and node.attrs["fact_layer"] not in dynamic and editor.is_live(node.name):
                 editor.define(editor.nodes[node.name].with_(attrs={**editor.nodes[node.name].attrs,
                                                                    "fact_layer": None}))
-    return editor.finish()
+    result = editor.finish()
+    ids.hand_over(result)
+    return result
 
 
 def layer_ends(program: Program) -> set[str]:

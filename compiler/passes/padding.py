@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..grouping import dense_ranks, stable_order
 from ..ir import Node, Op, Program
 from ..settings import Settings
 from .linear_broadcast import NodeEditor, SideRows, best_layout, full_layout, resolve_rows, side_node
@@ -66,16 +67,30 @@ class RowPlan:
         return self.rows == len(self.position) and np.array_equal(self.position, np.arange(self.rows))
 
 
-def _grouped(key: np.ndarray, other: np.ndarray, subsequence: bool, max_rows: int) -> tuple | None:
-    """Rows sorted into blocks by ``key`` (stable), each key's blocks padded to one common size.
+class _Groups:
+    """The rows of a LINEAR grouped by one side's source row: distinct rows (ascending), each
+    row's group, group sizes, and (on first use) the rows in stable group order. Counting, not
+    sorting: the groups are source rows, so their number is bounded by the source's size."""
+
+    def __init__(self, side: SideRows):
+        self.values, self.group, self.counts = dense_ranks(side.index, max(side.source_count, 1))
+        self._order = None
+
+    @property
+    def order(self) -> np.ndarray:
+        if self._order is None:
+            self._order = stable_order(self.group, self.values.size)
+        return self._order
+
+
+def _grouped(groups: _Groups, other: np.ndarray, subsequence: bool, max_rows: int) -> tuple | None:
+    """Rows sorted into blocks by their group (stable), each group's blocks padded to one common size.
 
     With ``subsequence`` a key used ``n_I`` times gets ``t_I = floor(n_I / n_min + 1/2)`` blocks
     (thesis 5.2.5) instead of one. Returns ``(position, rows, new_key, new_other)``, or None
     (before building anything) if that takes more than ``max_rows`` rows.
     """
-    values, group = np.unique(key, return_inverse=True)
-    group = group.reshape(-1)
-    counts = np.bincount(group, minlength=values.size)
+    values, group, counts = groups.values, groups.group, groups.counts
     blocks = np.floor(counts / counts.min() + 0.5).astype(np.int64) if subsequence else np.ones_like(counts)
     block_size = int(np.max(-(-counts // blocks)))
     span = blocks * block_size  # rows reserved for each key
@@ -83,42 +98,47 @@ def _grouped(key: np.ndarray, other: np.ndarray, subsequence: bool, max_rows: in
     if rows > max_rows:
         return None
     start = np.cumsum(span) - span
-    order = np.argsort(group, kind="stable")
+    order = groups.order
     first = np.cumsum(counts) - counts  # where each group starts in `order`
-    rank = np.arange(key.size) - first[group[order]]
-    position = np.empty(key.size, dtype=np.int64)
-    position[order] = start[group[order]] + rank
+    sorted_group = group[order]
+    position = np.empty(group.size, dtype=np.int64)
+    position[order] = start[sorted_group] + (np.arange(group.size) - first[sorted_group])
     # Padding rows repeat the group's first real row: a real, finite pair, read by nobody.
     new_other = np.repeat(other[order[first]], span)
     new_other[position] = other
     return position, rows, np.repeat(values, span), new_other
 
 
-def _grid(w_index: np.ndarray, x_index: np.ndarray, max_rows: int) -> tuple[np.ndarray, ...] | None:
+def _grid(w: _Groups, x: _Groups, max_rows: int) -> tuple[np.ndarray, ...] | None:
     """Every distinct weight times every distinct value, weight-major; None if over ``max_rows``."""
-    w_values, w_group = np.unique(w_index, return_inverse=True)
-    x_values, x_group = np.unique(x_index, return_inverse=True)
-    rows = w_values.size * x_values.size
+    rows = w.values.size * x.values.size
     if rows > max_rows:
         return None
-    position = w_group.reshape(-1) * x_values.size + x_group.reshape(-1)
-    return position, rows, np.repeat(w_values, x_values.size), np.tile(x_values, w_values.size)
+    position = w.group * x.values.size + x.group
+    return position, rows, np.repeat(w.values, x.values.size), np.tile(x.values, w.values.size)
 
 
 def plan_rows(w: SideRows, x: SideRows, strategies, max_rows: int) -> list[RowPlan]:
     """The candidate row orders of a LINEAR whose sides read ``w`` and ``x``, "none" first."""
     n = len(w.index)
     plans = [RowPlan("none", n, np.arange(n), w.index, x.index)]
+    groups: dict[str, _Groups] = {}
+
+    def by(side: str) -> _Groups:  # each side's grouping once, shared by the strategies
+        if side not in groups:
+            groups[side] = _Groups(w if side == "w" else x)
+        return groups[side]
+
     for strategy in strategies:
         if strategy in ("left", "advanced-left"):
-            made = _grouped(w.index, x.index, strategy == "advanced-left", max_rows)
+            made = _grouped(by("w"), x.index, strategy == "advanced-left", max_rows)
         elif strategy in ("right", "advanced-right"):
-            made = _grouped(x.index, w.index, strategy == "advanced-right", max_rows)
+            made = _grouped(by("x"), w.index, strategy == "advanced-right", max_rows)
             if made is not None:
                 position, rows, x_new, w_new = made
                 made = position, rows, w_new, x_new
         else:  # both
-            made = _grid(w.index, x.index, max_rows)
+            made = _grid(by("w"), by("x"), max_rows)
         if made is not None:
             position, rows, w_new, x_new = made
             plans.append(RowPlan(strategy, rows, position, w_new, x_new))
@@ -215,9 +235,13 @@ def reorder_and_pad(program: Program, settings: Settings) -> Program:
         w = resolve_rows(nodes, editor.constants, linear.srcs[0])
         x = resolve_rows(nodes, editor.constants, linear.srcs[1])
         readers = _readers(editor, name)
+        reindexable = readers is not None
+        if mode == "auto" and plan_cost(plan_rows(w, x, (), 0)[0], w, x, settings.linear_broadcasting,
+                                        reindexable) == 0:
+            continue  # nothing gathered as it is: no order can be cheaper
         max_rows = MAX_GROWTH * linear.count + _SLACK_ROWS
         plans = plan_rows(w, x, _STRATEGIES[mode], max_rows)
-        costs = [plan_cost(p, w, x, settings.linear_broadcasting, readers is not None) for p in plans]
+        costs = [plan_cost(p, w, x, settings.linear_broadcasting, reindexable) for p in plans]
         if mode == "auto":
             best = plans[int(np.argmin(costs))]  # ties keep the earliest: "none" first
         else:
