@@ -54,7 +54,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 __all__ = ["Op", "Node", "Program", "IRError", "INDEXING", "REDUCE_KERNELS", "LAYOUTS", "linear_grid",
-           "unique_name", "users_of"]
+           "unique_name", "users_of", "compact_index", "stored"]
 
 REDUCE_KERNELS = ("scatter", "segment", "dense", "strided", "sparse_mm")
 LAYOUTS = ("full", "tile", "interleave")
@@ -205,6 +205,23 @@ def unique_name(base: str, taken) -> str:
     if isinstance(taken, set):
         taken.add(name)
     return name
+
+
+def compact_index(array) -> np.ndarray:
+    """An integer array (gather index, counts) as the IR stores it: int32 where every value fits,
+    else int64 -- half the memory, and torch's index_select and CSR kernels take int32 as is."""
+    array = np.asarray(array)
+    if array.dtype == np.int32:
+        return np.ascontiguousarray(array)
+    if array.size == 0 or (int(array.min()) >= -2**31 and int(array.max()) < 2**31):
+        return np.ascontiguousarray(array, dtype=np.int32)
+    return np.ascontiguousarray(array, dtype=np.int64)
+
+
+def stored(array) -> np.ndarray:
+    """A constant as a program stores it: integer arrays compacted (``compact_index``), others as given."""
+    array = np.asarray(array)
+    return compact_index(array) if np.issubdtype(array.dtype, np.integer) else array
 
 
 def linear_grid(node: Node, w: Node, x: Node) -> tuple[int, int]:

@@ -5,7 +5,7 @@ import itertools
 
 import numpy as np
 
-from .ir import Node, Op, Program
+from .ir import Node, Op, Program, stored
 
 __all__ = ["replace_uses", "eliminate_dead_code", "fresh_name", "fresh_const", "single_use",
            "zero_sign_matters", "unit_reduction_is_identity"]
@@ -62,7 +62,7 @@ def fresh_const(program: Program, constants: dict, base: str, array: np.ndarray)
     key = base
     while key in constants or any(n.name == key for n in program.nodes):
         key = f"{base}_{next(_counter)}"
-    constants[key] = array
+    constants[key] = stored(array)
     return key
 
 

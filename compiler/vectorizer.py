@@ -21,7 +21,7 @@ import re
 import numpy as np
 
 from ..sources.graph import NO_WEIGHT, FactLayer, Graph
-from .ir import Node, Op, Program, unique_name
+from .ir import Node, Op, Program, stored, unique_name
 
 __all__ = ["vectorize"]
 
@@ -42,7 +42,7 @@ class _Emitter:
 
     def const(self, base: str, array: np.ndarray) -> str:
         key = self.name(base)
-        self.constants[key] = array
+        self.constants[key] = stored(array)
         return key
 
     def add(self, base: str, op: Op, srcs, count: int, shape, layer: str = "", **attrs) -> Node:
@@ -51,7 +51,7 @@ class _Emitter:
         return node
 
     def gather(self, base: str, src: Node, index: np.ndarray, layer: str) -> Node:
-        key = self.const(f"idx_{base}", np.ascontiguousarray(index, dtype=np.int64))
+        key = self.const(f"idx_{base}", index)
         return self.add(base, Op.GATHER, [src.name], len(index), src.shape, layer, index=key)
 
     def concat(self, base: str, srcs: list[Node], layer: str) -> Node:

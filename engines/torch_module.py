@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..compiler.ir import Node, Op, Program, linear_grid
+from ..compiler.ir import Node, Op, Program, compact_index, linear_grid
 from ..sources.graph import GraphError
 from . import kernels, runtime
 from .functions import TRANSFORM_FUNCTIONS
@@ -255,7 +255,8 @@ class CompiledModule(nn.Module):
 
 def _tensor(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
     if np.issubdtype(array.dtype, np.integer):
-        return torch.from_numpy(np.ascontiguousarray(array, dtype=np.int64))
+        # Indices keep the IR's dtype (int32 where it fits): index_select takes int32 as it is.
+        return torch.from_numpy(compact_index(array))
     return torch.tensor(array, dtype=dtype)
 
 

@@ -83,3 +83,17 @@ def test_weights_stack_and_verify_errors():
            Node("y", Op.LINEAR, ("w", "x"), 5, (2,), {"kind": "mul", "w_layout": "tile"})]
     with pytest.raises(IRError, match="does not fit 5 rows"):
         Program(tuple(bad), {"c_x": np.ones((5, 2)), "c_w": np.ones((2, 2))}, (), "y").verify()
+
+
+def test_indices_are_int32_in_the_program_and_the_module(tu_dir):
+    import neurovec
+    from neurovec import datasets
+    from neurovec.compiler.ir import compact_index
+    graph = datasets.gcn(datasets.load_tu("MUTAG", tu_dir, download=False))
+    for preset in ("unoptimized", "default", "upward-17-aggressive"):
+        module = neurovec.compile(graph, preset)
+        integer = {k: a for k, a in module.program.constants.items() if np.issubdtype(a.dtype, np.integer)}
+        assert integer and all(a.dtype == np.int32 for a in integer.values()), preset
+        assert all(getattr(module, k).dtype == torch.int32 for k in integer), preset
+    assert compact_index(np.array([0, 2**31])).dtype == np.int64  # does not fit: stays int64
+    assert compact_index(np.zeros(0, np.int64)).dtype == np.int32

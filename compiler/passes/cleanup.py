@@ -92,7 +92,7 @@ def _merge_chain(rw: Rewriter, node: Node) -> Node | None:
         *_, (root, index) = chain_candidates(src.name, rw.constants[node.attrs["index"]], rw.nodes, rw.constants)
         if root == src.name:
             return None
-        key = rw.const(node.attrs["index"], np.ascontiguousarray(index, dtype=np.int64))
+        key = rw.const(node.attrs["index"], index)
         return node.with_(srcs=(root,), attrs={**node.attrs, "index": key})
     if node.op is src.op and node.op in (Op.TILE, Op.INTERLEAVE):
         return node.with_(srcs=src.srcs, attrs={**node.attrs, "times": node.attrs["times"] * src.attrs["times"]})

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..ir import Node, Op, Program, unique_name, users_of
+from ..ir import Node, Op, Program, compact_index, unique_name, users_of
 from ..settings import Settings
 
 __all__ = ["broadcast_linear", "resolve_rows", "tile_period", "interleave_count", "SideRows", "Layout",
@@ -221,7 +221,7 @@ class NodeEditor:
 
     def const(self, base: str, array: np.ndarray) -> str:
         key = self.fresh(base)
-        self.constants[key] = np.ascontiguousarray(array, dtype=np.int64)
+        self.constants[key] = compact_index(array)
         return key
 
     def gather(self, base: str, source: Node, index: np.ndarray, layer: str) -> Node:

@@ -37,7 +37,7 @@ from typing import Iterable
 
 import numpy as np
 
-from ..ir import INDEXING, Node, Op, Program
+from ..ir import INDEXING, Node, Op, Program, stored
 from ..settings import Settings
 
 __all__ = ["simplify_gathers", "plan_index", "plan_cost", "node_cost", "index_of", "chain_candidates",
@@ -379,7 +379,7 @@ class Rewriter:
 
     def const(self, base: str, array: np.ndarray) -> str:
         key = self.fresh(base)
-        self.constants[key] = array
+        self.constants[key] = stored(array)
         return key
 
     def emit(self, name: str, op: Op, srcs, count: int, shape: tuple, layer: str = "", **attrs) -> Node:
@@ -400,7 +400,7 @@ class Rewriter:
             self.emit(name, Op.SLICE, [root.name], len(range(start, stop, step)), root.shape, layer,
                       start=start, stop=stop, step=step)
         elif kind == "gather":
-            key = self.const(f"idx_{name}", np.ascontiguousarray(plan[1], dtype=np.int64))
+            key = self.const(f"idx_{name}", plan[1])
             self.emit(name, Op.GATHER, [root.name], plan[1].size, root.shape, layer, index=key)
         elif kind == "blocks":
             parts = [self.emit_plan(self.fresh(f"{name}_part"), inner, self.nodes[part], layer)

@@ -91,7 +91,7 @@ def merge_unit_facts(program: Program, settings: Settings) -> Program:
             index = rw.constants[node.attrs["index"]]
             index = remaps[old_src][index] if old_src in remaps else np.zeros_like(index)
             src = rw.resolve(old_src) if old_src in remaps else unit.name
-            key = rw.const(node.attrs["index"], np.ascontiguousarray(index, dtype=np.int64))
+            key = rw.const(node.attrs["index"], index)
             rw.replace(node.with_(srcs=(src,), attrs={**node.attrs, "index": key}))
         else:
             rw.keep(node)

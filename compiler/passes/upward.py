@@ -62,7 +62,7 @@ from typing import Callable
 import numpy as np
 
 from ..grouping import expand_segments
-from ..ir import Node, Op, Program, linear_grid, unique_name
+from ..ir import Node, Op, Program, linear_grid, stored, unique_name
 from ..rewrite import eliminate_dead_code
 from ..settings import Settings
 
@@ -200,7 +200,7 @@ class Editor:
         if base in self.nodes or (base in self.constants and (owner is None or any(
                 n != owner and base in self.nodes[n].attrs.values() for n in self.users()))):
             key = self.fresh(base)
-        self.constants[key] = array
+        self.constants[key] = stored(array)
         return key
 
     def define(self, node: Node, rows: np.ndarray | None = None, near: str | None = None) -> str:
@@ -232,7 +232,7 @@ class Editor:
         """Define ``GATHER(src, index)`` (under ``name`` if given, else a fresh name)."""
         node = self.nodes[src]
         name = name or self.fresh(f"{src}_rows")
-        key = self.const(f"idx_{name}", np.ascontiguousarray(index, dtype=np.int64), owner=name)
+        key = self.const(f"idx_{name}", index, owner=name)
         return self.define(Node(name, Op.GATHER, (src,), int(index.size), node.shape, {"index": key},
                                 node.layer if layer is None else layer), rows=rows)
 
