@@ -20,10 +20,10 @@ compared with its group's first row: bytes for facts, the sorted label sequences
 (only the segments that a hash groups with another are sorted). A hash collision can keep two equal
 rows apart, never merge different ones.
 
-Nothing sorts all ``n`` keys. Keys are spread over a table of about ``n`` slots (the key itself
+Nothing sorts all ``n`` keys. Keys are spread over a table of 2n to 4n slots (the key itself
 when keys are small, else its top bits after a multiplicative hash), each slot's smallest row is
 found with ``np.minimum.at``, and the rows whose key differs from their slot's first row try again
-among themselves with other hash bits (about a third of the rows, then a third of those, ...).
+among themselves with other hash bits (about a fifth of the rows, then a fifth of those, ...).
 On 5M keys one round costs a fraction of one sort.
 """
 from __future__ import annotations
@@ -33,12 +33,12 @@ import itertools
 import numpy as np
 
 __all__ = ["first_rows", "first_equal_rows", "first_equal_multisets", "representatives", "all_distinct",
-           "mix64", "row_hashes", "expand_segments", "dense_ranks", "stable_order"]
+           "mix64", "row_hashes", "expand_segments", "dense_ranks", "stable_order", "is_identity"]
 
 # Odd 64-bit multipliers (from splitmix64 and the golden ratio) for the rounds of slot hashing.
 _MULTIPLIERS = tuple(np.uint64(m) for m in (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB,
                                             0xD6E8FEB86659FD93, 0xA0761D6478BD642F, 0xE7037ED1A0B428DB))
-_SMALL_KEYS = 1 << 10  # keys below max(2n, this) index a table directly
+_SMALL_KEYS = 1 << 10  # keys below max(4n, this) index a table directly
 
 
 def mix64(x: np.ndarray) -> np.ndarray:
@@ -68,14 +68,14 @@ def first_rows(keys: np.ndarray, bound: int | None = None) -> np.ndarray:
     n = keys.size
     if n == 0:
         return np.zeros(0, np.int64)
-    if bound is not None and bound <= max(2 * n, _SMALL_KEYS):
+    if bound is not None and bound <= max(4 * n, _SMALL_KEYS):
         return _first_in_slots(keys, int(bound))
     words = keys.view(np.uint64) if keys.dtype == np.int64 else keys.astype(np.uint64)
     first = np.arange(n, dtype=np.int64)
     rows = None  # the rows still to place (None: all of them)
     for round_ in itertools.count():
         m = words.size
-        bits = max((m - 1).bit_length(), 1)
+        bits = max((2 * m - 1).bit_length(), 1)  # at least 2m slots: about a fifth of the rows go again
         with np.errstate(over="ignore"):
             slots = ((words * _MULTIPLIERS[round_ % len(_MULTIPLIERS)]) >> np.uint64(64 - bits)).astype(np.intp)
         local = _first_in_slots(slots, 1 << bits)
@@ -103,6 +103,12 @@ def representatives(first: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def all_distinct(first: np.ndarray) -> bool:
     return bool(np.all(first == np.arange(first.size)))
+
+
+def is_identity(index: np.ndarray, count: int) -> bool:
+    """Whether ``index`` is ``arange(count)`` (the ends are checked first: usually enough)."""
+    return index.size == count and (count == 0 or (index[0] == 0 and index[-1] == count - 1
+                                                     and np.array_equal(index, np.arange(count))))
 
 
 def dense_ranks(keys: np.ndarray, bound: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

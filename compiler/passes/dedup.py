@@ -203,7 +203,7 @@ class RowIds:
         e = self.editor
         if node.op in (Op.GATHER, Op.SLICE, Op.TILE, Op.INTERLEAVE):
             ids, bound = self.labels(node.srcs[0])
-            return ids[source_rows(node, np.arange(node.count), e.constants)], bound
+            return ids[source_rows(node, None, e.constants)], bound
         if node.op is Op.CONCAT:
             parts, offset = [], 0
             for s in node.srcs:
@@ -218,11 +218,10 @@ class RowIds:
         if node.op is Op.LINEAR:
             w, x = (e.nodes[s] for s in node.srcs)
             _, g2 = linear_grid(node, w, x)
-            rows = np.arange(node.count)
             w_ids, w_bound = self.labels(w.name)
             x_ids, x_bound = self.labels(x.name)
-            w_ids = w_ids[linear_side_rows(node.attrs.get("w_layout", "full"), rows, g2)]
-            x_ids = x_ids[linear_side_rows(node.attrs.get("x_layout", "full"), rows, g2)]
+            w_ids = _side(w_ids, node.attrs.get("w_layout", "full"), node.count, g2)
+            x_ids = _side(x_ids, node.attrs.get("x_layout", "full"), node.count, g2)
             return _pair(w_ids, w_bound, x_ids, x_bound)
         if node.op is Op.REDUCE:
             counts = e.constants[node.attrs["counts"]]
@@ -255,6 +254,13 @@ class RowIds:
         return ids, max(node.count, 1)
 
 
+def _side(ids: np.ndarray, layout: str, count: int, g2: int) -> np.ndarray:
+    """The labels of a LINEAR side's rows as the LINEAR's ``count`` rows read them."""
+    if layout == "full":
+        return ids
+    return ids[linear_side_rows(layout, np.arange(count), g2)]
+
+
 def _is_first_form(ids: np.ndarray) -> bool:
     """Whether ``ids`` already is a first-row form (labels that are row numbers of their class's
     first row) -- as every REDUCE, FACT and WEIGHTS label is."""
@@ -269,7 +275,7 @@ def _is_first_form(ids: np.ndarray) -> bool:
 def _shallow_ids(editor: Editor, name: str) -> np.ndarray:
     node = editor.nodes[name]
     if node.op in (Op.GATHER, Op.SLICE, Op.TILE, Op.INTERLEAVE):
-        return source_rows(node, np.arange(node.count), editor.constants)
+        return source_rows(node, None, editor.constants)
     return np.arange(node.count)
 
 
@@ -303,7 +309,7 @@ def _reindex(editor: Editor, planner: RowPlanner, old: str, new: str, reps: np.n
         node = editor.nodes[name]
         if node.op in (Op.GATHER, Op.SLICE, Op.TILE, Op.INTERLEAVE):
             # Same rows as before, read from the smaller node: compose the index.
-            rows = inverse[source_rows(node, np.arange(node.count), editor.constants)]
+            rows = inverse[source_rows(node, None, editor.constants)]
             key = editor.const(f"idx_{name}", rows, owner=name)
             editor.define(Node(name, Op.GATHER, (new,), node.count, node.shape, {"index": key}, node.layer))
             continue

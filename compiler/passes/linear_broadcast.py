@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..grouping import is_identity
 from ..ir import Node, Op, Program, compact_index, unique_name, users_of
 from ..settings import Settings
 
@@ -140,7 +141,7 @@ class Layout:
 
 def gather_cost(index: np.ndarray, source_count: int) -> int:
     """Rows a side gathers; none if the gather is the identity on its source (it will be dropped)."""
-    if len(index) == source_count and np.array_equal(index, np.arange(source_count)):
+    if is_identity(index, source_count):
         return 0
     return len(index)
 
@@ -266,7 +267,7 @@ def _used_constants(nodes, constants: dict) -> set[str]:
 
 def side_node(editor: NodeEditor, rows: SideRows, index: np.ndarray, base: str, layer: str) -> list[Node]:
     """Nodes that make the rows ``index`` of ``rows.source``: none if that is the whole source."""
-    if len(index) == rows.source_count and np.array_equal(index, np.arange(rows.source_count)):
+    if is_identity(index, rows.source_count):
         return []
     return [editor.gather(base, editor.by_name()[rows.source], index, layer)]
 

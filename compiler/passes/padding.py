@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..grouping import dense_ranks, stable_order
+from ..grouping import dense_ranks, is_identity, stable_order
 from ..ir import Node, Op, Program
 from ..settings import Settings
 from .linear_broadcast import NodeEditor, SideRows, best_layout, full_layout, resolve_rows, side_node
@@ -64,7 +64,7 @@ class RowPlan:
     x_index: np.ndarray  # rows of the value side's source, one per new row
 
     def is_identity(self) -> bool:
-        return self.rows == len(self.position) and np.array_equal(self.position, np.arange(self.rows))
+        return self.rows == len(self.position) and is_identity(self.position, self.rows)
 
 
 class _Groups:
@@ -100,9 +100,9 @@ def _grouped(groups: _Groups, other: np.ndarray, subsequence: bool, max_rows: in
     start = np.cumsum(span) - span
     order = groups.order
     first = np.cumsum(counts) - counts  # where each group starts in `order`
-    sorted_group = group[order]
+    # The k-th row in group order is row k - first[g] of its group g: at start[g] + k - first[g].
     position = np.empty(group.size, dtype=np.int64)
-    position[order] = start[sorted_group] + (np.arange(group.size) - first[sorted_group])
+    position[order] = np.arange(group.size) + np.repeat(start - first, counts)
     # Padding rows repeat the group's first real row: a real, finite pair, read by nobody.
     new_other = np.repeat(other[order[first]], span)
     new_other[position] = other

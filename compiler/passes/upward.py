@@ -61,7 +61,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..grouping import expand_segments
+from ..grouping import expand_segments, is_identity
 from ..ir import Node, Op, Program, linear_grid, stored, unique_name
 from ..rewrite import eliminate_dead_code
 from ..settings import Settings
@@ -79,11 +79,6 @@ _ROW_INDEXING = (Op.GATHER, Op.SLICE, Op.TILE, Op.INTERLEAVE)
 
 
 # -- index helpers ----------------------------------------------------------------------------------
-
-def is_identity(index: np.ndarray, count: int) -> bool:
-    return index.size == count and (count == 0 or (index[0] == 0 and index[-1] == count - 1
-                                                     and np.array_equal(index, np.arange(count))))
-
 
 def is_regular_index(index: np.ndarray, count: int) -> bool:
     """Whether ``x[index]`` (x with ``count`` rows) is a slice, a tile or an interleave of x:
@@ -104,8 +99,13 @@ def is_regular_index(index: np.ndarray, count: int) -> bool:
     return False
 
 
-def source_rows(node: Node, index: np.ndarray, constants: dict) -> np.ndarray:
-    """Rows of the source of a GATHER / SLICE / TILE / INTERLEAVE node behind its rows ``index``."""
+def source_rows(node: Node, index: np.ndarray | None, constants: dict) -> np.ndarray:
+    """Rows of the source of a GATHER / SLICE / TILE / INTERLEAVE node behind its rows ``index``
+    (None: all of its rows, in order)."""
+    if index is None:
+        if node.op is Op.GATHER:
+            return constants[node.attrs["index"]]
+        index = np.arange(node.count)
     if node.op is Op.GATHER:
         return constants[node.attrs["index"]][index]
     if node.op is Op.SLICE:
