@@ -44,7 +44,7 @@ from ..ir import Node, Op, Program
 from ..settings import Settings
 from .linear_broadcast import NodeEditor, SideRows, best_layout, full_layout, resolve_rows, side_node
 
-__all__ = ["reorder_and_pad", "plan_rows", "RowPlan"]
+__all__ = ["reorder_and_pad", "plan_rows", "iter_plans", "RowPlan"]
 
 # A forced strategy is skipped where it would make a LINEAR more than this many times longer
 # (padding every weight group to the size of the largest one can explode): ``"auto"`` never
@@ -120,8 +120,13 @@ def _grid(w: _Groups, x: _Groups, max_rows: int) -> tuple[np.ndarray, ...] | Non
 
 def plan_rows(w: SideRows, x: SideRows, strategies, max_rows: int) -> list[RowPlan]:
     """The candidate row orders of a LINEAR whose sides read ``w`` and ``x``, "none" first."""
+    return list(iter_plans(w, x, strategies, max_rows))
+
+
+def iter_plans(w: SideRows, x: SideRows, strategies, max_rows: int):
+    """``plan_rows`` one plan at a time (each holds a few arrays as long as the LINEAR)."""
     n = len(w.index)
-    plans = [RowPlan("none", n, np.arange(n), w.index, x.index)]
+    yield RowPlan("none", n, np.arange(n), w.index, x.index)
     groups: dict[str, _Groups] = {}
 
     def by(side: str) -> _Groups:  # each side's grouping once, shared by the strategies
@@ -141,8 +146,7 @@ def plan_rows(w: SideRows, x: SideRows, strategies, max_rows: int) -> list[RowPl
             made = _grid(by("w"), by("x"), max_rows)
         if made is not None:
             position, rows, w_new, x_new = made
-            plans.append(RowPlan(strategy, rows, position, w_new, x_new))
-    return plans
+            yield RowPlan(strategy, rows, position, w_new, x_new)
 
 
 def plan_cost(plan: RowPlan, w: SideRows, x: SideRows, broadcasting: bool, reindexable: bool) -> int:
@@ -236,21 +240,20 @@ def reorder_and_pad(program: Program, settings: Settings) -> Program:
         x = resolve_rows(nodes, editor.constants, linear.srcs[1])
         readers = _readers(editor, name)
         reindexable = readers is not None
-        if mode == "auto" and plan_cost(plan_rows(w, x, (), 0)[0], w, x, settings.linear_broadcasting,
+        if mode == "auto" and plan_cost(next(iter_plans(w, x, (), 0)), w, x, settings.linear_broadcasting,
                                         reindexable) == 0:
             continue  # nothing gathered as it is: no order can be cheaper
         max_rows = MAX_GROWTH * linear.count + _SLACK_ROWS
-        plans = plan_rows(w, x, _STRATEGIES[mode], max_rows)
-        costs = [plan_cost(p, w, x, settings.linear_broadcasting, reindexable) for p in plans]
-        if mode == "auto":
-            best = plans[int(np.argmin(costs))]  # ties keep the earliest: "none" first
-        else:
-            forced = plans[1:]
-            if not forced:
-                continue
-            best = forced[int(np.argmin(costs[1:]))]
-        if best.strategy == "none" or (best.is_identity() and np.array_equal(best.w_index, w.index)
-                                       and np.array_equal(best.x_index, x.index)):
+        best, best_cost = None, None
+        for plan in iter_plans(w, x, _STRATEGIES[mode], max_rows):  # only the best so far is kept
+            if mode != "auto" and plan.strategy == "none":
+                continue  # a forced strategy: "none" is no candidate
+            cost = plan_cost(plan, w, x, settings.linear_broadcasting, reindexable)
+            if best is None or cost < best_cost:  # ties keep the earliest: "none" first
+                best, best_cost = plan, cost
+        if best is None or best.strategy == "none":
+            continue
+        if best.is_identity() and np.array_equal(best.w_index, w.index) and np.array_equal(best.x_index, x.index):
             continue
         _apply(editor, linear, w, x, best, readers)
     return editor.build()
