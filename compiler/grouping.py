@@ -29,11 +29,12 @@ On 5M keys one round costs a fraction of one sort.
 from __future__ import annotations
 
 import itertools
+import math
 
 import numpy as np
 
 __all__ = ["first_rows", "first_equal_rows", "first_equal_multisets", "representatives", "all_distinct",
-           "mix64", "row_hashes", "expand_segments", "dense_ranks", "stable_order", "is_identity"]
+           "mix64", "row_hashes", "expand_segments", "dense_ranks", "stable_order", "is_identity", "run_block"]
 
 # Odd 64-bit multipliers (from splitmix64 and the golden ratio) for the rounds of slot hashing.
 _MULTIPLIERS = tuple(np.uint64(m) for m in (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB,
@@ -51,12 +52,13 @@ def mix64(x: np.ndarray) -> np.ndarray:
 
 
 def _first_in_slots(slots: np.ndarray, n_slots: int) -> np.ndarray:
-    """For every row, the smallest row with the same slot (slots lie in ``[0, n_slots)``)."""
+    """For every row, the smallest row with the same slot (slots lie in ``[0, n_slots)``);
+    int32 where the rows fit."""
     n = slots.size
     dtype = np.int32 if n < 2**31 else np.int64
     table = np.full(n_slots, n, dtype=dtype)
     np.minimum.at(table, slots, np.arange(n, dtype=dtype))
-    return table[slots].astype(np.int64)
+    return table[slots]
 
 
 def first_rows(keys: np.ndarray, bound: int | None = None) -> np.ndarray:
@@ -69,7 +71,7 @@ def first_rows(keys: np.ndarray, bound: int | None = None) -> np.ndarray:
     if n == 0:
         return np.zeros(0, np.int64)
     if bound is not None and bound <= max(4 * n, _SMALL_KEYS):
-        return _first_in_slots(keys, int(bound))
+        return _first_in_slots(keys, int(bound)).astype(np.int64, copy=False)
     words = keys.view(np.uint64) if keys.dtype == np.int64 else keys.astype(np.uint64)
     first = np.arange(n, dtype=np.int64)
     rows = None  # the rows still to place (None: all of them)
@@ -77,7 +79,7 @@ def first_rows(keys: np.ndarray, bound: int | None = None) -> np.ndarray:
         m = words.size
         bits = max((2 * m - 1).bit_length(), 1)  # at least 2m slots: about a fifth of the rows go again
         with np.errstate(over="ignore"):
-            slots = ((words * _MULTIPLIERS[round_ % len(_MULTIPLIERS)]) >> np.uint64(64 - bits)).astype(np.intp)
+            slots = ((words * _MULTIPLIERS[round_ % len(_MULTIPLIERS)]) >> np.uint64(64 - bits)).view(np.int64)
         local = _first_in_slots(slots, 1 << bits)
         del slots
         same = words[local] == words
@@ -109,6 +111,25 @@ def is_identity(index: np.ndarray, count: int) -> bool:
     """Whether ``index`` is ``arange(count)`` (the ends are checked first: usually enough)."""
     return index.size == count and (count == 0 or (index[0] == 0 and index[-1] == count - 1
                                                      and np.array_equal(index, np.arange(count))))
+
+
+def run_block(changed: np.ndarray, n: int) -> int:
+    """The largest ``b`` dividing ``n`` such that every run of equal values in a sequence of length
+    ``n`` starts at a multiple of ``b``; ``changed[e]``: the value at ``e + 1`` differs from ``e``.
+
+    The first change usually settles it (``gcd(first, n) == 1``): no list of all changes then."""
+    if n <= 1 or not changed.size:
+        return max(n, 1)
+    first = int(np.argmax(changed))
+    if not changed[first]:
+        return n  # a single run
+    block = math.gcd(first + 1, n)
+    if block == 1:
+        return 1
+    starts = np.flatnonzero(changed) + 1
+    if not np.any(starts % block):
+        return block
+    return int(np.gcd.reduce(np.append(np.gcd(starts, block), block)))
 
 
 def dense_ranks(keys: np.ndarray, bound: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

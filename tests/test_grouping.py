@@ -80,3 +80,17 @@ def test_multisets_up_to_scale():
         return tuple(c // np.gcd.reduce(c))
     assert first_equal_multisets(labels, counts, up_to_scale=True).tolist() == python_first(
         [canonical(s) for s in segments])
+
+
+def test_run_block_against_gcd_of_run_starts():
+    from math import gcd
+    from neurovec.compiler.grouping import run_block
+    cases = [[], [4], [1, 1, 1, 1], [1, 1, 2, 2, 3, 3], [1, 1, 2, 2, 2, 2], [1, 2, 2, 2], [5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7],
+             [1, 1, 1, 1, 2, 2, 3, 3], [0, 1, 2, 3]]
+    for seq in cases:
+        seq = np.array(seq)
+        n = seq.size
+        expected = n or 1
+        for start in np.flatnonzero(np.diff(seq)) + 1:
+            expected = gcd(expected, int(start))
+        assert run_block(seq[1:] != seq[:-1], n) == max(expected, 1), seq

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..grouping import is_identity
+from ..grouping import is_identity, run_block
 from ..ir import Node, Op, Program, compact_index, unique_name, users_of
 from ..settings import Settings
 
@@ -112,15 +112,13 @@ def tile_period(index: np.ndarray) -> int:
 def interleave_count(index: np.ndarray) -> int:
     """The smallest ``c`` dividing ``len(index)`` such that ``index`` is ``c`` equal-value blocks.
 
-    ("Dimension 2" repetition.) A block length r works iff it divides n and every position where the value changes, so the
-    longest block is the gcd of those positions and n.
+    ("Dimension 2" repetition.) A block length r works iff it divides n and every position where
+    the value changes, so the longest block is the gcd of those positions and n.
     """
     n = len(index)
     if n == 0:
         return 0
-    changes = np.flatnonzero(index[1:] != index[:-1]) + 1
-    block = int(np.gcd.reduce(np.concatenate([changes, [n]])))
-    return n // block
+    return n // run_block(index[1:] != index[:-1], n)
 
 
 def _divisors(n: int) -> list[int]:

@@ -37,6 +37,7 @@ from typing import Iterable
 
 import numpy as np
 
+from ..grouping import run_block
 from ..ir import INDEXING, Node, Op, Program, stored
 from ..settings import Settings
 
@@ -105,8 +106,7 @@ def _interleave_factor(index: np.ndarray, diffs: np.ndarray) -> int:
 
     Runs of equal values must start at multiples of k (and k must divide the length).
     """
-    starts = np.flatnonzero(diffs) + 1
-    return int(np.gcd.reduce(np.append(starts, index.size)))
+    return run_block(diffs != 0, index.size)
 
 
 def _tile_factor(index: np.ndarray, n: int) -> int:
