@@ -2,7 +2,7 @@
 
     graph = neurovec.GraphBuilder() ... .build()     # or an importer in neurovec.sources
     module = neurovec.compile(graph)                  # a torch.nn.Module
-    print(module.program)                             # its forward, as readable Python
+    print(module.code)                                # its forward, as readable Python
 """
 import sys as _sys
 

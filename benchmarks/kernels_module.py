@@ -29,7 +29,7 @@ def plain_torch_scatter(module: neurovec.compiler.pipeline.CompiledModule) -> No
                                                           "min": "min"}[aggregation])
 
     # Each compiled program has its own globals: swap the kernel in this module only.
-    module._program.__globals__["segment_reduce"] = segment_csr
+    type(module).forward.__globals__["segment_reduce"] = segment_csr
 
 
 def step(module, optimizer, target):

@@ -7,9 +7,10 @@ program is checked after each one, and a failure names the pass.
 """
 from __future__ import annotations
 
+import difflib
 import logging
 import time
-from typing import Callable
+from typing import Callable, Mapping
 
 import torch
 
@@ -22,7 +23,8 @@ from .passes import (cleanup, coefficients, dedup, dedup_facts, fold_constants, 
 from .settings import Settings
 from .vectorizer import vectorize
 
-__all__ = ["compile", "build_program", "PIPELINE", "enabled_passes", "PROGRESS_DELAY_S"]
+__all__ = ["compile", "build_program", "resolve_settings", "PIPELINE", "enabled_passes", "FLOAT_DTYPES",
+           "PROGRESS_DELAY_S"]
 
 logger = logging.getLogger(__name__)
 
@@ -82,12 +84,14 @@ def enabled_passes(settings: Settings) -> list[str]:
     return [name for name, enabled, _ in PIPELINE if enabled(settings)]
 
 
-def build_program(graph: Graph, settings: Settings | None = None, timings: dict | None = None) -> Program:
-    """Vectorize ``graph`` and run the optimizer passes chosen by ``settings``.
+def build_program(graph: Graph, settings: Settings | str | dict | None = None, timings: dict | None = None
+                  ) -> Program:
+    """Vectorize ``graph`` and run the optimizer passes chosen by ``settings`` (anything
+    :func:`compile` accepts).
 
     ``timings``, if given, receives the seconds spent in each pass.
     """
-    settings = settings or Settings()
+    settings = resolve_settings(settings)
     start = time.perf_counter()
     unknown = set(settings.dynamic_facts) - {layer.name for layer in graph.layers if isinstance(layer, FactLayer)}
     if unknown:
@@ -117,18 +121,43 @@ def build_program(graph: Graph, settings: Settings | None = None, timings: dict 
     return program
 
 
-def compile(graph: Graph, settings: Settings | str | None = None, dtype: torch.dtype | None = None
+def resolve_settings(settings: Settings | str | dict | None) -> Settings:
+    """A :class:`Settings` from what ``compile`` accepts: one, a preset name, a dict of
+    fields (like ``Settings(**fields)``) or None (the ``default`` preset)."""
+    if settings is None or isinstance(settings, Settings):
+        return settings or Settings()
+    if isinstance(settings, str):
+        return Settings.preset(settings)
+    if isinstance(settings, Mapping):
+        fields = Settings.model_fields
+        unknown = [key for key in settings if key not in fields]
+        if unknown:
+            close = {key: difflib.get_close_matches(str(key), fields, 1) for key in unknown}
+            hints = [f"{key!r} (did you mean {close[key][0]!r}?)" if close[key] else repr(key) for key in unknown]
+            raise ValueError(f"unknown settings {', '.join(hints)}; Settings has the fields {sorted(fields)}")
+        return Settings(**settings)
+    raise TypeError(f"settings must be a neurovec.Settings, a preset name, a dict of settings or None "
+                    f"(got {type(settings).__name__})")
+
+
+#: The dtypes a module can compute in.
+FLOAT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+
+
+def compile(graph: Graph, settings: Settings | str | dict | None = None, dtype: torch.dtype | None = None
             ) -> CompiledModule:  # noqa: A001
     """Compile a neuron graph into a ``torch.nn.Module``.
 
-    ``settings`` is a :class:`Settings`, a preset name (see ``list_presets()``) or
-    None for the ``default`` preset. ``dtype`` defaults to torch's default
-    (float32); pass ``torch.float64`` to start from the graph's exact initial
-    weights (``.double()`` later keeps facts and fixed weights exact but upcasts
-    the learnable weights as they are).
+    ``settings`` is a :class:`Settings`, a preset name (see ``list_presets()``), a
+    dict of settings (``{"upward": False}`` means ``Settings(upward=False)``) or
+    None for the ``default`` preset. ``dtype`` (one of :data:`FLOAT_DTYPES`)
+    defaults to torch's default (float32); pass ``torch.float64`` to start from the
+    graph's exact initial weights (``.double()`` later keeps facts and fixed weights
+    exact but upcasts the learnable weights as they are).
     """
     if not isinstance(graph, Graph):
         raise TypeError(f"neurovec.compile expects a neurovec.Graph (got {type(graph).__name__})")
-    if isinstance(settings, str):
-        settings = Settings.preset(settings)
-    return CompiledModule(build_program(graph, settings), dtype)
+    if dtype is not None and dtype not in FLOAT_DTYPES:
+        raise TypeError(f"neurovec.compile: dtype must be one of {', '.join(map(str, FLOAT_DTYPES))} "
+                        f"(got {dtype!r}); weights are learnable, so the module computes in floating point")
+    return CompiledModule(build_program(graph, resolve_settings(settings)), dtype)

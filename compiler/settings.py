@@ -30,7 +30,8 @@ class Settings(BaseModel):
     # -- inputs and checking -----------------------------------------------------------
     dynamic_facts: tuple[str, ...] = Field(
         (), description="Fact layers whose values may be replaced at call time "
-                        "(`module(facts={name: tensor})`); no pass optimizes using their values.")
+                        "(`module(facts={name: tensor})`); no pass optimizes using their values. "
+                        "Only these layers can be replaced: the passes fold every other fact into constants.")
     verify: bool = Field(True, description="Check the program's shapes and indices after every pass.")
 
     # -- unit facts (5.2.8) ----------------------------------------------------------------

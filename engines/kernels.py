@@ -578,8 +578,9 @@ def gather_segment_sum(x: torch.Tensor, ptr: torch.Tensor, index: torch.Tensor, 
         if values is not None and t_values is None:
             t_values = values[t_perm]
         return ops.gather_sum(x, ptr, index, values, t_ptr, t_col, t_values)
-    if torch.compiler.is_compiling():
-        # Same function without sparse tensors, which dynamo cannot trace.
+    if torch.compiler.is_compiling() or (x.device.type == "cpu" and x.dtype not in _MKL_DTYPES):
+        # Same function without sparse tensors, which dynamo cannot trace and CPU
+        # sparse matmul cannot compute in half precision.
         rows = x.index_select(0, index.long())
         c = values if values is not None else coef
         if c is not None:

@@ -3,14 +3,17 @@
 One statement per IR node, with the value's shape in a trailing comment, in
 the spirit of torch.fx's code generation and thesis Fig. 6.8::
 
-    def program(self, f_atoms):
+    def forward(self, facts=None):
+        self.fact_inputs(facts)  # checks facts: this program reads no dynamic fact layer
         w = self.weights
+        f_atoms = self.facts_f_atoms                               # (7, 7)
         w_8x7 = torch.stack([w['conv1'], w['conv2']])            # (2, 8, 7)
         h_x = f_atoms.index_select(0, self.idx_h_x)                # (7442, 7)
         ...
 
 The source is registered with ``linecache`` so tracebacks and
-``inspect.getsource`` show the generated lines.
+``inspect.getsource`` show the generated lines. Each program's ``forward``
+belongs to a class of its own (see NOTE: [A class per program]).
 """
 from __future__ import annotations
 
@@ -42,6 +45,13 @@ def _rows(shape: tuple) -> str:
     return f".view(-1{', 1' * len(shape)})"
 
 
+def _single_element(node: Node) -> bool:
+    """One row of one value. Gathers from such a node are written as ``expand``: inductor
+    (torch 2.13, CPU) fails to compile the backward of ``index_select`` from a
+    one-element tensor (``InductorError`` in its vectorized atomic add)."""
+    return node.count == 1 and int(np.prod(node.shape)) == 1
+
+
 def _expression(node: Node, nodes: dict[str, Node]) -> str:
     srcs = [nodes[s] for s in node.srcs]
     names = list(node.srcs)
@@ -51,6 +61,8 @@ def _expression(node: Node, nodes: dict[str, Node]) -> str:
         names_ = node.attrs["names"]
         distinct = list(dict.fromkeys(names_))
         parts = ", ".join(f"w[{n!r}]" for n in distinct)
+        if len(distinct) == 1 < len(names_) and _single_element(node.with_(count=1)):
+            return f"torch.stack([{parts}]).expand({', '.join(map(str, (node.count,) + node.shape))})"
         if len(distinct) < len(names_):
             # Upward propagation repeats weights row by row: stack each once, then gather.
             return f"torch.stack([{parts}]).index_select(0, self.wsel_{node.name})"
@@ -58,6 +70,8 @@ def _expression(node: Node, nodes: dict[str, Node]) -> str:
     if node.op is Op.CONCAT:
         return f"torch.cat([{', '.join(names)}])"
     if node.op is Op.GATHER:
+        if _single_element(srcs[0]):
+            return f"{names[0]}.expand({', '.join(map(str, (node.count,) + node.shape))})"
         return f"{names[0]}.index_select(0, self.{node.attrs['index']})"
     if node.op is Op.SLICE:
         a = node.attrs
@@ -148,18 +162,27 @@ def _linear(node: Node, w: Node, x: Node) -> str:
 
 
 def input_facts(program: Program) -> list[Node]:
-    """FACT nodes fed from graph fact layers: the generated function's arguments."""
-    return [n for n in program.nodes if n.op is Op.FACT and n.attrs.get("fact_layer")]
+    """FACT nodes that read a fact layer declared in ``Settings.dynamic_facts``: the
+    values a call may replace. Every other fact is a constant of the program."""
+    dynamic = set(program.dynamic_facts)
+    return [n for n in program.nodes if n.op is Op.FACT and n.attrs.get("fact_layer") in dynamic]
 
 
 def generate_source(program: Program) -> str:
+    """The Python source of ``forward(self, facts=None)`` for ``program``."""
     nodes = program.by_name()
-    args = ", ".join(["self"] + [n.name for n in input_facts(program)])
-    lines = [f"def program({args}):", "    w = self.weights"]
+    inputs = {n.name for n in input_facts(program)}
+    lines = ["def forward(self, facts=None):"]
+    if inputs:
+        lines.append("    inputs = self.fact_inputs(facts)  # the dynamic fact layers: stored, or this call's")
+    else:
+        lines.append("    self.fact_inputs(facts)  # checks facts: this program reads no dynamic fact layer")
+    lines.append("    w = self.weights")
     for node in program.nodes:
-        if node.op is Op.FACT and node.attrs.get("fact_layer"):
-            continue
-        code = f"    {node.name} = {_expression(node, nodes)}"
+        if node.name in inputs:
+            code = f"    {node.name} = inputs[{node.attrs['fact_layer']!r}]"
+        else:
+            code = f"    {node.name} = {_expression(node, nodes)}"
         shape = ", ".join(map(str, (node.count,) + node.shape))
         lines.append(f"{code:<72}  # ({shape})")
     lines.append(f"    return {program.output}")
@@ -171,11 +194,28 @@ class CompiledModule(nn.Module):
 
     ``module()`` returns the graph's outputs in declared order, one tensor of
     shape ``(n_outputs, *output_shape)``. ``module(facts={"layer": tensor})``
-    replaces the values of a fact layer for this call (same shape; the layer must
-    be among ``Settings.dynamic_facts`` unless no pass touched it).
+    replaces the values of a fact layer for this call; only layers declared in
+    ``Settings.dynamic_facts`` can be replaced (the passes treat every other fact
+    as a constant and may have folded it into others), and a replacement must
+    have the layer's shape.
     ``module.weights[name]`` is the parameter (or fixed buffer) of a graph weight.
-    ``print(module.code)`` shows the generated forward program.
+    ``print(module.code)`` shows the generated ``forward``.
+
+    NOTE: [A class per program] As with torch.fx's ``GraphModule``, every compiled
+    program gets its own subclass of ``CompiledModule`` whose ``forward`` is the
+    generated code. Each module thus has its own ``forward`` code object, which is
+    what ``torch.compile`` caches compiled code on: twenty modules compile twenty
+    times instead of sharing one cache entry (and its recompile limit). Pickling
+    (``torch.save``, ``copy.deepcopy``) stores the generated source with the
+    module's state and rebuilds the class on load (see ``__reduce__``).
     """
+
+    code: str = ""  # the generated forward's source, set on each program's class
+
+    def __new__(cls, program: Program, dtype: torch.dtype | None = None):
+        if cls is CompiledModule:
+            cls = _program_class(generate_source(program))
+        return super().__new__(cls)
 
     def __init__(self, program: Program, dtype: torch.dtype | None = None):
         super().__init__()
@@ -206,37 +246,46 @@ class CompiledModule(nn.Module):
                                                      None if coef is None else program.constants[coef],
                                                      mean=node.attrs["aggregation"] == "mean", dtype=dtype)
                 self.add_module(f"csr_{node.name}", runtime.CSRIndices(fused))
-        self._inputs = {n.attrs["fact_layer"]: n for n in input_facts(program)}
-        self.code = generate_source(program)
-        self._program = _load(self.code)
+        # Dynamic fact layer -> the constant holding its stored values.
+        self._inputs = {n.attrs["fact_layer"]: n.attrs["const"] for n in input_facts(program)}
 
-    def forward(self, facts: dict | None = None) -> torch.Tensor:
-        args = [getattr(self, n.attrs["const"]) for n in self._inputs.values()]
-        if facts:
-            args = self._replace_facts(args, facts)
-        return self._program(self, *args)
+    def __reduce__(self):
+        # The class is generated, so pickle cannot find it by name: rebuild it from the
+        # source, then restore the whole state (parameters, buffers, hooks, training flag).
+        return _rebuild_module, (type(self).code, self.__getstate__())
 
-    def _replace_facts(self, args: list, facts: dict) -> list:
-        args = list(args)
-        position = {layer: k for k, layer in enumerate(self._inputs)}
+    def fact_inputs(self, facts: dict | None = None) -> dict[str, torch.Tensor]:
+        """The values of the dynamic fact layers for one call: the stored ones, or ``facts[layer]``.
+
+        Raises :class:`GraphError` for a layer that is not declared in
+        ``Settings.dynamic_facts`` (or is not a fact layer) and for a replacement of
+        the wrong shape or kind. A declared layer that no pass left in the program is
+        still checked, then ignored.
+        """
+        values = {layer: getattr(self, const) for layer, const in self._inputs.items()}
+        if not facts:
+            return values
         for layer, value in facts.items():
-            if layer not in position and layer in self.program.dynamic_facts:
-                # Declared dynamic but nothing computed from it survived: check and ignore.
-                if tuple(torch.as_tensor(value).shape) != self.program.fact_shapes[layer]:
-                    raise GraphError(f"fact layer {layer!r}: replacement has shape {tuple(value.shape)}, "
-                                     f"expected {self.program.fact_shapes[layer]}")
-                continue
-            if layer not in position:
-                raise GraphError(f"fact layer {layer!r} cannot be replaced at call time: it is not an input "
-                                 "of the compiled program (unknown, or optimized using its values; list it "
-                                 "in Settings.dynamic_facts)")
-            current = args[position[layer]]
-            value = torch.as_tensor(value, dtype=current.dtype, device=current.device)
-            if value.shape != current.shape:
+            if layer not in self.program.dynamic_facts:
+                known = layer in self.program.fact_shapes
+                raise GraphError(
+                    f"fact layer {layer!r} cannot be replaced at call time: "
+                    + ("it is not declared dynamic; compile with Settings(dynamic_facts=(..., "
+                       f"{layer!r})) so that no pass folds its values into constants" if known else
+                       f"the graph has no such fact layer (fact layers: {sorted(self.program.fact_shapes)}); "
+                       "only layers listed in Settings.dynamic_facts can be replaced"))
+            value = torch.as_tensor(value)
+            if value.is_complex() or value.dtype == torch.bool:
+                raise GraphError(f"fact layer {layer!r}: replacement has dtype {value.dtype}, "
+                                 "expected real (floating point or integer) values")
+            expected = self.program.fact_shapes[layer]
+            if tuple(value.shape) != tuple(expected):
                 raise GraphError(f"fact layer {layer!r}: replacement has shape {tuple(value.shape)}, "
-                                 f"expected {tuple(current.shape)}")
-            args[position[layer]] = value
-        return args
+                                 f"expected {tuple(expected)}")
+            if layer in values:
+                current = values[layer]
+                values[layer] = value.to(dtype=current.dtype, device=current.device)
+        return values
 
     def _apply(self, fn, recurse=True):
         # Constants are kept exact: after a dtype change (e.g. `.double()`), re-create
@@ -250,7 +299,7 @@ class CompiledModule(nn.Module):
 
     def extra_repr(self) -> str:
         n_ops = sum(1 for n in self.program.nodes if n.op not in (Op.FACT, Op.WEIGHTS))
-        return f"{n_ops} ops, {len(self.weights)} weights, {len(self._inputs)} fact inputs"
+        return f"{n_ops} ops, {len(self.weights)} weights, {len(self._inputs)} dynamic fact inputs"
 
 
 def _tensor(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
@@ -261,10 +310,27 @@ def _tensor(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
 
 
 def _load(source: str):
+    """Run the generated source under a fake file name registered with ``linecache``
+    (so tracebacks and ``inspect`` show the generated lines); returns its ``forward``."""
     filename = f"<neurovec-program-{next(_file_counter)}>"
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     namespace = {"torch": torch, "T": TRANSFORM_FUNCTIONS, "segment_reduce": kernels.segment_reduce,
                  "scatter_reduce": kernels.scatter_reduce_native, "dense_reduce": kernels.dense_reduce,
                  "strided_reduce": runtime.strided_reduce, "gather_sum": runtime.gather_sum}
     exec(compile(source, filename, "exec"), namespace)
-    return namespace["program"]
+    return namespace["forward"]
+
+
+def _program_class(source: str) -> type:
+    """A new subclass of :class:`CompiledModule` whose ``forward`` is ``source`` (see
+    NOTE: [A class per program])."""
+    forward = _load(source)
+    return type(CompiledModule.__name__, (CompiledModule,),
+                {"forward": forward, "code": source, "__module__": CompiledModule.__module__})
+
+
+def _rebuild_module(source: str, state: dict) -> CompiledModule:
+    """Unpickle a :class:`CompiledModule` (see ``CompiledModule.__reduce__``)."""
+    module = nn.Module.__new__(_program_class(source))
+    module.__setstate__(state)
+    return module

@@ -16,6 +16,10 @@ class WeightStore(nn.Module):
 
     Dotted names (``conv1.lin.weight``) become nested submodules, so state-dict
     keys read ``weights.conv1.lin.weight``, just like a hand-written torch model.
+    Fixed weights are non-persistent buffers: they belong to the compiled graph
+    (e.g. GCN normalisation scalars, which depend on the samples' degrees), so the
+    state dict holds exactly the learnable weights and moves between modules
+    compiled from one template on different samples.
     ``store[name]`` returns the tensor; iteration yields every weight name.
     """
 
@@ -42,7 +46,7 @@ class WeightStore(nn.Module):
             if w.learnable:
                 owner.register_parameter(leaf, nn.Parameter(tensor))
             else:
-                owner.register_buffer(leaf, tensor)
+                owner.register_buffer(leaf, tensor, persistent=False)
 
     def __getitem__(self, name: str) -> torch.Tensor:
         *path, leaf = name.split(".")

@@ -50,7 +50,7 @@ def test_program_is_printed_and_outputs_follow_declared_order():
     refs = [layer.neuron([(x[i], None), (x[i], None)]) for i in range(4)]  # repeated input: 2 x
     b.output(refs[3], refs[0], refs[3])
     module = neurovec.compile(b.build())
-    assert "index_select" in module.code and "def program" in module.code
+    assert "index_select" in module.code and "def forward" in module.code
     torch.testing.assert_close(module(), torch.tensor([[6.0, 6.0], [0.0, 0.0], [6.0, 6.0]]))
 
 
@@ -73,8 +73,10 @@ def test_dotted_weight_names_nest_like_torch_modules():
     n = b.layer("l").neuron([(x[0], "conv1.lin.weight")], bias="conv1.bias")
     b.output(n)
     module = neurovec.compile(b.build())
-    assert set(module.state_dict()) == {"weights.conv1.lin.weight", "weights.conv1.bias"}
+    # The fixed bias is a non-persistent buffer: the state dict holds the learnable weights only.
+    assert set(module.state_dict()) == {"weights.conv1.lin.weight"}
     assert [n for n, _ in module.named_parameters()] == ["weights.conv1.lin.weight"]
+    assert [n for n, _ in module.weights.named_buffers()] == ["conv1.bias"]
 
 
 def test_facts_replaced_at_call_time_without_recompiling():

@@ -1,11 +1,16 @@
 """The emitted modules under ``torch.compile``: same outputs and gradients as eager.
 
-The generated ``program`` is an exec'd function registered with ``linecache``;
+The generated ``forward`` is an exec'd function registered with ``linecache``;
 its weights come from ``self.weights[name]`` on the ``WeightStore`` module and
 its reductions are neurovec's kernels. While dynamo traces, the kernels call the
 ``torch.ops.neurovec`` custom ops (``engines/ops.py``: fake implementations and
 registered autograd), so every preset compiles with ``fullgraph=True``, max / min
 layers included, with the C++ kernels on or off.
+
+Every compiled program is a class of its own whose ``forward`` is the generated
+code (``engines/torch_module.py``, NOTE: [A class per program]): dynamo caches
+compiled code per code object, so each module is compiled once, and many
+modules in one process never share a cache entry or its recompile limit.
 
 The quick tests use the ``aot_eager`` backend (dynamo + AOTAutograd, no code
 generation: seconds); the inductor test (C++ code generation, ~30-60 s cold) is
@@ -17,8 +22,10 @@ import dataclasses
 import functools
 import shutil
 
+import numpy as np
 import pytest
 import torch
+from torch._dynamo.utils import counters
 
 import neurovec
 from neurovec import datasets
@@ -192,4 +199,77 @@ def test_inductor_max_min(tiny_max_min):
     _require("inductor")
     eager = neurovec.compile(tiny_max_min, "default", torch.float64)
     module = neurovec.compile(tiny_max_min, "default", torch.float64)
+    _assert_same(eager, torch.compile(module, backend="inductor", fullgraph=True), module, tol=1e-10)
+
+
+def aggregation_graph(aggregations=("max", "min", "mean", "prod", "sum")) -> neurovec.Graph:
+    """A small graph with one layer per aggregation (each reading the one before),
+    repeated inputs, and ties for max/min."""
+    rng = np.random.default_rng(0)
+    b = neurovec.GraphBuilder()
+    w = b.weight("w", rng.normal(size=(3, 3)))
+    v = b.weight("v", rng.normal(size=3))
+    x = b.facts("x", np.vstack([rng.normal(size=(3, 3)), np.ones((2, 3))]))  # two equal rows: ties
+    rows = list(x)
+    for k, aggregation in enumerate(aggregations):
+        h = b.layer(f"h{k}_{aggregation}", aggregation=aggregation, transformation="tanh")
+        rows = [h.neuron([(rows[0], w), (rows[1], w)]), h.neuron([(rows[2], w), (rows[3], None), (rows[4], v)]),
+                h.neuron([(rows[3], v), (rows[4], v)], bias=v), h.neuron([(rows[1], w)]),
+                h.neuron([(rows[0], None), (rows[0], w), (rows[2], v)])]
+    b.output(*rows)
+    return b.build()
+
+
+@pytest.mark.parametrize("kernel", ["scatter", "segment", "dense", "sparse_mm"])
+def test_every_kernel_compiles_as_one_graph(kernel):
+    _require("aot_eager")
+    graph = aggregation_graph()
+    eager = neurovec.compile(graph, {"reduce_kernel": kernel}, torch.float64)
+    module = neurovec.compile(graph, {"reduce_kernel": kernel}, torch.float64)
+    _assert_same(eager, torch.compile(module, backend="aot_eager", fullgraph=True), module)
+
+
+def test_twenty_modules_each_get_compiled_code():
+    """One module per mini-batch: each is compiled once, none falls back to eager.
+
+    Before each program had its own class, every module shared one ``forward``
+    code object: dynamo re-traced it per module (guards on each module's buffers)
+    and, after ``recompile_limit`` (8) modules, silently ran the rest eagerly.
+    """
+    _require("eager")
+    batches = [neurovec.compile(aggregation_graph(("sum",)), neurovec.Settings(reduce_kernel="segment"))
+               for k in range(20)]
+    for k, module in enumerate(batches):  # twenty different modules (different weights)
+        with torch.no_grad():
+            module.weights["w"].add_(k)
+    counters.clear()
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for module in batches:
+            compiled = torch.compile(module, backend="eager", fullgraph=True)
+            torch.testing.assert_close(compiled(), module())
+            torch.testing.assert_close(compiled(), module())  # the second call runs the cached code
+    assert counters["stats"]["unique_graphs"] == 20
+    assert not counters["recompiles"] and not counters["graph_break"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("template", ["gcn", "sage", "gin"])
+@pytest.mark.parametrize("preset", ["unoptimized", "default", "upward-17-aggressive"])
+def test_inductor_templates(tu_dir, template, preset):
+    # unoptimized used to fail: inductor cannot compile index_select's backward from a
+    # one-element tensor (the (1, 1) output bias), which is now written as an expand.
+    _require("inductor")
+    graph = getattr(datasets, template)(datasets.load_tu("MUTAG", tu_dir), hidden=8, layers=2, samples=[0, 1, 2, 3])
+    eager = neurovec.compile(graph, preset, torch.float64)
+    module = neurovec.compile(graph, preset, torch.float64)
+    _assert_same(eager, torch.compile(module, backend="inductor", fullgraph=True), module, tol=1e-10)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset", ["unoptimized", "default", "upward-17-aggressive"])
+def test_inductor_every_aggregation(preset):
+    _require("inductor")
+    graph = aggregation_graph()
+    eager = neurovec.compile(graph, preset, torch.float64)
+    module = neurovec.compile(graph, preset, torch.float64)
     _assert_same(eager, torch.compile(module, backend="inductor", fullgraph=True), module, tol=1e-10)

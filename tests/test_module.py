@@ -1,0 +1,173 @@
+"""Compiled modules behave like any ``nn.Module``: pickling and ``torch.save``, state
+dicts that move between samples, dtypes, settings given as a dict (issue 11, item 5)."""
+from __future__ import annotations
+
+import copy
+import io
+import pickle
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import neurovec
+from neurovec import datasets
+from neurovec.engines.torch_module import CompiledModule
+
+from .equivalence import assert_equivalent
+
+PRESETS = ["unoptimized", "default", "upward-17-aggressive"]
+
+
+@pytest.fixture(scope="module")
+def mutag(tu_dir):
+    return datasets.load_tu("MUTAG", tu_dir)
+
+
+@pytest.fixture(scope="module")
+def tiny_gcn(mutag):
+    return datasets.gcn(mutag, hidden=8, layers=2, samples=[0, 1, 2, 3])
+
+
+def _outputs_and_grads(module):
+    out = module()
+    projection = torch.randn(out.shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    projection = projection.to(out.dtype)
+    grads = torch.autograd.grad((out * projection).sum(), list(module.parameters()))
+    return out.detach(), grads
+
+
+def _assert_identical(a, b):
+    out_a, grads_a = _outputs_and_grads(a)
+    out_b, grads_b = _outputs_and_grads(b)
+    assert torch.equal(out_a, out_b)
+    assert len(grads_a) == len(grads_b)
+    for g_a, g_b in zip(grads_a, grads_b):
+        assert torch.equal(g_a, g_b)
+
+
+def _torch_save_load(module):
+    buffer = io.BytesIO()
+    torch.save(module, buffer)
+    buffer.seek(0)
+    return torch.load(buffer, weights_only=False)  # a whole module is code, not weights only
+
+
+# -- pickling -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("how", ["pickle", "torch.save", "deepcopy"])
+@pytest.mark.parametrize("settings", PRESETS + [{"reduce_kernel": "sparse_mm"}])
+def test_round_trip_gives_identical_outputs_and_gradients(tiny_gcn, settings, how):
+    module = neurovec.compile(tiny_gcn, settings, torch.float64)
+    with torch.no_grad():  # trained weights, not the initial ones, must come back
+        for p in module.parameters():
+            p.add_(0.25)
+    again = {"pickle": lambda m: pickle.loads(pickle.dumps(m)), "torch.save": _torch_save_load,
+             "deepcopy": copy.deepcopy}[how](module)
+    assert isinstance(again, CompiledModule) and type(again) is not type(module)
+    assert again.code == module.code
+    assert again.state_dict().keys() == module.state_dict().keys()
+    _assert_identical(module, again)
+    # The copy is independent: training one leaves the other alone.
+    with torch.no_grad():
+        next(again.parameters()).add_(1.0)
+    assert not torch.equal(again(), module())
+
+
+def test_saved_module_loads_in_a_fresh_process(tiny_gcn, tmp_path):
+    module = neurovec.compile(tiny_gcn, "default", torch.float64)
+    torch.save(module, tmp_path / "module.pt")
+    torch.save(module().detach(), tmp_path / "expected.pt")
+    script = ("import sys, torch; m = torch.load(sys.argv[1], weights_only=False); "
+              "e = torch.load(sys.argv[2]); assert torch.equal(m(), e), 'outputs differ'; "
+              "assert 'def forward' in m.code; print(type(m).__name__)")
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "module.pt"), str(tmp_path / "expected.pt")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "CompiledModule"
+
+
+def test_each_program_has_its_own_forward(tiny_gcn):
+    a = neurovec.compile(tiny_gcn)
+    b = neurovec.compile(tiny_gcn)
+    assert a.code == b.code
+    # torch.compile caches compiled code per code object: two modules must not share one.
+    assert type(a).forward.__code__ is not type(b).forward.__code__
+    assert "def forward(self, facts=None):" in a.code
+    assert repr(a).startswith("CompiledModule(")
+
+
+# -- state dicts ----------------------------------------------------------------------------------
+
+def test_state_dict_moves_between_modules_compiled_on_different_samples(mutag):
+    # Different samples have different node degrees, hence different fixed GCN
+    # normalisation scalars (weights.gcn_norm.deg*): those are not state.
+    graph_a = datasets.gcn(mutag, hidden=8, layers=2, samples=[0, 1, 2, 3], seed=0)
+    graph_b = datasets.gcn(mutag, hidden=8, layers=2, samples=[17, 18, 19], seed=1)
+    fixed_a = {w.name for w in graph_a.weights if not w.learnable}
+    fixed_b = {w.name for w in graph_b.weights if not w.learnable}
+    assert fixed_a != fixed_b  # the test needs samples whose fixed weights differ
+    a = neurovec.compile(graph_a, dtype=torch.float64)
+    b = neurovec.compile(graph_b, dtype=torch.float64)
+    learnable = {f"weights.{w.name}" for w in graph_a.weights if w.learnable}
+    assert set(a.state_dict()) == learnable == set(b.state_dict())
+    before = b()
+    b.load_state_dict(a.state_dict())  # strict
+    for name, value in a.state_dict().items():
+        assert torch.equal(b.state_dict()[name], value)
+    for w in graph_b.weights:  # b keeps its own fixed weights
+        if not w.learnable:
+            assert torch.equal(b.weights[w.name], torch.tensor(w.value))
+    assert not torch.equal(b(), before)
+    # b now computes graph_b under a's weights: the reference engine agrees.
+    shared = neurovec.ReferenceModule(graph_b)
+    shared.load_state_dict(a.state_dict(), strict=False)
+    torch.testing.assert_close(b(), shared(), rtol=1e-9, atol=1e-9)
+
+
+# -- dtypes ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.bool, torch.complex64, "float32"])
+def test_non_float_dtype_is_refused_at_compile_time(tiny_gcn, dtype):
+    with pytest.raises(TypeError, match="dtype must be one of torch.float32, torch.float64"):
+        neurovec.compile(tiny_gcn, dtype=dtype)
+
+
+# Tolerances of half precision: bfloat16 keeps ~3 significant digits, and GIN's gradients go
+# through an MLP per layer (normalised errors ~0.1 even unoptimized).
+@pytest.mark.parametrize("dtype, tol", [(torch.float16, 2e-2), (torch.bfloat16, 2.5e-1)])
+@pytest.mark.parametrize("template", ["gcn", "sage", "gin"])
+def test_half_precision_runs_every_preset_and_kernel(mutag, template, dtype, tol):
+    graph = getattr(datasets, template)(mutag, hidden=8, layers=2, samples=list(range(20)))
+    exact = neurovec.compile(graph, "unoptimized", torch.float64)
+    out_exact, grads_exact = _outputs_and_grads(exact)
+    choices = [neurovec.Settings.preset(p) for p in neurovec.list_presets()]
+    choices += [neurovec.Settings(reduce_kernel=k) for k in ("scatter", "segment", "dense", "sparse_mm")]
+    for settings in choices:
+        module = neurovec.compile(graph, settings, dtype)
+        assert next(module.parameters()).dtype == dtype
+        out, grads = _outputs_and_grads(module)
+        assert out.dtype == dtype
+        torch.testing.assert_close(out.double(), out_exact, rtol=tol, atol=tol)
+        for g, g_exact in zip(grads, grads_exact):
+            scale = g_exact.abs().max().item() + 1e-3
+            torch.testing.assert_close(g.double() / scale, g_exact / scale, rtol=tol, atol=tol)
+
+
+# -- settings -------------------------------------------------------------------------------------
+
+def test_settings_may_be_a_dict(tiny_gcn):
+    from_dict = neurovec.compile(tiny_gcn, {"upward": False, "reduce_kernel": "segment"}, torch.float64)
+    from_model = neurovec.compile(tiny_gcn, neurovec.Settings(upward=False, reduce_kernel="segment"), torch.float64)
+    assert from_dict.code == from_model.code
+    assert_equivalent(tiny_gcn, from_dict)
+
+
+def test_unknown_settings_are_named(tiny_gcn):
+    with pytest.raises(ValueError, match=r"unknown settings 'upwards' \(did you mean 'upward'\?\)"):
+        neurovec.compile(tiny_gcn, {"upwards": False})
+    with pytest.raises(TypeError, match="settings must be a neurovec.Settings, a preset name, a dict"):
+        neurovec.compile(tiny_gcn, 3)
+    with pytest.raises(ValueError, match="unknown preset 'defualt'"):
+        neurovec.compile(tiny_gcn, "defualt")
