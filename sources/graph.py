@@ -455,9 +455,16 @@ def _validate_neurons(index, layer, layers, sizes, shapes, weight_shapes, weight
     wshape_ids, wshape_list = _shape_classes(weight_shapes)
     edge_value_cls = shape_ids[src]
     edge_weight_cls = np.where(weight >= 0, wshape_ids[np.maximum(weight, 0)] if n_weights else 0, -1)
-    pairs, first = np.unique(np.stack([edge_value_cls, edge_weight_cls], 1), axis=0, return_index=True)
+    # One small-int code per (value class, weight class) pair, in their lexicographic order: the pairs present and
+    # the first edge of each come from bincount and minimum.at, with no sort (np.unique(axis=0) sorted every edge).
+    n_classes = len(wshape_list) + 1
+    code = edge_value_cls * n_classes + (edge_weight_cls + 1)
+    present = np.flatnonzero(np.bincount(code))
+    first_edge = np.full(int(present[-1]) + 1, n_edges, dtype=np.int64)
+    np.minimum.at(first_edge, code, np.arange(n_edges, dtype=np.int64))
+    pairs = np.stack([present // n_classes, present % n_classes - 1], 1)
     out_shape = None
-    for (value_cls, weight_cls), e in zip(pairs, first):
+    for (value_cls, weight_cls), e in zip(pairs.tolist(), first_edge[present].tolist()):
         value_shape = shape_list[value_cls]
         w_shape = None if weight_cls < 0 else wshape_list[weight_cls]
         result = product_shape(w_shape, value_shape)

@@ -14,11 +14,12 @@ The syntax is PyNeuraLogic 0.9.2's, the semantics NeuraLogic's; the docstrings o
 """
 from .data import Query, Relation
 from .grounding import Grounding, ground
+from .sql import Database, SQLRelation
 from .template import (C, F, R, V, Aggregation, Combination, Constant, Literal, Metadata, Offset, Rule, Template,
                        TemplateError, Transformation, Variable)
 
 __all__ = [
-    "Aggregation", "C", "Combination", "Constant", "F", "Grounding", "Literal", "Metadata", "Offset",
-    "Query", "R", "Relation", "Rule", "Template", "TemplateError", "Transformation", "V",
+    "Aggregation", "C", "Combination", "Constant", "Database", "F", "Grounding", "Literal", "Metadata", "Offset",
+    "Query", "R", "Relation", "Rule", "SQLRelation", "Template", "TemplateError", "Transformation", "V",
     "Variable", "ground",
 ]

@@ -76,7 +76,7 @@ class _Assembler:
         while name in taken:
             k += 1
             name = f"{layer.name}#{k}"
-        self.layers.append(layer if name == layer.name else replace(layer, name=name))
+        self.layers.append(layer if name == layer.name else replace(layer, name=name, copy=False))
         return len(self.layers) - 1
 
     def neurons(self, name: str, counts, in_layer, in_ordinal, in_weight, offset, combination: str,
@@ -106,12 +106,13 @@ class _Assembler:
                 counts, (in_layer, in_ordinal, in_weight) = _prepend(
                     counts, has_offset, [in_layer, in_ordinal, in_weight],
                     [_UNIT, 0, np.asarray(offset)[has_offset]])
-        index = self.add(NeuronLayer(name, counts, in_layer, in_ordinal, in_weight, bias, aggregation, function))
+        index = self.add(NeuronLayer(name, counts, in_layer, in_ordinal, in_weight, bias, aggregation, function,
+                                     copy=False))
         for k, (step, weight, step_bias) in enumerate(steps):
             w = NO_WEIGHT if weight is None else self.constant(weight)
             b = NO_WEIGHT if step_bias is None else self.constant(step_bias)
             index = self.add(NeuronLayer(f"{name}/{transformation}{k + 1}", np.ones(n, np.int64), np.full(n, index),
-                                         np.arange(n), np.full(n, w), np.full(n, b), "sum", step))
+                                         np.arange(n), np.full(n, w), np.full(n, b), "sum", step, copy=False))
         return index
 
     def is_identity(self, transformation: str) -> bool:
@@ -137,7 +138,7 @@ class _Assembler:
             if facts.weights is None:
                 label = self.plan.label(predicate)
                 layer = self.add(FactLayer(label if predicate not in self.plan.derived else f"{label}:facts",
-                                           facts.values[distinct]))
+                                           facts.values[distinct], copy=False))
                 ordinal = inverse.reshape(-1)
                 layers = np.full(ordinal.size, layer)
             else:  # template facts
@@ -148,7 +149,8 @@ class _Assembler:
                     n = int(weighted.sum())
                     layer = self.add(NeuronLayer(f"{self.plan.label(predicate)}:embedding", np.ones(n, np.int64), np.full(n, _UNIT),
                                                  np.zeros(n, np.int64),
-                                                 [self.weight(w) for w, ok in zip(names, weighted) if ok]))
+                                                 [self.weight(w) for w, ok in zip(names, weighted) if ok],
+                                                 copy=False))
                     layers[weighted], ordinal[weighted] = layer, np.arange(n)
                 inverse = inverse.reshape(-1)
                 layers, ordinal = layers[inverse], ordinal[inverse]
@@ -349,8 +351,8 @@ class _Assembler:
         used_unit = (out_layer == _UNIT).any() or any(
             isinstance(layer, NeuronLayer) and (layer.input_layer == _UNIT).any() for layer in layers)
         if not used_unit:  # drop the unit fact and renumber
-            layers = [replace(layer, input_layer=layer.input_layer - 1) if isinstance(layer, NeuronLayer) else layer
-                      for layer in layers[1:]]
+            layers = [replace(layer, input_layer=layer.input_layer - 1, copy=False) if isinstance(layer, NeuronLayer)
+                      else layer for layer in layers[1:]]
             out_layer = out_layer - 1
         return Graph(layers, self.weights, out_layer, out_ordinal)
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .data import Relation
-from .joins import distinct, row_keys
+from .joins import row_keys
 from .template import Constant, TemplateError
 
 __all__ = ["Vocabulary", "FactTable", "encode_relation"]
@@ -65,55 +65,71 @@ class Vocabulary:
 
 @dataclass(eq=False)
 class FactTable:
-    """The encoded facts of one predicate: per row its example, its argument ids and the row of its value."""
+    """The encoded facts of one predicate, sorted by example, then arguments (in id order: the order SQL's
+    ``ORDER BY`` gives too): per row its example, its argument ids and the row of its value."""
 
     predicate: str
-    example: np.ndarray
-    args: list
+    example: np.ndarray | None           # None in the SQL grounder: the facts stay in the database ...
+    args: list | None
     value_row: np.ndarray
     values: np.ndarray | None            # (n_values, *shape); None: unit facts
     weights: list | None = None          # template facts: per value row, a weight name (None: a unit fact)
-    order: np.ndarray | None = None      # the rows sorted by (example, args): also sorted by any prefix of them
+    sql: str | None = None               # ... in this temporary table
 
     @property
     def size(self) -> int:
-        return int(self.example.size)
+        return int(self.value_row.size)
 
 
 def encode_relation(name: str, relation: Relation, constants: Vocabulary, examples: Vocabulary,
-                    scope: np.ndarray) -> FactTable:
-    """``relation`` in ids, restricted to the examples in ``scope`` (sorted example ids); a relation without an
-    example column is repeated in every example of the scope (its copies share their value rows)."""
+                    scope: np.ndarray, weights: list | None = None) -> FactTable:
+    """``relation`` in ids, restricted to the examples in ``scope`` (sorted example ids) and sorted.
+
+    A relation without an example column holds in every example of the scope: its rows, sorted by arguments, are
+    repeated in each, and the copies share their value rows (one fact neuron per row, not per copy).
+    ``weights``: for template facts, the weight name of each row.
+    """
     args = [constants.encode(c) for c in relation.args]
-    value_row = np.arange(relation.size, dtype=np.int64)
+    values = relation.values
     if relation.example is None:
         n = relation.size
+        order = _sorted_rows(args) if args else np.arange(n)
+        args = [a[order] for a in args]
+        values = values[order] if values is not None else None
+        weights = [weights[k] for k in order.tolist()] if weights is not None else None
         example = np.repeat(scope, n)
         args = [np.tile(a, scope.size) for a in args]
-        value_row = np.tile(value_row, scope.size)
+        value_row = np.tile(np.arange(n, dtype=np.int64), scope.size)
     else:
         example = examples.encode(relation.example)
-        keep = np.isin(example, scope) if scope.size < examples.size else np.ones(example.size, bool)
-        if not keep.all():
-            example, value_row = example[keep], value_row[keep]
-            args = [a[keep] for a in args]
-    table = FactTable(name, example, args, value_row, relation.values)
+        rows = np.flatnonzero(np.isin(example, scope)) if scope.size < examples.size else np.arange(example.size)
+        order = rows[_sorted_rows([example[rows]] + [a[rows] for a in args])]
+        example, args = example[order], [a[order] for a in args]
+        values = values[order] if values is not None else None
+        value_row = np.arange(order.size, dtype=np.int64)
+    table = FactTable(name, example, args, value_row, values, weights)
     check_duplicates(table, constants, examples)
     return table
 
 
+def _sorted_rows(columns: list) -> np.ndarray:
+    """The order that sorts rows by their columns (lexicographically, stable); the identity when already sorted."""
+    (key,) = row_keys([np.asarray(c, np.int64) for c in columns])
+    if key.size < 2 or bool(np.all(key[1:] >= key[:-1])):
+        return np.arange(key.size)
+    return np.argsort(key, kind="stable")
+
+
 def check_duplicates(table: FactTable, constants: Vocabulary, examples: Vocabulary) -> None:
-    """A ground atom given twice (in one example) is an error: NeuraLogic would silently keep the first value."""
+    """A ground atom given twice (in one example) is an error: NeuraLogic would silently keep the first value.
+    The table is sorted, so a duplicate is next to its twin."""
     if table.size < 2:
         return
     (key,) = row_keys([table.example] + table.args)
-    table.order = np.argsort(key, kind="stable")
-    ordered = key[table.order]
-    if bool(np.all(ordered[1:] != ordered[:-1])):
+    twins = np.flatnonzero(key[1:] == key[:-1])
+    if not twins.size:
         return
-    first, inverse = distinct(key)
-    counts = np.bincount(inverse)
-    row = int(np.flatnonzero(counts[inverse] > 1)[0])
+    row = int(twins[0])
     atom = ", ".join(map(str, constants.decode([a[row] for a in table.args])))
     name = table.predicate.rsplit("/", 1)[0]
     raise TemplateError(f"relation {table.predicate}: the fact {name}({atom}) is given twice in example "

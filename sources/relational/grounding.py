@@ -427,18 +427,12 @@ class NumpyGrounder(Grounder):
     def _template_facts(self) -> dict:
         """Template facts hold in every example; one value row (a learnable embedding, or a unit) per fact."""
         tables = {}
-        by_name: dict[str, list] = {}
-        for k, fact in enumerate(self.plan.template.facts):
-            by_name.setdefault(fact.key, []).append(k)
-        for name, indices in by_name.items():
+        for key, indices in template_facts(self.plan).items():
             facts = [self.plan.template.facts[k] for k in indices]
-            args = [np.array([self.constants.encode_one(f.terms[c]) for f in facts], np.int64)
-                    for c in range(self.plan.arity[name])]
-            n, scope = len(facts), self.scope
-            table = FactTable(name, np.repeat(scope, n), [np.tile(a, scope.size) for a in args],
-                              np.tile(np.arange(n), scope.size), None,
-                              [self.plan.fact_weights[k] for k in indices])
-            tables[name] = table
+            columns = [np.asarray([f.terms[c].value for f in facts]) for c in range(self.plan.arity[key])]
+            relation = Relation(columns, size=len(facts))
+            tables[key] = encode_relation(key, relation, self.constants, self.examples, self.scope,
+                                          [self.plan.fact_weights[k] for k in indices])
         return tables
 
     def fact_atoms(self, predicate: str) -> Table:
@@ -446,8 +440,9 @@ class NumpyGrounder(Grounder):
         if facts is None:
             zero = np.zeros(0, np.int64)
             return Table(predicate, predicate, zero, [zero] * self.plan.arity[predicate], zero, np.zeros(0, bool))
-        return Table(predicate, predicate, facts.example, facts.args, np.arange(facts.size),
-                     np.zeros(facts.size, bool), order=facts.order)
+        n = facts.size
+        return Table(predicate, predicate, facts.example, facts.args, np.arange(n), np.zeros(n, bool),
+                     order=np.arange(n))
 
     def encoded(self, table: Table) -> Table:
         return table
@@ -553,8 +548,16 @@ class NumpyGrounder(Grounder):
             rows, columns = self._selection(table, lit)
             pending[k] = (table, rows, columns)
         size = lambda k: pending[k][0].size if pending[k][1] is None else pending[k][1].size  # noqa: E731
-        k = min(pending, key=lambda k: (size(k), k))
+        # Start from a literal holding every head variable, read in the order of the head's columns: each join
+        # keeps the order of its left side, so the groundings then come out sorted by head (the canonical order
+        # of _derive, which then has nothing left to sort). Otherwise from the smallest literal.
+        head = [t.name for t in rule.head.terms if isinstance(t, Variable)]
+        holding = [k for k in pending if set(head) <= set(pending[k][2])]
+        k = min(holding or pending, key=lambda k: (size(k), k))
         table, rows, columns = pending.pop(k)
+        if holding and head:
+            order = self._sorted_by(table, [columns[v] for v in head])
+            rows = order if rows is None else order[np.isin(order, rows)]
         take = (lambda c: c) if rows is None else (lambda c: c[rows])  # noqa: E731
         binding = _Binding(take(table.example), {v: take(table.args[c]) for v, c in columns.items()},
                            {k: take(np.arange(table.size))}, {k: table.name})
@@ -573,6 +576,16 @@ class NumpyGrounder(Grounder):
             binding = self._dedup(rule, binding)
         return binding
 
+    def _sorted_by(self, table: Table, columns: list) -> np.ndarray:
+        """The table's rows in the order of (example, these argument columns, the rest), cached per table."""
+        key = ("by",) + tuple(columns)
+        if key not in table._sorted:
+            rest = [c for c in range(len(table.args)) if c not in columns]
+            keys = row_keys([table.example] + [table.args[c] for c in columns + rest])[0]
+            table._sorted[key] = np.arange(table.size) if keys.size < 2 or bool(np.all(keys[1:] >= keys[:-1])) \
+                else np.argsort(keys, kind="stable")
+        return table._sorted[key]
+
     def _join(self, binding: _Binding, k: int, table: Table, rows, columns: dict) -> _Binding:
         shared = [v for v in columns if v in binding.vars]
         left = [binding.example] + [binding.vars[v] for v in shared]
@@ -590,7 +603,9 @@ class NumpyGrounder(Grounder):
             right = [table.example[all_rows]] + [table.args[columns[v]][all_rows] for v in shared]
             left_key, right_key = self._keys([left, right])
             order = None
-        li, ri = join(left_key, right_key, order)
+        # Keys over the example and every argument are an atom's identity: at most one match each.
+        unique = len(shared) == len(table.args) and len(set(columns.values())) == len(table.args)
+        li, ri = join(left_key, right_key, order, right_unique=unique)
         atom = ri if rows is None else rows[ri]
         joined = binding.take(li)
         for v, c in columns.items():
@@ -653,6 +668,14 @@ def prune_unreached(stages: list, tables: dict, targets: dict) -> tuple[list, di
     return kept[::-1], needed
 
 
+def template_facts(plan: Plan) -> dict:
+    """Predicate key -> the indices of its template facts."""
+    by_key: dict[str, list] = {}
+    for k, fact in enumerate(plan.template.facts):
+        by_key.setdefault(fact.key, []).append(k)
+    return by_key
+
+
 def relation_key(name: str, arity: int) -> str:
     """The predicate key of a data relation given under ``name``: ``name/arity`` (a name may carry it already)."""
     if "/" in name:
@@ -691,5 +714,6 @@ def _runs(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
 
 
 def _as_ids(column) -> np.ndarray:
+    """Constants (any array-like) as a 1-D int64 or str column."""
     from .data import as_column
     return as_column(np.asarray(column).reshape(-1), "constants")

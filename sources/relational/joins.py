@@ -60,12 +60,20 @@ def expand_runs(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
     return np.repeat(starts - (ends - counts), counts) + np.arange(total, dtype=np.int64)
 
 
-def join(left_key: np.ndarray, right_key: np.ndarray, right_order: np.ndarray | None = None) -> tuple:
+def join(left_key: np.ndarray, right_key: np.ndarray, right_order: np.ndarray | None = None,
+         right_unique: bool = False) -> tuple:
     """All pairs ``(i, j)`` with ``left_key[i] == right_key[j]``: two index arrays, grouped by ``i`` in left order
-    and, within one ``i``, in right order. ``right_order`` (``argsort(right_key, kind="stable")``) may be cached."""
+    and, within one ``i``, in right order. ``right_order`` (``argsort(right_key, kind="stable")``) may be cached;
+    ``right_unique`` (no two right keys are equal) saves one binary search per left key."""
     if right_order is None:
         right_order = np.argsort(right_key, kind="stable")
     sorted_right = right_key[right_order]
+    if right_unique:
+        if sorted_right.size == 0:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        at = np.minimum(np.searchsorted(sorted_right, left_key, side="left"), sorted_right.size - 1)
+        left = np.flatnonzero(sorted_right[at] == left_key)
+        return left, right_order[at[left]]
     lo = np.searchsorted(sorted_right, left_key, side="left")
     hi = np.searchsorted(sorted_right, left_key, side="right")
     counts = hi - lo

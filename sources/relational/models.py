@@ -21,7 +21,7 @@ from .data import Query, Relation
 from .template import Aggregation, Combination, Metadata, R, Template, TemplateError, Transformation, V
 
 __all__ = ["tu_facts", "tu_queries", "gcn", "sage", "gin", "mutagenesis", "mutagenesis_facts",
-           "mutagenesis_queries", "ATOM_ELEMENTS"]
+           "mutagenesis_database", "mutagenesis_queries", "MUTAGENESIS_SQL", "ATOM_ELEMENTS"]
 
 
 def tu_facts(ds, use_attributes: bool = False, norm: bool = False, zero_self_loops: bool = False,
@@ -159,21 +159,47 @@ ATOM_ELEMENTS = ("br", "c", "cl", "f", "h", "i", "n", "o")
 
 
 def mutagenesis_facts(ds) -> dict:
-    """Relations of a loaded :class:`neurovec.datasets.Mutagenesis` (see :func:`neurovec.relational.sql` for the
-    database): ``atom_type(A, T)``, ``bond(X, Y, B)`` (both directions), ``bond_type(B, T)``; one example per
-    molecule."""
+    """Relations of a loaded :class:`neurovec.datasets.Mutagenesis` (:func:`mutagenesis_database` reads the same
+    from the database): ``atom_type(A, T)``, ``bond(X, Y, B)`` (both directions), ``bond_type(B, T)``; one example
+    per molecule (its index); atoms are their indices, bonds ``n_atoms + `` their index."""
     x, y, bond = ds.directed
-    molecule = np.asarray(ds.molecule_ids)
-    atom_ids = np.asarray(ds.atom_ids)
     elements = np.asarray(ds.element_names)[ds.atom_element]
-    return {"atom_type": Relation((atom_ids, elements), example=molecule[ds.atom_molecule]),
-            "bond": Relation((atom_ids[x], atom_ids[y], bond), example=molecule[ds.atom_molecule[x]]),
-            "bond_type": Relation((np.arange(ds.n_bonds), ds.bond_type_values[ds.bond_type]),
-                                  example=molecule[ds.bond_molecule])}
+    # Atoms, bonds and molecules by their indices (the dataset's order): integer constants join fastest.
+    n_atoms = ds.n_atoms
+    return {"atom_type": Relation((np.arange(n_atoms), elements), example=ds.atom_molecule),
+            "bond": Relation((x, y, n_atoms + bond), example=ds.atom_molecule[x]),
+            "bond_type": Relation((n_atoms + np.arange(ds.n_bonds), ds.bond_type_values[ds.bond_type]),
+                                  example=ds.bond_molecule)}
 
 
-def mutagenesis_queries(ds, samples=None) -> Query:
-    ids = np.asarray(ds.molecule_ids)
+# The same relations, read by the database (the schema of ``datasets.create_database``); a bond's constant is
+# "atom1-atom2" of its row, chlorine and bromine are told apart by their type as ``datasets.load_mutagenesis`` does.
+_ELEMENT = ("CASE WHEN a.element = 'c' AND a.type = 93 THEN 'cl' WHEN a.element = 'b' AND a.type = 94 THEN 'br' "
+            "ELSE a.element END")
+MUTAGENESIS_SQL = {
+    "atom_type": f"SELECT a.atom_id AS atom, {_ELEMENT} AS element, a.molecule_id AS molecule FROM atom a",
+    "bond": "SELECT b.atom1_id AS x, b.atom2_id AS y, b.atom1_id || '-' || b.atom2_id AS bond, "
+            "a.molecule_id AS molecule FROM bond b JOIN atom a ON a.atom_id = b.atom1_id UNION ALL "
+            "SELECT b.atom2_id, b.atom1_id, b.atom1_id || '-' || b.atom2_id, a.molecule_id "
+            "FROM bond b JOIN atom a ON a.atom_id = b.atom1_id",
+    "bond_type": "SELECT b.atom1_id || '-' || b.atom2_id AS bond, b.type AS type, a.molecule_id AS molecule "
+                 "FROM bond b JOIN atom a ON a.atom_id = b.atom1_id",
+}
+
+
+def mutagenesis_database(url_or_path):
+    """The Mutagenesis relations of a database written by ``datasets.create_database``, grounded in SQL."""
+    from .sql import Database, SQLRelation
+    return Database(url_or_path, {
+        "atom_type": SQLRelation(MUTAGENESIS_SQL["atom_type"], ("atom", "element"), example="molecule"),
+        "bond": SQLRelation(MUTAGENESIS_SQL["bond"], ("x", "y", "bond"), example="molecule"),
+        "bond_type": SQLRelation(MUTAGENESIS_SQL["bond_type"], ("bond", "type"), example="molecule")})
+
+
+def mutagenesis_queries(ds, samples=None, by_id: bool = False) -> Query:
+    """One ``predict`` per molecule of ``samples`` (default all): examples by index (as :func:`mutagenesis_facts`
+    numbers them), or by molecule id (``by_id``, as the database names them)."""
+    ids = np.asarray(ds.molecule_ids) if by_id else np.arange(ds.n_molecules)
     return Query("predict", example=ids if samples is None else ids[np.asarray(samples).reshape(-1)])
 
 

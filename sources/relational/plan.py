@@ -121,12 +121,12 @@ def make_plan(template: Template, schemas: dict, seed: int = 0) -> Plan:
     fact_shapes: dict[str, tuple] = {key: tuple(shape) for key, shape in schemas.items()}
     derived = {rule.head.key for rule in template.rules}
     for rule in template.rules:
-        _check_rule(rule, f"{rule.label} `{rule}`")
+        _check_rule(rule, _Where(rule))
     known = set(schemas) | {f.key for f in template.facts} | derived
     for rule in template.rules:
         for lit in rule.body:
             if not lit.special and lit.key not in known:
-                where = f"{rule.label} `{rule}`"
+                where = _Where(rule)
                 same_name = sorted(k for k in known if k.rsplit("/", 1)[0] == lit.name)
                 if same_name:
                     arities = " and ".join(k.rsplit("/", 1)[1] for k in same_name)
@@ -271,7 +271,7 @@ def _infer_shapes(plan: Plan, fact_shapes: dict) -> None:
 
 def _head_shape(plan: Plan, rule: Rule, shape: dict) -> tuple[tuple, tuple]:
     """The value shapes of the rule's neurons and of the atoms it derives."""
-    where = f"{rule.label} `{rule}`"
+    where = _Where(rule)
     combination = plan.combination(rule)
     products = []
     for lit in rule.literals:
@@ -345,7 +345,7 @@ def _weights(plan: Plan, rng: np.random.Generator) -> None:
         plan.fact_weights.append(register(fact.weight, f"fact:{fact.name}({','.join(map(str, fact.terms))})",
                                           f"template fact {fact}"))
     for rule in plan.template.rules:
-        where = f"{rule.label} `{rule}`"
+        where = _Where(rule)
         learnable = rule.metadata.learnable
         fix = (lambda s: s.fixed() if s is not None and learnable is False else s)
         plan.rule_weights[(rule.index, "head")] = register(fix(rule.head.weight), f"rule{rule.index}:head", where)
@@ -364,6 +364,20 @@ def _weights(plan: Plan, rng: np.random.Generator) -> None:
             raise TemplateError(f"{where}: weight shapes do not fit: the offset has shape {offset.shape} but the "
                                 f"atoms of {key} have shape {plan.shape[key]}")
         plan.predicate_offsets[key] = register(offset, f"{key}:offset", where)
+
+
+class _Where:
+    """``rule 3 `h(X) :- a(X).``` for messages, formatted only when a message is (printing rules is not free)."""
+
+    __slots__ = ("rule",)
+
+    def __init__(self, rule: Rule):
+        self.rule = rule
+
+    def __format__(self, spec: str) -> str:
+        return f"{self.rule.label} `{self.rule}`"
+
+    __str__ = __repr__ = lambda self: format(self)  # noqa: E731
 
 
 def _glorot(rng: np.random.Generator, shape: tuple) -> np.ndarray:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -265,12 +266,12 @@ class Literal:
     def arity(self) -> int:
         return len(self.terms)
 
-    @property
+    @cached_property
     def key(self) -> str:
         """``name/arity``: NeuraLogic's predicate identity (``shape/2`` and ``shape/3`` are different predicates)."""
-        return f"{self.name}/{self.arity}"
+        return f"{self.name}/{len(self.terms)}"
 
-    @property
+    @cached_property
     def variables(self) -> list[str]:
         return [t.name for t in self.terms if isinstance(t, Variable)]
 

@@ -1,0 +1,374 @@
+"""Grounding inside a database: every rule body is one SQL join, run by the database.
+
+    db = Database("mutagenesis.db", {                        # an SQLite file, or any SQLAlchemy URL or Engine
+        "bond": SQLRelation("SELECT atom1_id, atom2_id, type FROM bond", args=("atom1_id", "atom2_id", "type"),
+                            example="molecule_id"), ...})
+    graph = template.ground(db, queries)
+
+The grounder keeps one connection open and builds temporary tables on it (``CREATE TEMP TABLE ... AS
+SELECT``, SQLite and PostgreSQL alike):
+
+* per relation, its facts numbered in the order of (example, arguments) with ``ROW_NUMBER()``: the same
+  numbering the numpy grounder gives its sorted fact tables;
+* per rule, the groundings: one ``SELECT`` joining the body literals' tables on the example and the shared
+  variables, filtering constants and special literals (``@neq`` ...), returning the head's key and the
+  atom id of every input literal;
+* per derived predicate, its atoms: the ``UNION`` of its rules' heads (and its facts), numbered the same way.
+
+Only integer id columns (and the values of facts) come back to Python, as numpy arrays: the groundings,
+sorted by head then inputs, ready for :mod:`.assembly`. Recursion runs the same steps round by round.
+The same template on the same data gives the same graph as the numpy grounder on SQLite (whose ``ORDER BY``
+matches the numpy ids: integers by value before strings, strings by code point); other databases may order
+strings by their collation, which renumbers neurons but leaves the values the same.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+
+from .encoding import FactTable, Vocabulary
+from .grounding import Grounder, Groundings, Table, _as_ids, _input_positions, relation_key, template_facts
+from .plan import make_plan
+from .template import Constant, Template, TemplateError, Variable
+
+__all__ = ["Database", "SQLRelation", "SQLGrounder"]
+
+
+@dataclass(frozen=True)
+class SQLRelation:
+    """A relation of the database: ``source`` (a table name or a ``SELECT``), the columns that are its arguments,
+    its example (optional: without it the facts hold in every example) and its values (optional: a column, or
+    several for a vector; without them every fact is a unit fact)."""
+
+    source: str
+    args: tuple = ()
+    values: object = None
+    example: str | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "args", (self.args,) if isinstance(self.args, str) else tuple(self.args))
+
+    @property
+    def value_columns(self) -> tuple:
+        if self.values is None:
+            return ()
+        return (self.values,) if isinstance(self.values, str) else tuple(self.values)
+
+    @property
+    def value_shape(self) -> tuple:
+        if self.values is None or isinstance(self.values, str):
+            return ()
+        return (len(self.values),)
+
+
+class Database:
+    """Relations in a database: a SQLAlchemy URL (``postgresql://...``), an SQLite file path, or an Engine."""
+
+    def __init__(self, url_or_engine, relations: dict):
+        from sqlalchemy import create_engine
+        from sqlalchemy.engine import Engine
+
+        if isinstance(url_or_engine, Engine):
+            self.engine = url_or_engine
+        else:
+            text = str(url_or_engine)
+            self.engine = create_engine(text if "://" in text else f"sqlite:///{text}")
+        for name, relation in relations.items():
+            if not isinstance(relation, SQLRelation):
+                raise TemplateError(f"relation {name!r}: expected an SQLRelation (got {type(relation).__name__})")
+        self.relations = dict(relations)
+
+    def connect(self):
+        return self.engine.connect()
+
+
+def _source(relation: SQLRelation) -> str:
+    """The relation's rows as a subquery."""
+    source = relation.source.strip()
+    return f"({source})" if " " in source else _quote(source)
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+class SQLGrounder(Grounder):
+    """Grounds in the database: temporary tables for facts and atoms, one join per rule and round."""
+
+    def __init__(self, template: Template, database: Database, queries: list, seed: int):
+        relations = {}
+        for name, relation in database.relations.items():
+            key = relation_key(name, len(relation.args))
+            if key in relations:
+                raise TemplateError(f"two relations for the predicate {key}")
+            relations[key] = relation
+        for fact in template.facts:
+            if fact.key in relations:
+                raise TemplateError(f"predicate {fact.key} has facts both in the template and in the data")
+        self.plan = make_plan(template, {key: r.value_shape for key, r in relations.items()}, seed)
+        self.queries, self.relations, self.database = queries, relations, database
+        self.tables: dict[str, Table] = {}
+        self._names = itertools.count()
+        self.fact_tables = {}
+
+    def run(self):
+        with self.database.connect() as self.conn:
+            if self.conn.dialect.name == "sqlite":  # temporary tables in memory, not in a file
+                self._execute("PRAGMA temp_store = MEMORY")
+            self._examples()
+            used = self._relevant_predicates()
+            for key, relation in self.relations.items():
+                if key in used:
+                    self.fact_tables[key] = self._facts(key, relation)
+            for key, indices in template_facts(self.plan).items():
+                self.fact_tables[key] = self._template_facts(key, indices)
+            result = super().run()
+            self.conn.rollback()   # the temporary tables go with the transaction
+        return result
+
+    # -- helpers ---------------------------------------------------------------------------------------------------
+    def _name(self) -> str:
+        return f"nv_{next(self._names)}"
+
+    def _execute(self, sql: str, params: dict | None = None):
+        from sqlalchemy import text
+        return self.conn.execute(text(sql), params or {})
+
+    def _ints(self, sql: str, params: dict | None = None, width: int = 1) -> np.ndarray:
+        """An integer result as an array (rows read from the driver's cursor: SQLAlchemy's Row objects are slow
+        for numpy to convert)."""
+        rows = self._execute(sql, params).cursor.fetchall()
+        return np.array(rows, dtype=np.int64).reshape(len(rows), width)
+
+    # -- examples and facts ----------------------------------------------------------------------------------------
+    def _examples(self) -> None:
+        """``nv_examples``: the examples the queries ask about (every example, when a query names none)."""
+        asked, params = [], {}
+        for q in self.queries:
+            if q.example is None:
+                columns = [f"SELECT {_quote(r.example)} AS ex FROM {_source(r)}" for r in self.relations.values()
+                           if r.example is not None]
+                select = " UNION ".join(columns) if columns else "SELECT 0 AS ex"
+                break
+            for value in np.asarray(q.example).reshape(-1).tolist():
+                params[f"e{len(params)}"] = value
+        else:
+            select = " UNION ".join(f"SELECT :{p} AS ex" for p in params)
+        self._execute(f"CREATE TEMP TABLE nv_examples AS SELECT DISTINCT ex FROM ({select}) e", params)
+
+    def _facts(self, key: str, relation: SQLRelation) -> FactTable:
+        """The facts of one relation as a temporary table ``(nv_id, ex, a0.., vrow)``, numbered in (example,
+        arguments) order; their values come back as an array (rows ``vrow``)."""
+        name = self._name()
+        args = ", ".join(f"{_quote(c)} AS a{k}" for k, c in enumerate(relation.args))
+        values = ", ".join(f"{_quote(c)} AS v{k}" for k, c in enumerate(relation.value_columns))
+        order = ", ".join(f"a{k}" for k in range(len(relation.args)))
+        if relation.example is not None:
+            inner = ", ".join(x for x in (f"{_quote(relation.example)} AS ex", args, values) if x)
+            keys = ", ".join(x for x in ("ex", order) if x)
+            self._execute(f"CREATE TEMP TABLE {name} AS SELECT ROW_NUMBER() OVER (ORDER BY {keys}) - 1 AS nv_id, "
+                          f"s.* FROM (SELECT {inner} FROM {_source(relation)}) s "
+                          "WHERE ex IN (SELECT ex FROM nv_examples)")
+        else:  # in every example: the rows, numbered by arguments, repeated per example (sharing their values)
+            inner = ", ".join(x for x in (args, values) if x) or "1 AS unit"
+            rows = self._name()
+            self._execute(f"CREATE TEMP TABLE {rows} AS SELECT ROW_NUMBER() OVER (ORDER BY "
+                          f"{order or 'unit'}) - 1 AS vrow, s.* FROM (SELECT {inner} FROM {_source(relation)}) s")
+            keys = ", ".join(x for x in ("e.ex", ", ".join(f"r.a{k}" for k in range(len(relation.args)))) if x)
+            self._execute(f"CREATE TEMP TABLE {name} AS SELECT ROW_NUMBER() OVER (ORDER BY {keys}) - 1 AS nv_id, "
+                          f"e.ex AS ex, r.* FROM {rows} r CROSS JOIN nv_examples e")
+        self._index(name, len(relation.args))
+        self._check_duplicates(key, name, len(relation.args))
+        width = len(relation.value_columns)
+        if relation.example is not None:  # one value per fact, in fact order
+            value_row = np.arange(int(self._execute(f"SELECT COUNT(*) FROM {name}").scalar()), dtype=np.int64)
+            values = f"SELECT {', '.join(f'v{k}' for k in range(width))} FROM {name} ORDER BY nv_id"
+        else:  # the copies of a row share its value
+            value_row = self._ints(f"SELECT vrow FROM {name} ORDER BY nv_id")[:, 0]
+            values = f"SELECT {', '.join(f'v{k}' for k in range(width))} FROM {rows} ORDER BY vrow"
+        data = None
+        if relation.values is not None:
+            fetched = self._execute(values).cursor.fetchall()
+            data = np.array(fetched, dtype=np.float64).reshape((len(fetched),) + relation.value_shape)
+            if not np.all(np.isfinite(data)):
+                raise TemplateError(f"relation {key}: values contain NULL, NaN or inf")
+        return FactTable(key, None, None, value_row, data, sql=name)
+
+    def _template_facts(self, key: str, indices: list) -> FactTable:
+        """Template facts: a few rows, inserted, then repeated per example like a relation without examples."""
+        facts = [self.plan.template.facts[k] for k in indices]
+        arity = self.plan.arity[key]
+        order = sorted(range(len(facts)), key=lambda k: tuple(_sort_key(t.value) for t in facts[k].terms))
+        rows = self._name()
+        selects, params = [], {}
+        for vrow, k in enumerate(order):
+            values = [f":p{len(params) + c}" for c in range(arity)]
+            params.update({f"p{len(params) + c}": facts[k].terms[c].value for c in range(arity)})
+            selects.append(f"SELECT {vrow} AS vrow" + "".join(f", {v} AS a{c}" for c, v in enumerate(values)))
+        self._execute(f"CREATE TEMP TABLE {rows} AS {' UNION ALL '.join(selects)}", params)
+        name = self._name()
+        keys = ", ".join(["e.ex"] + [f"r.a{c}" for c in range(arity)])
+        self._execute(f"CREATE TEMP TABLE {name} AS SELECT ROW_NUMBER() OVER (ORDER BY {keys}) - 1 AS nv_id, "
+                      f"e.ex AS ex, r.* FROM {rows} r CROSS JOIN nv_examples e")
+        self._index(name, arity)
+        self._check_duplicates(key, name, arity)
+        return FactTable(key, None, None, self._ints(f"SELECT vrow FROM {name} ORDER BY nv_id")[:, 0], None,
+                         [self.plan.fact_weights[indices[k]] for k in order], sql=name)
+
+    def _index(self, name: str, arity: int) -> None:
+        """An index on (example, arguments): joins on the example and a prefix of the arguments use it."""
+        self._execute(f"CREATE INDEX {name}_key ON {name} ({', '.join(['ex'] + [f'a{c}' for c in range(arity)])})")
+        if self.conn.dialect.name == "postgresql":  # nothing analyzes temporary tables there: plans need sizes
+            self._execute(f"ANALYZE {name}")
+
+    def _check_duplicates(self, key: str, name: str, arity: int) -> None:
+        keys = ", ".join(["ex"] + [f"a{c}" for c in range(arity)])
+        twin = self._execute(f"SELECT {keys} FROM {name} GROUP BY {keys} HAVING COUNT(*) > 1 LIMIT 1").first()
+        if twin is not None:
+            atom = ", ".join(map(str, twin[1:]))
+            raise TemplateError(f"relation {key}: the fact {key.rsplit('/', 1)[0]}({atom}) is given twice in "
+                                f"example {twin[0]!r}")
+
+    def fact_atoms(self, predicate: str) -> Table:
+        facts = self.fact_tables.get(predicate)
+        if facts is None:
+            name = self._name()
+            columns = ", ".join(["NULL AS nv_id", "NULL AS ex"] + [f"NULL AS a{c}" for c in
+                                                                   range(self.plan.arity[predicate])])
+            self._execute(f"CREATE TEMP TABLE {name} AS SELECT {columns} LIMIT 0")
+            zero = np.zeros(0, np.int64)
+            return Table(predicate, predicate, None, None, zero, np.zeros(0, bool), sql=name)
+        n = facts.size
+        return Table(predicate, predicate, None, None, np.arange(n), np.zeros(n, bool), sql=facts.sql)
+
+    # -- rules -----------------------------------------------------------------------------------------------------
+    def derive(self, predicate: str, name: str, rules: list, reads: dict | None) -> tuple[Table, list]:
+        """Each rule's groundings into a temporary table; the heads' union (and the predicate's facts) numbered
+        into the atoms' table; then every grounding's head atom, sorted by head and inputs."""
+        reads = reads or {}
+        arity = self.plan.arity[predicate]
+        keys = ["ex"] + [f"h{c}" for c in range(arity)]
+        groundings = []
+        for rule in rules:
+            select, params = self._body(rule, reads.get(rule.index) or {})
+            table = self._name()
+            self._execute(f"CREATE TEMP TABLE {table} AS {select}", params)
+            groundings.append((rule, table))
+        heads = [f"SELECT {', '.join(keys)} FROM {table}" for _, table in groundings]
+        facts = self.fact_tables.get(predicate)
+        if facts is not None:
+            heads.append(f"SELECT {', '.join(['ex'] + [f'a{c} AS h{c}' for c in range(arity)])} FROM {facts.sql}")
+        atoms = self._name()
+        order = ", ".join(keys)
+        renamed = ", ".join(["ex"] + [f"h{c} AS a{c}" for c in range(arity)])
+        self._execute(f"CREATE TEMP TABLE {atoms} AS SELECT ROW_NUMBER() OVER (ORDER BY {order}) - 1 AS nv_id, "
+                      f"{renamed} FROM (SELECT DISTINCT * FROM ({' UNION ALL '.join(heads)}) h) u")
+        self._index(atoms, arity)
+        n = int(self._execute(f"SELECT COUNT(*) FROM {atoms}").scalar())
+        derived = np.zeros(n, bool)
+        result = []
+        join = " AND ".join(["a.ex = g.ex"] + [f"a.a{c} = g.h{c}" for c in range(arity)])
+        for rule, table in groundings:
+            positions = _input_positions(rule)
+            inputs = [f"g.i{k}" for k in positions]
+            rows = self._ints(f"SELECT {', '.join(['a.nv_id'] + inputs)} FROM {table} g JOIN {atoms} a ON {join} "
+                              f"ORDER BY {', '.join(['a.nv_id'] + inputs)}", width=1 + len(positions))
+            derived[rows[:, 0]] = True
+            tables = [(reads.get(rule.index) or {}).get(k) or self.current[rule.body[k].key] for k in positions]
+            result.append(Groundings(rule, name, rows[:, 0].copy(), tables,
+                                     [rows[:, 1 + j].copy() for j in range(len(positions))]))
+        fact_row = np.full(n, -1, np.int64)
+        if facts is not None:
+            on = " AND ".join(["a.ex = f.ex"] + [f"a.a{c} = f.a{c}" for c in range(arity)])
+            pairs = self._ints(f"SELECT a.nv_id, f.nv_id FROM {atoms} a JOIN {facts.sql} f ON {on}", width=2)
+            fact_row[pairs[:, 0]] = pairs[:, 1]
+        return Table(name, predicate, None, None, fact_row, derived, sql=atoms), result
+
+    def _body(self, rule, reads: dict) -> tuple[str, dict]:
+        """``SELECT ex, h0.., i<k>.. FROM <the body's tables> WHERE <joins, constants, comparisons>``."""
+        sources, where, params, first = [], [], {}, {}
+        example = None
+
+        def constant(value) -> str:
+            params[f"c{len(params)}"] = value
+            return f":c{len(params) - 1}"
+
+        tables = {k: self.tables[reads.get(k) or self.current[lit.key]] for k, lit in enumerate(rule.body)
+                  if not lit.special}
+        for k in _join_order(rule, {k: t.size for k, t in tables.items()}):
+            lit, table = rule.body[k], tables[k]
+            alias = f"t{k}"
+            sources.append(f"{table.sql} {alias}")
+            if example is None:
+                example = f"{alias}.ex"
+            else:
+                where.append(f"{alias}.ex = {example}")
+            for c, term in enumerate(lit.terms):
+                column = f"{alias}.a{c}"
+                if isinstance(term, Constant):
+                    where.append(f"{column} = {constant(term.value)}")
+                elif term.name in first:
+                    where.append(f"{column} = {first[term.name]}")
+                else:
+                    first[term.name] = column
+        for lit in rule.body:
+            if lit.special:
+                cols = [first[t.name] if isinstance(t, Variable) else constant(t.value) for t in lit.terms]
+                if lit.name == "alldiff":
+                    where += [f"{a} <> {b}" for a, b in itertools.combinations(cols, 2)]
+                else:
+                    operator = {"neq": "<>", "eq": "=", "lt": "<", "leq": "<=", "gt": ">", "geq": ">="}[lit.name]
+                    where.append(f"{cols[0]} {operator} {cols[1]}")
+        head = [first[t.name] if isinstance(t, Variable) else constant(t.value) for t in rule.head.terms]
+        columns = [f"{example} AS ex"] + [f"{h} AS h{c}" for c, h in enumerate(head)] + \
+            [f"t{k}.nv_id AS i{k}" for k in _input_positions(rule)]
+        distinct = "DISTINCT " if self._needs_dedup(rule) else ""
+        # CROSS JOIN keeps SQLite to the order above (each step looks up an index on the example and a variable)
+        sql = f"SELECT {distinct}{', '.join(columns)} FROM {' CROSS JOIN '.join(sources)}"
+        return (sql + (f" WHERE {' AND '.join(where)}" if where else "")), params
+
+    @staticmethod
+    def _needs_dedup(rule) -> bool:
+        from .grounding import NumpyGrounder
+        return NumpyGrounder._needs_dedup(rule)
+
+    # -- queries and messages --------------------------------------------------------------------------------------
+    def encoded(self, table: Table) -> Table:
+        """The table's atoms fetched (keys in constants' values) and encoded with vocabularies of their own."""
+        arity = self.plan.arity[table.predicate]
+        rows = self._execute(f"SELECT {', '.join(['ex'] + [f'a{c}' for c in range(arity)])} FROM {table.sql} "
+                             "ORDER BY nv_id").cursor.fetchall()
+        scope = [row[0] for row in self._execute("SELECT ex FROM nv_examples").fetchall()]
+        columns = [np.asarray([row[c] for row in rows]) for c in range(arity + 1)]
+        constants = list(columns[1:])
+        for q in self.queries:
+            constants += [np.asarray(c).reshape(-1) for c in (q.args or ())] + [np.asarray([v]) for v in
+                                                                                  q.constants()]
+        self.constants = Vocabulary.of([_as_ids(c) for c in constants])
+        example_values = [_as_ids(columns[0]), _as_ids(scope)] + \
+            [_as_ids(q.example) for q in self.queries if q.example is not None]
+        self.examples = Vocabulary.of(example_values)
+        self.scope = np.unique(self.examples.encode(_as_ids(scope)))
+        return Table(table.name, table.predicate, self.examples.encode(_as_ids(columns[0])),
+                     [self.constants.encode(_as_ids(c)) for c in columns[1:]], table.fact_row, table.derived,
+                     table.level)
+
+
+def _join_order(rule, sizes: dict) -> list:
+    """The numpy grounder's order: the smallest literal first, then always the literal sharing most variables with
+    those joined so far (the smaller one on ties)."""
+    variables = {k: set(rule.body[k].variables) for k in sizes}
+    order = [min(sizes, key=lambda k: (sizes[k], k))]
+    bound = set(variables[order[0]])
+    while len(order) < len(sizes):
+        k = max((k for k in sizes if k not in order), key=lambda k: (len(variables[k] & bound), -sizes[k], -k))
+        order.append(k)
+        bound |= variables[k]
+    return order
+
+
+def _sort_key(value):
+    """SQLite's order: numbers before strings."""
+    return (1, value) if isinstance(value, str) else (0, value)

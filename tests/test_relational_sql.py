@@ -1,0 +1,139 @@
+"""SQL push-down (SQLite): grounding in the database gives the same graph as grounding DataFrames or arrays."""
+from __future__ import annotations
+
+import sqlite3
+
+import numpy as np
+import pytest
+
+from neurovec.sources.relational import (Aggregation, Database, Metadata, Query, R, Relation, SQLRelation,
+                                         Template, TemplateError, Transformation, V, ground)
+from neurovec.sources.relational import models
+
+from .test_relational import assert_same_graph, outputs
+
+pd = pytest.importorskip("pandas")
+
+
+@pytest.fixture()
+def small_db(tmp_path):
+    """Two examples of a(X), b(X, Y), c(X) with values, a relation without examples, chains for recursion."""
+    path = tmp_path / "small.db"
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE a (x TEXT, v REAL, ex INTEGER)")
+    con.executemany("INSERT INTO a VALUES (?, ?, ?)", [("x", 0.7, 0), ("z", 0.1, 0), ("x", 0.3, 1), ("y", 0.25, 1)])
+    con.execute("CREATE TABLE b (x TEXT, y TEXT, v REAL, ex INTEGER)")
+    con.executemany("INSERT INTO b VALUES (?, ?, ?, ?)", [("x", "y", 0.2, 0), ("x", "x", 0.9, 0),
+                                                          ("x", "z", -0.4, 0), ("x", "y", 0.5, 1)])
+    con.execute("CREATE TABLE c (x TEXT, v REAL, ex INTEGER)")
+    con.executemany("INSERT INTO c VALUES (?, ?, ?)", [("x", 1 / 3, 0), ("z", 2.0, 0), ("y", -1.5, 1)])
+    con.execute("CREATE TABLE kind (x TEXT, k1 REAL, k2 REAL)")  # no example column: holds in every example
+    con.executemany("INSERT INTO kind VALUES (?, ?, ?)", [("y", 1.0, 2.0), ("x", -1.0, 0.5)])
+    con.execute("CREATE TABLE edge (src TEXT, dst TEXT, chain INTEGER)")
+    con.executemany("INSERT INTO edge VALUES (?, ?, ?)", [("a", "b", 0), ("b", "c", 0), ("p", "q", 1)])
+    con.execute("CREATE TABLE start (node TEXT, chain INTEGER)")
+    con.executemany("INSERT INTO start VALUES (?, ?)", [("a", 0), ("p", 1)])
+    con.commit()
+    con.close()
+    return path
+
+
+def _frames(path) -> dict:
+    con = sqlite3.connect(path)
+    frames = {name: pd.read_sql(f"SELECT * FROM {name}", con) for name in ("a", "b", "c", "kind", "edge", "start")}
+    con.close()
+    return frames
+
+
+def _relations(frames) -> dict:
+    return {"a": Relation.from_frame(frames["a"], "x", values="v", example="ex"),
+            "b": Relation.from_frame(frames["b"], ["x", "y"], values="v", example="ex"),
+            "c": Relation.from_frame(frames["c"], "x", values="v", example="ex"),
+            "kind": Relation.from_frame(frames["kind"], "x", values=["k1", "k2"])}
+
+
+def _database(path) -> Database:
+    return Database(path, {"a": SQLRelation("a", args="x", values="v", example="ex"),
+                           "b": SQLRelation("SELECT x, y, v, ex FROM b", args=("x", "y"), values="v", example="ex"),
+                           "c": SQLRelation("c", args="x", values="v", example="ex"),
+                           "kind": SQLRelation("kind", args="x", values=("k1", "k2")),
+                           "edge": SQLRelation("edge", args=("src", "dst"), example="chain"),
+                           "start": SQLRelation("start", args="node", example="chain")})
+
+
+def _template() -> Template:
+    """Offsets, two rules per head, max aggregation, negation, @neq, a hidden literal, a constant, vectors from a
+    relation without examples, and template facts."""
+    t = Template()
+    t += (R.h(V.X)[2.0] <= (R.a(V.X)[1.5], R.b(V.X, V.Y)[-1.0], R.special.neq(V.X, V.Y), 0.25)) | \
+        Metadata(aggregation=Aggregation.MAX, transformation=Transformation.TANH)
+    t += R.h(V.X) <= (R.c(V.X)[3.0], ~R.a(V.X), R.hidden.b("x", V.Z))
+    t += R.h / 1 | Metadata(offset=0.125, transformation=Transformation.SIGMOID)
+    t += R.g(V.X)[[1.0, -1.0]] <= (R.kind(V.X)[[[0.5, 0.25], [1.0, 0.0]]], R.h(V.X), R.tag(V.X))
+    t += R.tag("x")
+    t += R.tag("y")[0.5]
+    t += (R.q[[1.0]] <= R.h(V.X)) | Metadata(transformation=Transformation.SIGMOID)
+    t += (R.q[[[0.5, 1.0]]] <= R.g(V.X)) | Metadata(aggregation=Aggregation.SUM)
+    return t
+
+
+def test_sql_gives_the_dataframes_graph(small_db):
+    from_sql = ground(_template(), _database(small_db), R.q)
+    from_frames = ground(_template(), _relations(_frames(small_db)), R.q)
+    assert_same_graph(from_sql.graph, from_frames.graph)
+    np.testing.assert_allclose(outputs(from_sql.graph), outputs(from_frames.graph), rtol=0, atol=0)
+    assert from_sql.stats["groundings"] == from_frames.stats["groundings"] > 0
+
+
+@pytest.mark.parametrize("depth", [None, 3])
+def test_sql_recursion(small_db, depth):
+    t = Template()
+    t += R.reach(V.X)[[1.0, -0.5]] <= R.start(V.X)
+    t += (R.reach(V.Y)[[[0.5, 1.0], [-1.0, 0.25]]] <= (R.reach(V.X), R.edge(V.X, V.Y))) | \
+        Metadata(transformation=Transformation.TANH)
+    t += R.reach / 1 | Metadata(transformation=Transformation.TANH, depth=depth)
+    t += (R.q[[[1.0, 2.0]]] <= R.reach(V.X)) | Metadata(aggregation=Aggregation.SUM)
+    frames = _frames(small_db)
+    relations = {"edge": Relation.from_frame(frames["edge"], ["src", "dst"], example="chain"),
+                 "start": Relation.from_frame(frames["start"], "node", example="chain")}
+    for queries in ([Query("q", example=[1, 0]), R.q], R.reach(V.X)):
+        from_sql = ground(t, _database(small_db), queries).graph
+        assert_same_graph(from_sql, ground(t, relations, queries).graph)
+
+
+def test_sql_errors_name_the_relation(small_db):
+    con = sqlite3.connect(small_db)
+    con.execute("INSERT INTO a VALUES ('x', 0.5, 0)")
+    con.commit()
+    con.close()
+    t = Template()
+    t += R.q <= R.a(V.X)
+    with pytest.raises(TemplateError, match=r"relation a/1: the fact a\(x\) is given twice in example 0"):
+        ground(t, _database(small_db), R.q)
+    with pytest.raises(TemplateError, match=r"query q in example 7 \(output 0\) matches nothing"):
+        ground(t, Database(small_db, {"a": SQLRelation("c", args="x", example="ex")}), Query("q", example=[7]))
+    with pytest.raises(TemplateError, match=r"expected an SQLRelation"):
+        Database(small_db, {"a": Relation([1])})
+
+
+def test_mutagenesis_from_the_database(mutagenesis_dir, tmp_path):
+    """The database datasets.create_database writes, grounded in SQL: the graph of the same relations as
+    DataFrames, and the numbers of the hand-written template."""
+    from neurovec import datasets
+    url = datasets.create_database(mutagenesis_dir, tmp_path / "mutagenesis.db")
+    ds = datasets.load_mutagenesis(url)
+    samples = [3, 0, 41, 3]
+    hand = datasets.mutagenesis_simple(ds, samples=samples)
+    template = models.mutagenesis(ds.element_names, ds.bond_type_values, "simple",
+                                  values={w.name: w.value for w in hand.weights})
+    queries = models.mutagenesis_queries(ds, samples, by_id=True)
+    from_sql = ground(template, models.mutagenesis_database(url), queries).graph
+    from sqlalchemy import create_engine
+    engine = create_engine(url)
+    frames = {name: pd.read_sql(sql, engine) for name, sql in models.MUTAGENESIS_SQL.items()}
+    engine.dispose()
+    relations = {"atom_type": Relation.from_frame(frames["atom_type"], ["atom", "element"], example="molecule"),
+                 "bond": Relation.from_frame(frames["bond"], ["x", "y", "bond"], example="molecule"),
+                 "bond_type": Relation.from_frame(frames["bond_type"], ["bond", "type"], example="molecule")}
+    assert_same_graph(from_sql, ground(template, relations, queries).graph)
+    np.testing.assert_allclose(outputs(from_sql, "default"), outputs(hand, "default"), rtol=0, atol=1e-9)
