@@ -21,6 +21,19 @@ Candidates are tried in rounds, likely-best first, since the budget may cut the 
    compile and usually to run, and ``unoptimized``) with their own kernel;
 4. the other kernels on every remaining preset, fastest-measured preset first.
 
+After round 2, if ``torch_compile`` allows it (by default: when at least
+:data:`TORCH_COMPILE_MIN_S` of the budget is left), the fastest candidate so far
+is also timed under ``torch.compile`` (label ``+compile``; its compile time includes
+inductor's). On PROTEINS (1 thread) compiling the module helped GraphSAGE (~20%),
+hardly changed GCN and slowed GIN down (~25%): worth a try, not a default.
+
+A playoff decides: the :data:`PLAYOFF` fastest distinct candidates are timed again,
+*interleaved* step by step (``repeat`` rounds), and the lowest median of those wins
+(ties: the earlier candidate). Timed one after another, a candidate that happened to
+run while another process was busy would lose (or win) by chance; interleaved,
+load falls on all finalists alike. The playoff runs while the budget allows
+(at least one round).
+
 Presets named by the caller are compiled with ``verify=False``: the compiled
 module verifies the final program anyway, and checking after every pass (which
 only says *which* pass broke it) costs about 40% of the compile time. Custom
@@ -59,7 +72,7 @@ from .pipeline import compile as compile_graph
 from .settings import Settings, list_presets
 
 __all__ = ["autotune", "AutotuneResult", "AutotuneTable", "Candidate", "PRESET_ORDER", "LATE_PRESETS",
-           "TOP_PRESETS", "DEFAULT_KERNELS", "PRUNE_FACTOR"]
+           "TOP_PRESETS", "DEFAULT_KERNELS", "PRUNE_FACTOR", "PLAYOFF", "TORCH_COMPILE_MIN_S"]
 
 #: Presets most likely to be fastest first (MUTAG / PROTEINS GCN on CPU, thesis 6.2.1):
 #: the cost-model defaults, then moderate upward growth. Presets in neither this list
@@ -87,6 +100,14 @@ TOP_PRESETS = 3
 #: one to try on GPUs, where the cost model is unmeasured).
 DEFAULT_KERNELS: tuple[str | None, ...] = (None, "segment", "scatter")
 
+#: How many of the fastest distinct candidates are timed again, interleaved, to pick the winner.
+PLAYOFF = 3
+
+#: ``torch_compile=None``: time the fastest candidate under ``torch.compile`` only when
+#: this many seconds of the budget are left (inductor's cold compile of a PROTEINS module
+#: takes 20-60 s on 2 CPU cores).
+TORCH_COMPILE_MIN_S = 45.0
+
 #: A candidate whose fastest steady step is this many times the best median so far is
 #: stopped after its warm-up. The minimum over >= 2 steps is used, so one slow step
 #: (another process, a page fault) never prunes a candidate.
@@ -102,9 +123,12 @@ class Candidate:
     ``status`` is ``"ok"`` (timed), ``"same"`` (same settings or program as ``same_as``:
     not timed again), ``"pruned"`` (stopped after warm-up, see :data:`PRUNE_FACTOR`),
     ``"skipped"`` (no budget left) or ``"failed"`` (``reason`` has the exception).
-    Times: ``compile_s`` (build + module, seconds), ``median_ms`` / ``min_ms`` /
+    Times: ``compile_s`` (build + module, seconds; with ``compiled``, also
+    ``torch.compile``'s first forward and backward), ``median_ms`` / ``min_ms`` /
     ``max_ms`` over ``steps`` timed training steps, ``seconds`` the candidate's whole
-    wall time (compile, device copy, warm-up and timing).
+    wall time (compile, device copy, warm-up and timing). ``compiled``: the module
+    runs under ``torch.compile``. ``playoff_ms``: its median in the interleaved
+    playoff (finalists only), which decides the winner.
     """
 
     preset: str
@@ -119,17 +143,20 @@ class Candidate:
     max_ms: float | None = None
     steps: int = 0
     seconds: float = 0.0
+    compiled: bool = False
+    playoff_ms: float | None = None
     fingerprint: str = field(default="", repr=False)
 
     @property
     def label(self) -> str:
-        return f"{self.preset}/{self.kernel}"
+        return f"{self.preset}/{self.kernel}" + ("+compile" if self.compiled else "")
 
     def as_record(self) -> dict:
         """The row as plain JSON-able values (without the Settings object)."""
-        return {"preset": self.preset, "kernel": self.kernel, "status": self.status, "reason": self.reason,
-                "same_as": self.same_as, "compile_s": self.compile_s, "median_ms": self.median_ms,
-                "min_ms": self.min_ms, "max_ms": self.max_ms, "steps": self.steps, "seconds": self.seconds}
+        return {"preset": self.preset, "kernel": self.kernel, "compiled": self.compiled, "status": self.status,
+                "reason": self.reason, "same_as": self.same_as, "compile_s": self.compile_s,
+                "median_ms": self.median_ms, "min_ms": self.min_ms, "max_ms": self.max_ms, "steps": self.steps,
+                "playoff_ms": self.playoff_ms, "seconds": self.seconds}
 
 
 @dataclass
@@ -172,6 +199,11 @@ class AutotuneTable:
             row = next((r for r in self.rows if r.label == row.same_as), row)
         return row if row.median_ms is not None else None
 
+    @staticmethod
+    def _score(row: Candidate) -> float:
+        """The playoff median where there was one (interleaved with the winner), else the median."""
+        return row.playoff_ms if row.playoff_ms is not None else row.median_ms
+
     def as_records(self) -> list[dict]:
         return [row.as_record() for row in self.rows]
 
@@ -181,19 +213,19 @@ class AutotuneTable:
                 f"({', '.join(f'{n} {s}' for s, n in counts.items() if n)}) in {self.elapsed_s:.1f} s "
                 f"(budget {self.budget_s:g} s)")
         if self.best is not None:
-            head += f"; best {self.best.label} {self.best.median_ms:.2f} ms"
+            head += f"; best {self.best.label} {self._score(self.best):.2f} ms"
             default = next((r for r in self.rows if r.preset == "default"), None)
             default = default and self.timed(default)
             if default is not None and default is not self.best:
-                head += (f", {default.median_ms / self.best.median_ms:.2f}x faster than default "
-                         f"({default.median_ms:.2f} ms)")
+                head += (f", {self._score(default) / self._score(self.best):.2f}x faster than default "
+                         f"({self._score(default):.2f} ms)")
         width = max([len(r.preset) for r in self.rows] + [6])
 
         def num(value, digits):
             return "-" if value is None else f"{value:.{digits}f}"
 
-        lines = [head, f"  {'preset':<{width}}  {'kernel':<9} {'compile s':>9} {'median ms':>10} {'min ms':>9} "
-                       f"{'max ms':>9} {'steps':>5} {'total s':>7}  status"]
+        lines = [head, f"  {'preset':<{width}}  {'kernel':<17} {'compile s':>9} {'median ms':>10} {'min ms':>9} "
+                       f"{'max ms':>9} {'steps':>5} {'playoff':>8} {'total s':>7}  status"]
         for row in self.rows:
             status = row.status
             if row.same_as:
@@ -201,9 +233,10 @@ class AutotuneTable:
             if row.reason:
                 status += f": {row.reason}"
             mark = "*" if row is self.best else " "
-            lines.append(f"{mark} {row.preset:<{width}}  {row.kernel:<9} {num(row.compile_s, 2):>9} "
+            kernel = row.kernel + ("+compile" if row.compiled else "")
+            lines.append(f"{mark} {row.preset:<{width}}  {kernel:<17} {num(row.compile_s, 2):>9} "
                          f"{num(row.median_ms, 2):>10} {num(row.min_ms, 2):>9} {num(row.max_ms, 2):>9} "
-                         f"{row.steps:>5} {row.seconds:>7.2f}  {status}")
+                         f"{row.steps:>5} {num(row.playoff_ms, 2):>8} {row.seconds:>7.2f}  {status}")
         return "\n".join(lines)
 
 
@@ -230,12 +263,17 @@ class AutotuneResult(NamedTuple):
     def kernel(self) -> str:
         return self.table.best.kernel
 
+    @property
+    def compiled(self) -> bool:
+        """Whether ``module`` is ``torch.compile(compiled_module)`` (the +compile candidate won)."""
+        return self.table.best.compiled
+
 
 def autotune(graph: Graph, presets: Sequence[str | Settings] | None = None, device: str | torch.device = "cpu",
              budget_s: float = 60.0, kernels: Sequence[str | None] | None = None, dtype: torch.dtype | None = None,
              repeat: int = 5, warmup: int = 2,
              loss: Callable[[torch.Tensor], torch.Tensor] | None = None,
-             progress: bool | None = None) -> AutotuneResult:
+             progress: bool | None = None, torch_compile: bool | None = None) -> AutotuneResult:
     """Compile ``graph`` under several presets and kernels; return the fastest module.
 
     Args:
@@ -258,13 +296,16 @@ def autotune(graph: Graph, presets: Sequence[str | Settings] | None = None, devi
         loss: ``loss(outputs) -> scalar``; default ``outputs.pow(2).mean()``.
         progress: show the budget used and the candidate running (a tqdm bar on a
             terminal, plain lines otherwise); None: ``neurovec.set_progress``'s choice.
+        torch_compile: also time the fastest candidate under ``torch.compile``: True,
+            False, or None (when :data:`TORCH_COMPILE_MIN_S` of the budget are left).
 
     Returns:
-        :class:`AutotuneResult` ``(module, table)``, with ``.settings``, ``.preset``
-        and ``.kernel`` of the winner. ``module`` is the timed winner with its
-        parameters reset to the graph's initial values and no gradients: the same
+        :class:`AutotuneResult` ``(module, table)``, with ``.settings``, ``.preset``,
+        ``.kernel`` and ``.compiled`` of the winner. ``module`` is the timed winner with
+        its parameters reset to the graph's initial values and no gradients: the same
         module as a fresh ``neurovec.compile(graph, result.settings, dtype)`` (compiling
-        is deterministic), without a second compile outside the budget.
+        is deterministic), without a second compile outside the budget -- wrapped in
+        ``torch.compile`` if ``.compiled``.
 
     Raises:
         RuntimeError: no candidate could be compiled and timed (the message has the table).
@@ -293,26 +334,34 @@ def autotune(graph: Graph, presets: Sequence[str | Settings] | None = None, devi
             for name, settings in presets_:
                 candidate = _candidate(name, settings, kernel)
                 if all(row.label != candidate.label for row in table.rows):  # e.g. unoptimized's own scatter
-                    best = f", best {timer.best.label} {timer.best.median_ms:.2f} ms" if timer.best else ""
+                    best = f", best {timer.best.row.label} {timer.best.row.median_ms:.2f} ms" if timer.best else ""
                     bar.update(time.perf_counter() - start, f"{candidate.label}{best}")
                     timer.run(table, candidate, graph, dtype)
 
     run(early, kernel_list[:1])
     run(_ranked(table, early)[:TOP_PRESETS], kernel_list[1:])
+    left = timer.deadline - time.perf_counter()
+    if timer.best is not None and (torch_compile or (torch_compile is None and left >= TORCH_COMPILE_MIN_S)):
+        eager = timer.best.row
+        candidate = Candidate(eager.preset, eager.kernel, eager.settings, compiled=True)
+        bar.update(time.perf_counter() - start, candidate.label)
+        timer.run(table, candidate, graph, dtype)
     run(late, kernel_list[:1])
     run(_ranked(table, choices), kernel_list[1:])
+    bar.update(time.perf_counter() - start, "playoff")
+    timer.playoff()
     bar.close()
 
     if timer.best is None:
         table.elapsed_s = time.perf_counter() - start
         raise RuntimeError(f"autotune: no candidate could be compiled and timed\n{table}")
-    table.best = timer.best
-    module = timer.best_module
+    best = timer.best
+    table.best = best.row
     # Undo the timing's training: the initial weights, and no gradients.
-    module.load_state_dict(timer.best_state)
-    module.zero_grad(set_to_none=True)
+    best.module.load_state_dict(best.state)
+    best.module.zero_grad(set_to_none=True)
     table.elapsed_s = time.perf_counter() - start
-    return AutotuneResult(module, table)
+    return AutotuneResult(best.call, table)
 
 
 # --------------------------------------------------------------------------- candidates
@@ -384,22 +433,38 @@ def _reason(error: BaseException) -> str:
 
 # --------------------------------------------------------------------------- timing
 
+@dataclass
+class _Finalist:
+    """A timed candidate kept for the playoff: its module, what is called (the module or its
+    ``torch.compile`` wrapper), its initial weights and its training step."""
+
+    row: Candidate
+    module: CompiledModule
+    call: torch.nn.Module
+    state: dict
+    step: Callable[[], float]
+    index: int  # trial order: breaks ties in the playoff
+
+
 class _Timer:
-    """Runs candidates against the budget and keeps the best one so far."""
+    """Runs candidates against the budget and keeps the fastest ones for the playoff."""
 
     def __init__(self, start: float, budget_s: float, device: torch.device, repeat: int, warmup: int,
                  loss: Callable[[torch.Tensor], torch.Tensor]):
         self.start, self.deadline = start, start + budget_s
         self.device, self.repeat, self.warmup, self.loss = device, repeat, warmup, loss
-        self.best: Candidate | None = None
-        self.best_module: CompiledModule | None = None
-        self.best_state: dict | None = None
+        self.finalists: list[_Finalist] = []  # the fastest PLAYOFF candidates, fastest first
         self.started = 0
+
+    @property
+    def best(self) -> _Finalist | None:
+        return self.finalists[0] if self.finalists else None
 
     def run(self, table: AutotuneTable, row: Candidate, graph: Graph, dtype: torch.dtype | None) -> None:
         table.rows.append(row)
         # Same settings as a candidate already run: nothing new to compile or time.
-        earlier = next((r for r in table.rows[:-1] if r.settings == row.settings and r.status != "skipped"), None)
+        earlier = next((r for r in table.rows[:-1] if r.settings == row.settings and r.compiled == row.compiled
+                        and r.status != "skipped"), None)
         if earlier is not None:
             row.status, row.same_as = "same", earlier.label
             return
@@ -410,30 +475,54 @@ class _Timer:
             row.reason = f"budget: needs ~{needed:.1f} s, {max(self.deadline - now, 0):.1f} s left"
             return
         self.started += 1
-        module = None
         try:
             module = compile_graph(graph, row.settings, dtype)
-            row.compile_s = time.perf_counter() - now
-            row.fingerprint = _fingerprint(module)
+            row.fingerprint = _fingerprint(module) + ("+compile" if row.compiled else "")
             twin = next((r for r in table.rows[:-1] if r.fingerprint == row.fingerprint), None)
             if twin is not None:
+                row.compile_s = time.perf_counter() - now
                 row.status, row.same_as = "same", twin.label
                 return
             module.to(self.device)
             # The initial weights, to undo the timing's training if this one wins (the
             # state dict holds the weights only: constants are non-persistent buffers).
             state = {k: v.detach().clone() for k, v in module.state_dict().items()}
-            self._time(row, module)
+            call = module
+            if row.compiled:
+                call = torch.compile(module)
+            step = self._stepper(call, module)
+            if row.compiled:
+                step()  # torch.compile works on the first call (forward and backward): its compile time
+            row.compile_s = time.perf_counter() - now
+            self._time(row, step)
         except Exception as error:  # noqa: BLE001 - every failure is recorded, never dropped
             row.status, row.reason = "failed", _reason(error)
-            module = None
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()  # e.g. after an out-of-memory error
             return
         finally:
             row.seconds = time.perf_counter() - now
-        if row.status == "ok" and (self.best is None or row.median_ms < self.best.median_ms):
-            self.best, self.best_module, self.best_state = row, module, state
+        if row.status == "ok":
+            self.finalists.append(_Finalist(row, module, call, state, step, self.started))
+            self.finalists.sort(key=lambda f: f.row.median_ms)  # stable: ties keep the trial order
+            del self.finalists[PLAYOFF:]
+
+    def playoff(self) -> None:
+        """Time the finalists again, interleaved, ``repeat`` rounds (as the budget allows,
+        at least one); the lowest median wins, ties to the earlier candidate."""
+        if len(self.finalists) < 2:
+            return
+        order = sorted(self.finalists, key=lambda f: f.index)
+        times: dict[int, list[float]] = {id(f): [] for f in order}
+        round_s = sum(f.row.median_ms for f in order) / 1e3
+        for k in range(self.repeat):
+            if k and time.perf_counter() + round_s > self.deadline:
+                break
+            for finalist in order:
+                times[id(finalist)].append(finalist.step())
+        for finalist in order:
+            finalist.row.playoff_ms = statistics.median(times[id(finalist)]) * 1e3
+        self.finalists.sort(key=lambda f: (f.row.playoff_ms, f.index))
 
     def _estimate(self, table: AutotuneTable, row: Candidate) -> float:
         """Seconds ``row`` needs at least: its preset's compile and warm-up + one step where known."""
@@ -451,7 +540,8 @@ class _Timer:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def _time(self, row: Candidate, module: CompiledModule) -> None:
+    def _stepper(self, call: torch.nn.Module, module: CompiledModule) -> Callable[[], float]:
+        """One training step of ``call`` (the module or its compiled wrapper), in seconds."""
         params = [p for p in module.parameters() if p.requires_grad]
         # Adam, like the benchmarks; every candidate has the same parameters, so the
         # optimizer's cost is the same for all and only the module's share differs.
@@ -462,7 +552,7 @@ class _Timer:
             begin = time.perf_counter()
             if optimizer is not None:
                 optimizer.zero_grad(set_to_none=True)
-            outputs = module()
+            outputs = call()
             if outputs.requires_grad:
                 self.loss(outputs).backward()
                 if optimizer is not None:
@@ -470,6 +560,9 @@ class _Timer:
             self._sync()
             return time.perf_counter() - begin
 
+        return step
+
+    def _time(self, row: Candidate, step: Callable[[], float]) -> None:
         times: list[float] = []
         steady: list[float] = []  # every step after the first (which pays one-time costs)
         for k in range(self.warmup + self.repeat):
@@ -480,11 +573,11 @@ class _Timer:
                 steady.append(seconds)
             if k >= self.warmup:
                 times.append(seconds)
-            best = self.best.median_ms / 1e3 if self.best is not None else math.inf
+            best = self.best.row.median_ms / 1e3 if self.best is not None else math.inf
             if len(steady) >= 2 and min(steady) > PRUNE_FACTOR * best:
                 row.status = "pruned"
                 row.reason = (f"steady steps >= {min(steady) * 1e3:.2f} ms > {PRUNE_FACTOR:g}x the best median "
-                              f"({self.best.median_ms:.2f} ms)")
+                              f"({self.best.row.median_ms:.2f} ms)")
                 times = times or steady
                 break
         if row.status != "pruned":

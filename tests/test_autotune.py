@@ -14,7 +14,8 @@ import torch
 
 import neurovec
 from neurovec import datasets
-from neurovec.compiler.autotune import AutotuneResult, autotune
+from neurovec.compiler.autotune import PLAYOFF, AutotuneResult, autotune
+from neurovec.engines.torch_module import CompiledModule
 
 from .equivalence import assert_equivalent
 
@@ -50,11 +51,21 @@ def test_mutag_gcn(mutag_gcn):
     # Every candidate is accounted for; `default` comes first.
     assert all(row.status in STATUSES for row in table), str(table)
     assert table[0].preset == "default" and table[0].status == "ok"
-    # The winner is the fastest timed candidate, so no slower than default (in this table).
+    # The finalists are the fastest timed candidates; the winner is the fastest of them in the
+    # interleaved playoff, so no slower than default (in this table).
     best = table.best
     assert best.status == "ok" and result.preset == best.preset and result.kernel == best.kernel
-    assert best.median_ms == min(row.median_ms for row in table if row.status == "ok")
-    assert best.median_ms <= table.timed(table.find("default")).median_ms
+    assert not result.compiled and isinstance(module, CompiledModule)
+    ok = sorted((row for row in table if row.status == "ok"), key=lambda row: row.median_ms)
+    finalists = [row for row in table if row.playoff_ms is not None]
+    default = table.timed(table.find("default"))
+    if len(ok) < 2:  # no playoff: the one timed candidate wins
+        assert not finalists and best is ok[0]
+    else:
+        assert {row.label for row in finalists} == {row.label for row in ok[:PLAYOFF]}, str(table)
+        assert best.playoff_ms == min(row.playoff_ms for row in finalists)
+        assert default in finalists or default.median_ms >= max(row.median_ms for row in finalists)
+        assert default not in finalists or best.playoff_ms <= default.playoff_ms
     # The module is the winning settings' module with the graph's *initial* weights.
     fresh = neurovec.compile(mutag_gcn, result.settings)
     assert module.code == fresh.code
@@ -142,3 +153,25 @@ def test_cuda(small_gcn):
     assert all(row.status in ("ok", "same") for row in result.table), str(result.table)
     fresh = neurovec.compile(small_gcn, result.settings).cuda()
     torch.testing.assert_close(result.module(), fresh())
+
+
+def test_torch_compile_candidate_only_when_asked_or_affordable(small_gcn):
+    """``torch_compile=None`` with a small budget never starts inductor; False never does."""
+    for flag in (None, False):
+        result = autotune(small_gcn, presets=["default"], kernels=[None], budget_s=5.0, repeat=2, warmup=1,
+                          torch_compile=flag)
+        assert not any(row.compiled for row in result.table)
+
+
+@pytest.mark.slow
+def test_torch_compile_candidate(small_gcn):
+    """The +compile candidate is timed (its compile time includes inductor's), and if it wins the
+    module is the torch.compile wrapper of the winning settings' module, at the initial weights."""
+    result = autotune(small_gcn, presets=["default", "upward-05-rel-0.5"], kernels=[None], budget_s=600.0, repeat=3,
+                      warmup=1, torch_compile=True)
+    rows = [row for row in result.table if row.compiled]
+    assert len(rows) == 1 and rows[0].label.endswith("+compile"), str(result.table)
+    assert rows[0].status in ("ok", "pruned") and rows[0].compile_s > 0, str(result.table)
+    fresh = neurovec.compile(small_gcn, result.settings)
+    torch.testing.assert_close(result.module(), fresh(), rtol=1e-5, atol=1e-6)
+    assert result.compiled == (type(result.module) is not CompiledModule)
