@@ -198,7 +198,13 @@ def _declare(lib: ctypes.CDLL) -> None:
             fn.argtypes, fn.restype = args, None
 
 
+_functions: dict[tuple[str, torch.dtype], ctypes._CFuncPtr] = {}
+
+
 def function(name: str, dtype: torch.dtype):
     """The C function ``nv_<name>_<f32|f64>`` (the library must be loaded). Its index
     arguments are int32 for ``gather_sum``, int64 for the others."""
-    return getattr(_lib, f"nv_{name}_{_SUFFIX[dtype]}")
+    fn = _functions.get((name, dtype))
+    if fn is None:
+        fn = _functions[(name, dtype)] = getattr(_lib, f"nv_{name}_{_SUFFIX[dtype]}")
+    return fn

@@ -38,7 +38,7 @@ _NATIVE_DTYPES = (torch.float32, torch.float64)
 
 def native_ok(x: torch.Tensor) -> bool:
     """Whether the C++ kernels compute on ``x`` (CPU float32/float64, built and switched on)."""
-    return x.device.type == "cpu" and x.dtype in _NATIVE_DTYPES and native.available()
+    return x.is_cpu and x.dtype in _NATIVE_DTYPES and native.available()
 
 
 def _address(t: torch.Tensor | None) -> int | None:
@@ -348,6 +348,8 @@ def gather_sum(x: torch.Tensor, ptr: torch.Tensor, col: torch.Tensor, values: to
     """``y[j] = sum_{e in ptr[j]:ptr[j+1]} values[e] * x[col[e]]``; ``t_*`` is the transposed CSR."""
     if torch.compiler.is_compiling():
         return torch.ops.neurovec.gather_sum(x, ptr, col, values, t_ptr, t_col, t_values)
+    if not (x.requires_grad and torch.is_grad_enabled()):  # no autograd node needed: skip its overhead
+        return _csr_sum_impl(x, ptr, col, values, None)
     return _GatherSum.apply(x, ptr, col, values, t_ptr, t_col, t_values)
 
 
@@ -364,10 +366,14 @@ def segment_reduce(x: torch.Tensor, ptr: torch.Tensor, reduce: str, counts: torc
             divide = counts if counts.dtype == x.dtype else counts.to(x.dtype)
         if compiling:
             return torch.ops.neurovec.segment_sum(x, ptr, values, divide)
+        if not (x.requires_grad and torch.is_grad_enabled()):
+            return _csr_sum_impl(x, ptr, None, values, divide)
         return _SegmentSum.apply(x, ptr, values, divide)
     if reduce in ("max", "min"):
         if compiling:
             op = torch.ops.neurovec.segment_max if reduce == "max" else torch.ops.neurovec.segment_min
             return op(x, ptr)
+        if not (x.requires_grad and torch.is_grad_enabled()):
+            return _extremum_impl(x, ptr, reduce)
         return _SegmentExtremum.apply(x, ptr, reduce)
     raise ValueError(f"unknown reduction {reduce!r} for the native segment ops; expected one of {REDUCTIONS}")

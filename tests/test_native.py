@@ -173,6 +173,23 @@ def test_native_equals_fallback_at_scale(dtype):
         torch.testing.assert_close(gx, gx_t, atol=tol, rtol=tol)
 
 
+@pytest.mark.parametrize("reduce", ["gather", *ops.REDUCTIONS])
+def test_inputs_without_gradient_skip_autograd(backend, reduce):
+    """A value that needs no gradient (inference, or constant facts) gets the same floats
+    and no autograd node (the eager entry points call the implementation directly)."""
+    gs = K.GatherSum.from_index([0, 2, 2, 1, 0], [2, 3], 3, [0.5, 1.5, -1.0, 2.0, 0.25], dtype=F64)
+    ptr, cnt = ptr_of([2, 1]), torch.tensor([2.0, 1.0], dtype=F64)
+    fn = gs if reduce == "gather" else (lambda t: ops.segment_reduce(t, ptr, reduce, cnt))
+    x = torch.randn(3, 2, dtype=F64)
+    y_grad = fn(x.clone().requires_grad_())
+    y_plain = fn(x)
+    with torch.no_grad():
+        y_no_grad = fn(x.clone().requires_grad_())
+    assert y_grad.grad_fn is not None and y_plain.grad_fn is None and y_no_grad.grad_fn is None
+    np.testing.assert_array_equal(y_plain.numpy(), y_grad.detach().numpy())
+    np.testing.assert_array_equal(y_no_grad.numpy(), y_grad.detach().numpy())
+
+
 # --------------------------------------------------------------------------- registered ops
 
 @pytest.mark.parametrize("case", ["gather_sum", "segment_sum", "segment_broadcast", "segment_max", "segment_min",
