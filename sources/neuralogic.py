@@ -61,6 +61,13 @@ _NEEDS_EXTENSION = {  # what neurovec's graph would need for the rest
                  "softmax combination: the concatenation of the inputs, then sparsemax)",
     "CrossSum": "a cross-sum combination", "CosineSim": "a cosine-similarity combination",
     "FunctionGraph": "nested function graphs inside a rule",
+    "AtIndex": "an aggregation that hands each grounding its own softmax weight (a softmax over each neuron's "
+               "groundings whose elements feed other neurons, then a gather by grounding)",
+}
+# What a Java function is when its name alone would point the wrong way.
+_EXPLAIN = {
+    "AtIndex": "NeuraLogic's pick of one grounding's element out of a softmax aggregation, from "
+               "aggregation=softmax(agg_terms=[...]) as in neuralogic.nn's GATv2Conv and attention modules",
 }
 
 
@@ -71,6 +78,8 @@ class _Step:
     transformation: str
     weight: float | None = None
     bias: float | None = None
+    # Set: not T(W . x + b) but NeuraLogic's LeakyReLu with this slope (see _leaky_relu_layers).
+    leaky_slope: float | None = None
 
 
 # Java transformation -> (transformation of the neuron's own layer, its fixed bias, follow-up steps).
@@ -79,6 +88,7 @@ _TRANSFORMATION = {
     "Tanh": ("tanh", None, ()), "ReLu": ("relu", None, ()), "LeakyReLu": ("leaky_relu", None, ()),
     "Exponentiation": ("exp", None, ()), "Logarithm": ("log", None, ()), "SquareRoot": ("sqrt", None, ()),
     "Inverse": ("inverse", None, ()), "Softmax": ("softmax", None, ()),
+    # LeakyReLu with another slope (Transformation.LEAKY_RELU(0.2)) is added per slope by _leaky_relu_plans.
     # NeuraLogic's reverse is 1 - x: neurovec's reverse (-x) of x - 1.
     "Reverse": ("reverse", -1.0, ()),
     # NeuraLogic's signum is 1 for x > 0, else 0 (a step, not torch.sign).
@@ -87,6 +97,7 @@ _TRANSFORMATION = {
     "LukasiewiczSigmoid": ("identity", None, (_Step("sigmoid", 6.0, 0.5),)),
 }
 
+_LEAKY_RELU_SLOPE = 0.01  # neurovec's leaky_relu (torch's default) and NeuraLogic's default LeakyReLu
 _FACT = "FactNeuron"
 _KINDS = {"FactNeuron", "WeightedAtomNeuron", "WeightedRuleNeuron", "AtomNeuron", "RuleNeuron",
           "AggregationNeuron", "SplittableAggregationNeuron", "NegationNeuron"}
@@ -206,6 +217,7 @@ class _Neurons:
     fact_shape: list          # per fact: value shape
     fact_start: np.ndarray    # per fact: where its value starts in fact_values
     fact_values: np.ndarray
+    fact_weight: np.ndarray   # per fact: NeuraLogic index of the learnable weight that is its value (-1: fixed)
     queries: np.ndarray       # position of each sample's output neuron
     java: object              # SampleArrays, for names on demand
 
@@ -252,10 +264,9 @@ def _read(samples) -> _Neurons:
                   combination=arrays.combination, ptr=np.concatenate([[0], np.cumsum(arrays.count)]),
                   inputs=position(arrays.inputs), edge_weight=edge_weight, offset=offset, facts=facts,
                   fact_shape=[], fact_start=np.concatenate([[0], np.cumsum(arrays.fact_lengths)])[:-1],
-                  fact_values=arrays.fact_values, queries=position(arrays.query), java=arrays)
-    if arrays.fact_learnable.any():
-        raise NeuraLogicImportError(f"{nr.describe(facts[np.flatnonzero(arrays.fact_learnable)[0]])}: learnable "
-                                    "fact values (build_dataset(..., learnable_facts=True)) are not supported yet")
+                  fact_values=arrays.fact_values,
+                  fact_weight=np.where(arrays.fact_learnable, offset[facts], NO_WEIGHT),
+                  queries=position(arrays.query), java=arrays)
     # Value shapes, decided once per distinct (value class, size).
     shape_of = {}
     for k, (java_class, size) in enumerate(zip(arrays.fact_classes.tolist(), arrays.fact_shapes)):
@@ -309,7 +320,8 @@ def _per_neuron(nr: _Neurons, positions: np.ndarray, values: np.ndarray, table: 
         if java_name not in table:
             need = _NEEDS_EXTENSION.get(java_name)
             hint = f"; neurovec would need {need}" if need else ""
-            raise NeuraLogicImportError(f"{nr.describe(positions[rows[0]])}: {what} {java_name!r} is not "
+            explain = f" ({_EXPLAIN[java_name]})" if java_name in _EXPLAIN else ""
+            raise NeuraLogicImportError(f"{nr.describe(positions[rows[0]])}: {what} {java_name!r}{explain} is not "
                                         f"supported{hint}")
         out[rows] = [table[java_name]] * rows.size
     return out
@@ -370,7 +382,8 @@ def from_neuralogic(model, built, *, warn: bool = True) -> Graph:
     aggregation = np.full(n, "", dtype=object)
     aggregation[computed] = _per_neuron(nr, np.flatnonzero(computed), nr.combination, _AGGREGATION, "combination")
     plan = np.full(n, None, dtype=object)
-    plan[computed] = _per_neuron(nr, np.flatnonzero(computed), nr.transformation, _TRANSFORMATION,
+    transformations = _leaky_relu_plans(nr, computed)
+    plan[computed] = _per_neuron(nr, np.flatnonzero(computed), nr.transformation, transformations,
                                  "transformation")
     # NeuraLogic replaces a softmax or sparsemax of a single input by the constant 1 (ConstantOne) and then
     # reports neither a combination nor a transformation: ask those neurons' states what they compute with.
@@ -382,12 +395,13 @@ def from_neuralogic(model, built, *, warn: bool = True) -> Graph:
         if unknown.size:
             raise NeuraLogicImportError(f"{nr.describe(silent[unknown[0]])}: it computes with {function[unknown[0]]} "
                                         "but reports no combination or transformation; not supported")
+        _refuse_constant_one_first(nr, aggregation == "one", computed & ((counts > 1) | (nr.offset != _ZERO_WEIGHT)))
     # A softmax combination is the concatenation of the inputs, then softmax; the neuron's own transformation
     # comes after that, as extra steps (NeuraLogic computes T(softmax(inputs))).
     softmax = np.flatnonzero(aggregation == "softmax")
     for java_name in set(nr.transformation[softmax].tolist()):
         rows = softmax[nr.transformation[softmax] == java_name]
-        transformation, fixed_bias, steps = _TRANSFORMATION[java_name]
+        transformation, fixed_bias, steps = transformations[java_name]
         own = () if transformation == "identity" and fixed_bias is None else \
             (_Step(transformation, None, fixed_bias),)
         plan[rows] = [("softmax", None, own + steps)] * rows.size
@@ -401,12 +415,21 @@ def from_neuralogic(model, built, *, warn: bool = True) -> Graph:
         out = np.full(java.size, NO_WEIGHT, dtype=np.int64)
         for index in np.unique(java):
             hit = java == index
-            if index == _UNIT_WEIGHT:
+            if what == "learnable fact value" and index == NO_WEIGHT:  # a fixed fact
+                out[hit] = NO_WEIGHT
+            elif index == _UNIT_WEIGHT:
                 out[hit] = NO_WEIGHT if what == "input" else constants.get("one", 1.0)
             elif index == _ZERO_WEIGHT:
                 out[hit] = constants.get("zero", 0.0) if what == "input" else NO_WEIGHT
             elif int(index) in weight_position:
                 out[hit] = weight_position[int(index)]
+            elif what == "learnable fact value":
+                raise NeuraLogicImportError(
+                    f"{nr.describe(int(rows[np.flatnonzero(hit)[0]]))}: its value is a learnable weight (index "
+                    f"{int(index)}) that is not among the template's weights, as build_dataset(..., "
+                    "learnable_facts=True) makes every sample's fact values; neurovec imports learnable fact "
+                    "values of the template (a template fact such as '0.5 x.') but would need per-sample weights "
+                    "for these")
             else:
                 raise NeuraLogicImportError(f"{nr.describe(int(rows[np.flatnonzero(hit)[0]]))}: {what} weight "
                                             f"index {int(index)} is not among the model's weights")
@@ -460,8 +483,19 @@ def from_neuralogic(model, built, *, warn: bool = True) -> Graph:
         if joins.any():
             shape[neurons[joins]] = _concatenation_shapes(nr, neurons[joins], edge_shape, offset, weights, shapes)
 
+    output_shape = shape[nr.queries]
+    differs = np.flatnonzero(output_shape != output_shape[0])
+    if differs.size:
+        k = int(differs[0])
+        raise NeuraLogicImportError(
+            f"sample {k}'s output, {nr.describe(nr.queries[k])}, has shape {shapes.shapes[output_shape[k]]} but "
+            f"sample 0's output, {nr.describe(nr.queries[0])}, has {shapes.shapes[output_shape[0]]}: the outputs of "
+            "one neurovec graph share one shape (a concat or softmax aggregation is as long as its groundings); "
+            "import the samples whose outputs have equal shapes separately")
+    fact_weight = to_neurovec(nr.fact_weight, nr.facts, "learnable fact value") if nr.fact_weight.size else \
+        nr.fact_weight
     return _assemble(nr, weights, constants, shapes, shape, depth, aggregation, plan, edge_weight, edge_shape,
-                     offset, owner)
+                     offset, fact_weight)
 
 
 def _concatenation_shapes(nr, neurons, edge_shape, offset, weights, shapes) -> np.ndarray:
@@ -512,32 +546,46 @@ def _segment(ufunc, values: np.ndarray, ptr: np.ndarray, neurons: np.ndarray) ->
 
 
 def _assemble(nr, weights, constants, shapes, shape, depth, aggregation, plan, edge_weight, edge_shape,
-              offset, owner) -> Graph:
-    """Group the neurons into layers and write the CSR arrays of each layer."""
+              offset, fact_weight) -> Graph:
+    """Group the neurons into layers and write the CSR arrays of each layer.
+
+    ``fact_weight``: per fact, the neurovec weight that is its (learnable) value, or NO_WEIGHT.
+    """
     n = nr.index.size
     is_fact = nr.kind == _FACT
     layers: list = []
     layer_of = np.full(n, -1, dtype=np.int64)   # the layer other neurons read a neuron from
     ordinal_of = np.full(n, -1, dtype=np.int64)
 
-    # Facts: scalar ones are unit facts (W . 1 = W), the rest grouped by shape.
+    # Facts: scalar ones are unit facts (W . 1 = W), the rest grouped by shape; learnable ones come after.
     fact_positions = nr.facts
-    unit = (shape[fact_positions] == 0) & (nr.fact_values[nr.fact_start] == 1.0) if fact_positions.size else \
-        np.zeros(0, dtype=bool)
+    learnable = fact_weight != NO_WEIGHT
+    unit = (shape[fact_positions] == 0) & (nr.fact_values[nr.fact_start] == 1.0) & ~learnable \
+        if fact_positions.size else np.zeros(0, dtype=bool)
     unit_positions = fact_positions[unit]
-    needs_unit = bool(np.any(offset[~is_fact] != NO_WEIGHT) or np.any(np.isin(aggregation, ("count", "one"))))
+    needs_unit = bool(np.any(offset[~is_fact] != NO_WEIGHT) or np.any(np.isin(aggregation, ("count", "one")))
+                      or learnable.any())
     if unit_positions.size or needs_unit:
         layer_of[unit_positions] = len(layers)
         ordinal_of[unit_positions] = np.arange(unit_positions.size)
         layers.append(FactLayer.units("facts:unit", unit_positions.size + 1))  # the last one is the importer's
     unit_ref = (0, unit_positions.size) if layers else None
-    rest = np.flatnonzero(~unit)  # indices into nr.facts
+    rest = np.flatnonzero(~unit & ~learnable)  # indices into nr.facts
     for shape_id in np.unique(shape[fact_positions[rest]]) if rest.size else []:
         members = rest[shape[fact_positions[rest]] == shape_id]
         layer_of[fact_positions[members]] = len(layers)
         ordinal_of[fact_positions[members]] = np.arange(members.size)
         dims = "x".join(map(str, shapes.shapes[shape_id])) or "scalar"
         layers.append(FactLayer(f"facts:{dims}", nr.fact_block(members, shapes.shapes[shape_id])))
+    # A learnable fact value (a template fact such as "0.5 x.") is its weight: a unit fact times that weight.
+    for shape_id in np.unique(shape[fact_positions[learnable]]).tolist():
+        members = np.flatnonzero(learnable & (shape[fact_positions] == shape_id))
+        layer_of[fact_positions[members]] = len(layers)
+        ordinal_of[fact_positions[members]] = np.arange(members.size)
+        dims = "x".join(map(str, shapes.shapes[shape_id])) or "scalar"
+        layers.append(NeuronLayer(f"facts:learnable:{dims}", counts=np.ones(members.size, np.int64),
+                                  input_layer=np.full(members.size, unit_ref[0]),
+                                  input_ordinal=np.full(members.size, unit_ref[1]), input_weight=fact_weight[members]))
 
     # Computed neurons: one layer per (depth, aggregation, transformation, shape).
     computed = np.flatnonzero(~is_fact)
@@ -569,6 +617,10 @@ def _assemble(nr, weights, constants, shapes, shape, depth, aggregation, plan, e
         layer_of[members] = len(layers) - 1
         ordinal_of[members] = np.arange(members.size)
         for k, step in enumerate(steps):  # e.g. signum's relu: one single-input layer per step
+            if step.leaky_slope is not None:
+                _leaky_relu_layers(f"{name}/{k + 1}", members.size, step.leaky_slope, constants, layers)
+                layer_of[members] = len(layers) - 1
+                continue
             weight = NO_WEIGHT if step.weight is None else constants.get(repr(step.weight), step.weight)
             bias = NO_WEIGHT if step.bias is None else constants.get(repr(step.bias), step.bias)
             layers.append(NeuronLayer(
@@ -578,6 +630,68 @@ def _assemble(nr, weights, constants, shapes, shape, depth, aggregation, plan, e
                 aggregation="sum", transformation=step.transformation))
             layer_of[members] = len(layers) - 1
     return Graph(layers, weights, layer_of[nr.queries], ordinal_of[nr.queries])
+
+
+def _leaky_relu_plans(nr: _Neurons, computed: np.ndarray) -> dict:
+    """``_TRANSFORMATION`` plus a plan per LeakyReLu slope other than neurovec's ``leaky_relu`` (0.01, also
+    NeuraLogic's default); the neurons with such a slope get the transformation name ``LeakyReLu(slope)``,
+    so that layers (grouped by transformation name) never mix slopes."""
+    table = dict(_TRANSFORMATION)
+    leaky = np.flatnonzero(computed & (nr.transformation == "LeakyReLu"))
+    if leaky.size == 0:
+        return table
+    slopes = nr.java.leaky_slopes()[leaky]
+    for slope in np.unique(slopes[slopes != _LEAKY_RELU_SLOPE]).tolist():
+        name = f"LeakyReLu({slope!r})"
+        table[name] = ("identity", None, (_Step("leaky_relu", leaky_slope=slope),))
+        nr.transformation[leaky[slopes == slope]] = name
+    return table
+
+
+def _leaky_relu_layers(name: str, size: int, slope: float, constants: _Constants, layers: list) -> None:
+    """NeuraLogic's LeakyReLu (``v`` for ``v > 0``, else ``slope * v``) of the last layer's ``size`` neurons.
+
+    Two layers: ``relu(v)`` and ``relu(-v)`` side by side, then ``relu(v) + (-slope) relu(-v)``. Both are
+    exact: ``v + (-slope) 0`` is ``v``; ``0 + (-slope)(-v)`` is ``slope * v`` (negating both factors of a
+    product does not change its rounding).
+    """
+    source, rows = len(layers) - 1, np.arange(size)
+    layers.append(NeuronLayer(
+        _unique(f"{name}:relu(v),relu(-v)", layers), counts=np.ones(2 * size, np.int64),
+        input_layer=np.full(2 * size, source), input_ordinal=np.concatenate([rows, rows]),
+        input_weight=np.repeat([NO_WEIGHT, constants.get(repr(-1.0), -1.0)], size), transformation="relu"))
+    layers.append(NeuronLayer(
+        _unique(f"{name}:leakyrelu({slope!r})", layers), counts=np.full(size, 2),
+        input_layer=np.full(2 * size, len(layers) - 1), input_ordinal=np.stack([rows, size + rows], 1).reshape(-1),
+        input_weight=np.tile([NO_WEIGHT, constants.get(repr(-slope), -slope)], size)))
+
+
+def _refuse_constant_one_first(nr: _Neurons, is_one: np.ndarray, combines: np.ndarray) -> None:
+    """Refuse a neuron that combines several values (``combines``) and whose first input is NeuraLogic's
+    constant ONE (``is_one``, or a chain of identities of it): NeuraLogic 0.9.2 accumulates the other values into that constant, which
+    keeps it 1 (found by experiment: ``h :- softmax-of-one-grounding`` plus ``h :- 0.5 b`` gives h = 1, and
+    1.15 with the rules swapped), so its ``model.test`` is not the neuron's function."""
+    # NeuraLogic hands the constant on unchanged through single, unweighted, untransformed inputs.
+    first_input = nr.inputs[np.minimum(nr.ptr[:-1], nr.inputs.size - 1)]
+    passes = ~combines & (np.diff(nr.ptr) == 1) & (nr.kind != _FACT) & np.isin(nr.transformation, ("", "Identity"))
+    passes[passes] = nr.edge_weight[nr.ptr[:-1][passes]] == _UNIT_WEIGHT
+    while True:
+        grown = is_one | (passes & is_one[first_input])
+        if np.array_equal(grown, is_one):
+            break
+        is_one = grown
+    neurons = np.flatnonzero(combines)
+    first_input = first_input[neurons]
+    bad = np.flatnonzero(is_one[first_input])
+    if bad.size:
+        j, one = int(neurons[bad[0]]), int(first_input[bad[0]])
+        raise NeuraLogicImportError(
+            f"{nr.describe(j)}: its first input, {nr.describe(one)}, is NeuraLogic's constant ONE (a softmax "
+            "of a single value, which NeuraLogic replaces by that constant, or a neuron passing it on); NeuraLogic then adds the neuron's other inputs into that "
+            "constant and loses them (0.9.2), so model.test does not compute this neuron's function. neurovec "
+            "refuses rather than give other numbers: give the softmax aggregation two or more groundings, order "
+            "the rules so that its rule is not the first of this head, or build with chain_pruning=True (which "
+            "removes single-input softmax neurons)")
 
 
 def _unique(name: str, layers: list) -> str:

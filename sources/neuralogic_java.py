@@ -55,6 +55,8 @@ class SampleArrays:
     java_neurons: object = None
     # () -> per neuron, the class of the function its state computes with (see JavaReader.state_function).
     state_functions: object = None
+    # () -> per neuron, the slope of its LeakyReLu transformation (NaN for other transformations).
+    leaky_slopes: object = None
 
     def names(self, positions) -> list:
         """Neuron names (NeuraLogic's ``getName()``), one JVM call each: for messages and layer names."""
@@ -173,6 +175,16 @@ class JavaReader:
             then(then(state, lookup.unreflectGetter(fcn_field)), class_code),
             MH.dropArguments(MH.constant(int_t, J("java.lang.Integer").valueOf(0)), 0, base)), to_int)
 
+        # LeakyReLu(slope) keeps its slope in the function object (transformation=leakyrelu(0.2), as in GATv2):
+        # per neuron, slope() if the transformation is a LeakyReLu, else NaN.
+        leaky = cls("cz.cvut.fel.ida.algebra.functions.transformation.elementwise.LeakyReLu")
+        transformation = virtual(base, "getTransformation", cls("cz.cvut.fel.ida.algebra.functions.Transformation"))
+        double_t = J("java.lang.Double").TYPE
+        self.leaky_slope = fn(MH.guardWithTest(
+            then(transformation, is_instance.bindTo(leaky)), then(transformation, virtual(leaky, "slope", double_t)),
+            MH.dropArguments(MH.constant(double_t, J("java.lang.Double")(float("nan"))), 0, base)),
+            "java.util.function.ToDoubleFunction")
+
     def _state_function_name(self, neuron) -> str:
         """The class of a neuron's state function, e.g. ``ConstantOne$State`` (``""`` for none)."""
         state = neuron.getComputationView(0)
@@ -243,6 +255,8 @@ class JavaReader:
         arrays.state_functions = lambda: self._decode(  # on demand: only for neurons reporting no function
             self._ints(neurons.stream().mapToInt(self.state_function)), neurons, self._state_function_name,
             named=True)
+        arrays.leaky_slopes = lambda: np.asarray(memoryview(  # on demand: only if some neuron has a LeakyReLu
+            neurons.stream().mapToDouble(self.leaky_slope).toArray()), dtype=np.float64).copy()
         return arrays
 
 

@@ -55,6 +55,33 @@ def assert_same(model, built, presets=PRESETS, atol=1e-9):
     return graph
 
 
+def assert_same_gradients(model, built, graph, eps=1e-6, atol=1e-6):
+    """The reference engine's gradients of the summed outputs equal NeuraLogic's central finite differences, for
+    every learnable scalar weight (NeuraLogic 0.9.2 has no gradient API that would give them directly)."""
+    reference = ReferenceModule(graph, torch.float64)
+    reference().sum().backward()
+    names = {name.split(".", 1)[1]: p for name, p in reference.named_parameters()}
+    state = model.state_dict()
+    java = {int(w.index): str(w.name) for w in model._neural_model.getAllWeights()}
+    checked = 0
+    for index, value in list(state["weights"].items()):
+        if not isinstance(value, float) or java.get(index) not in names:
+            continue
+        sums = []
+        for step in (eps, -eps):
+            state["weights"][index] = value + step
+            model.load_state_dict(state)
+            sums.append(neuralogic_outputs(model, built).sum())
+        state["weights"][index] = value
+        model.load_state_dict(state)
+        expected = (sums[0] - sums[1]) / (2 * eps)
+        grad = names[java[index]].grad  # None: unused (NeuraLogic's iso compression merged its neurons away)
+        np.testing.assert_allclose(0.0 if grad is None else float(grad), expected, rtol=0, atol=atol,
+                                   err_msg=java[index])
+        checked += 1
+    assert checked
+
+
 def template(text: str, tmp_path, name="template.txt") -> Model:
     path = tmp_path / name
     path.write_text(text)
@@ -108,6 +135,33 @@ def test_aggregations_and_predicate_offset(tmp_path, aggregation):
     ds.add(R.q[0.0], [R.a("x")[-0.7], R.b("x")[0.9], R.c("x")[2.0]])
     for settings in (PRUNED, UNPRUNED):
         assert_same(model, build(model, ds, **settings))
+
+
+@pytest.mark.parametrize("slope", [0.2, 0.01, 1.5, -0.5])
+@pytest.mark.parametrize("settings", [PRUNED, UNPRUNED], ids=["pruned", "unpruned"])
+def test_leaky_relu_slope(slope, settings):
+    """Transformation.LEAKY_RELU(0.2) (GATv2's) keeps its slope: it was imported as neurovec's 0.01. Vector
+    values, and a second rule with the default slope in the same depth (its layer must not be merged)."""
+    model = Model()
+    model += (R.h <= (R.a[1.5], R.b[-2.0])) | Metadata(transformation=Transformation.LEAKY_RELU(slope))
+    model += (R.g <= (R.a[1.5], R.b[-2.0])) | Metadata(transformation=Transformation.LEAKY_RELU)
+    model += (R.v <= (R.c[[[1.0, -2.0], [0.5, 0.25]]], R.a[[0.5, -1.0]])) | \
+        Metadata(transformation=Transformation.LEAKY_RELU(slope))
+    model += R.q <= (R.h, R.g, R.v[[[0.5, -1.0]]])
+    for predicate in ("h", "g", "v", "q"):
+        model += R.get(predicate) / 0 | Metadata(transformation=Transformation.IDENTITY)
+    built = build(model, _leaky_dataset(), **settings)
+    graph = assert_same(model, built)
+    assert_same_gradients(model, built, graph)
+    if slope == 0.01:  # the default is neurovec's own leaky_relu, no extra layers
+        assert not any("leakyrelu(" in layer.name for layer in graph.layers)
+
+
+def _leaky_dataset() -> Dataset:
+    ds = Dataset()
+    for a, b, c in [(-1.3, 0.25, [1.0, 2.0]), (0.4, -0.5, [-1.0, 3.0]), (2.0, 3.0, [0.5, -0.5])]:
+        ds.add(R.q[1.0], [R.a[a], R.b[b], R.c[c]])
+    return ds
 
 
 def test_vector_and_matrix_weights():
@@ -205,6 +259,97 @@ def test_unsupported_combination_names_neuron(tmp_path, combination, facts, matc
         from_neuralogic(model, built, warn=False)
 
 
+def softmax_of_one_grounding(first: bool) -> Model:
+    """h is a softmax aggregation over the groundings of a(X) (one here: NeuraLogic's constant ONE) plus a second
+    rule; ``first``: the softmax rule is h's first input."""
+    model = Model()
+    softmax_rule = (R.h <= R.a(V.X)[2.0]) | Metadata(aggregation=Aggregation.SOFTMAX)
+    other_rule = R.h <= R.b[0.5]
+    model += [softmax_rule, other_rule] if first else [other_rule, softmax_rule]
+    model += R.q[1.5] <= R.h
+    model += R.h / 0 | Metadata(transformation=Transformation.IDENTITY)
+    model += R.q / 0 | Metadata(transformation=Transformation.IDENTITY)
+    return model
+
+
+def test_softmax_aggregation_of_one_grounding():
+    """NeuraLogic replaces a softmax of one value by its constant ONE and, when that is a neuron's first input,
+    adds the other inputs into the constant, which loses them (h = 1, not 1 + 0.15): refused, with the way out.
+    Second, the sum is right in NeuraLogic too, and imported (value and gradients)."""
+    ds = Dataset()
+    ds.add(R.q[0.0], [R.a("1")[0.7], R.b[0.3]])
+    model = softmax_of_one_grounding(first=True)
+    built = build(model, ds, **UNPRUNED)
+    assert neuralogic_outputs(model, built).item() == 1.5  # NeuraLogic's own number: 1.5 * 1
+    with pytest.raises(NeuraLogicImportError, match=r"neuron \d+ \(AtomNeuron 'h'\): its first input, neuron \d+ "
+                                                    r"\(AggregationNeuron .*constant ONE.*two or more groundings"):
+        from_neuralogic(model, built, warn=False)
+    model = softmax_of_one_grounding(first=False)
+    built = build(model, ds, **UNPRUNED)
+    graph = assert_same(model, built)
+    assert_same_gradients(model, built, graph)
+    # The constant passes unchanged through identity neurons: here q's aggregation of h(p) and h(r) reads it first.
+    model = Model()
+    model += (R.h(V.Y) <= R.a(V.Y, V.X)) | Metadata(aggregation=Aggregation.SOFTMAX)
+    model += R.q <= R.h(V.Y)
+    model += R.h / 1 | Metadata(transformation=Transformation.IDENTITY)
+    ds = Dataset()
+    ds.add(R.q[0.0], [R.a("p", "1")[1.0], R.a("p", "2")[2.0], R.a("r", "1")[3.0]])
+    with pytest.raises(NeuraLogicImportError, match=r"RuleNeuron .*constant ONE"):
+        from_neuralogic(model, build(model, ds, **UNPRUNED), warn=False)
+
+
+@pytest.mark.parametrize("aggregation", [Aggregation.SOFTMAX, Aggregation.CONCAT])
+def test_outputs_of_different_lengths(aggregation):
+    """A softmax or concat aggregation is as long as its groundings: samples whose outputs differ in length
+    cannot be one graph's outputs."""
+    model = Model()
+    model += (R.h(V.Y) <= R.a(V.Y, V.X)) | Metadata(aggregation=aggregation)
+    model += R.h / 1 | Metadata(transformation=Transformation.IDENTITY)
+    ds = Dataset()
+    ds.add(R.h("p")[0.0], [R.a("p", "1")[1.0], R.a("p", "2")[2.0]])
+    ds.add(R.h("r")[0.0], [R.a("r", "1")[3.0], R.a("r", "2")[3.0], R.a("r", "3")[3.0]])
+    with pytest.raises(NeuraLogicImportError, match=r"sample 1's output, neuron \d+ \(AtomNeuron 'h\(r\)'\), has "
+                                                    r"shape \(3,\) but sample 0's .* has \(2,\)"):
+        from_neuralogic(model, build(model, ds, **UNPRUNED), warn=False)
+
+
+def test_gatv2_refusal_names_the_attention():
+    from neuralogic.nn.module import GATv2Conv
+    model = Model()
+    model += GATv2Conv(3, 2, "h1", "x", "edge")()
+    ds = Dataset()
+    rng = np.random.default_rng(0)
+    ds.add(R.h1("0")[[0.0, 0.0]], [R.x(str(i))[rng.normal(size=3).tolist()] for i in range(3)] +
+           [R.edge(str(a), str(b)) for a, b in [(0, 1), (1, 0), (1, 2), (2, 1), (0, 2)]])
+    with pytest.raises(NeuraLogicImportError, match=r"AtomNeuron '_h1__attention.*'AtIndex' \(.*softmax aggregation"
+                                                    r".*GATv2Conv.*neurovec would need"):
+        from_neuralogic(model, build(model, ds, **UNPRUNED), warn=False)
+
+
+def test_learnable_template_facts(tmp_path):
+    """A template fact with a learnable value ('0.5 x.', '{2} z.', not '<0.5> x.') is imported as its weight;
+    per-sample learnable facts (build_dataset(..., learnable_facts=True)) are refused, named as such."""
+    model = template("0.5 x.\n{2} z.\n<0.25> w.\n0 u.\nh :- 2.0 x, y, w, u. [transformation=tanh]\n"
+                     "g :- {1, 2} z. [transformation=tanh]\nq :- h, g.\n", tmp_path)
+    ds = Dataset()
+    ds.add(R.q[1.0], [R.y[2.0]])
+    ds.add(R.q[0.0], [R.y[-1.0]])
+    built = build(model, ds, **UNPRUNED)
+    graph = assert_same(model, built)
+    assert_same_gradients(model, built, graph)
+    assert any(layer.name.startswith("facts:learnable") for layer in graph.layers)
+    model = Model()
+    model += R.h[2.0] <= (R.x, R.y)
+    ds = Dataset()
+    ds.add(R.h[1.0], [R.x[0.5], R.y[2.0]])
+    model.build(Settings(**UNPRUNED))
+    built = model.build_dataset(ds, learnable_facts=True)
+    with pytest.raises(NeuraLogicImportError, match=r"FactNeuron .*learnable weight .*not among the template's "
+                                                    r"weights.*learnable_facts=True"):
+        from_neuralogic(model, built, warn=False)
+
+
 def test_bad_input_and_settings_warning(tmp_path):
     with pytest.raises(TypeError, match="Expected the samples built by model.build_dataset"):
         from_neuralogic(Model(), [1, 2])
@@ -296,10 +441,16 @@ def test_gnn_on_all_of_mutag(mutag, kind):
 
 
 # -- training in neurovec, weights back into NeuraLogic ---------------------------------------------------------
-@pytest.mark.parametrize("case", ["xor", "gcn", "softmax"])
+@pytest.mark.parametrize("case", ["xor", "gcn", "softmax", "learnable-fact"])
 def test_training_step_then_weights_back(case, mutag, tmp_path):
     if case == "xor":
         model, dataset = nl_data.XOR()
+    elif case == "learnable-fact":  # template facts with learnable values go back into NeuraLogic too
+        model = template("0.5 x.\n{2} z.\nh :- 2.0 x, y. [transformation=tanh]\ng :- {1, 2} z.\n"
+                         "q :- h, g. [transformation=sigmoid]\n", tmp_path)
+        dataset = Dataset()
+        for k, y in enumerate([2.0, -1.0, 0.5]):
+            dataset.add(R.q[float(k % 2)], [R.y[y]])
     elif case == "softmax":  # learnable weights and offset inside a softmax combination
         model = template("h :- 2.0 a, -1.5 b, c, 0.25. [combination=softmax]\nq :- {1,4} h. [transformation=sigmoid]\n",
                          tmp_path)
