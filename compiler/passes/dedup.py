@@ -10,7 +10,9 @@ Every node computes each distinct value once:
 Rows are compared by structural labels (``RowIds``): equal labels mean equal values as
 functions of the weights, because they are the same weight row, the same fact row, the same pair
 of equal rows, or the same multiset of equal rows -- never by comparing weight values (two
-different learnable weights are different functions even when their values agree).
+different learnable weights are different functions even when their values agree). Equal labels
+are found exactly and without sorting (``compiler/grouping.py``), and the labels of unchanged
+nodes pass from one labeling pass to the next (NOTE: [label hand-over]).
 
 Computing a node on its distinct rows only (``compress``) pushes the row selection up into its
 single-use producers (see ``upward.RowPlanner``, "shrink" policy) and then rewrites its readers:
@@ -81,9 +83,10 @@ class _Known:
 
 
 # NOTE: [label hand-over] iso_compression, dedup_linear and dedup_aggregations run back to back
-# and label the same nodes. Each leaves its labels to the next, keyed to the program it returned
-# (held weakly: they go when that program does). A label is reused only for the very same node
-# object reading the very same, unchanged nodes and constant arrays (``RowIds.unchanged``).
+# and label the same nodes. The first two leave their labels to the next pass, keyed to the
+# program they returned (held weakly, and taken by the next labeling pass). A label is reused only
+# for the very same node object reading the very same, unchanged nodes and constant arrays
+# (``RowIds.unchanged``).
 _handover: list = []  # [(weakref to the program, {name: _Known})], at most one
 
 
@@ -94,9 +97,10 @@ def _hand_over(program: Program, known: dict) -> None:
 
 
 def _handed_over(program: Program) -> dict:
-    if _handover and _handover[0][0]() is program:
-        return _handover[0][1]
-    return {}
+    """The labels left for ``program`` (taken: the slot is empty afterwards)."""
+    known = _handover[0][1] if _handover and _handover[0][0]() is program else {}
+    _handover.clear()
+    return known
 
 
 class RowIds:
@@ -182,6 +186,9 @@ class RowIds:
         known = {}
         for name, node in nodes.items():
             if node is not self.editor.nodes.get(name):
+                continue
+            if name not in self.memo and name in self.known and self.unchanged(name):
+                known[name] = self.known[name]  # not needed here, still valid: passed on
                 continue
             ids, bound = self.memo.get(name, (None, 0))
             arrays = tuple((v, constants[v]) for v in node.attrs.values() if isinstance(v, str) and v in constants)
@@ -359,7 +366,8 @@ def _agrees(editor: Editor, node: Node, old: str, reps: np.ndarray, inverse: np.
 
 # -- the passes ----------------------------------------------------------------------------------------
 
-def _dedup(program: Program, settings: Settings, ops: tuple[Op, ...], drop_unused: bool) -> Program:
+def _dedup(program: Program, settings: Settings, ops: tuple[Op, ...], drop_unused: bool,
+           hand_over: bool) -> Program:
     editor = Editor(program)
     planner = RowPlanner(editor, settings, SHRINK)
     ids = RowIds(editor)
@@ -372,7 +380,8 @@ def _dedup(program: Program, settings: Settings, ops: tuple[Op, ...], drop_unuse
     if drop_unused:
         _drop_unused_rows(editor, planner, ids)
     result = editor.finish()
-    ids.hand_over(result)
+    if hand_over:
+        ids.hand_over(result)
     return result
 
 
@@ -399,9 +408,9 @@ def _drop_unused_rows(editor: Editor, planner: RowPlanner, ids: RowIds) -> None:
 
 def dedup_linear(program: Program, settings: Settings) -> Program:
     """Each LINEAR computes every distinct (weight row, value row) pair once (thesis 5.2.6)."""
-    return _dedup(program, settings, (Op.LINEAR,), drop_unused=False)
+    return _dedup(program, settings, (Op.LINEAR,), drop_unused=False, hand_over=True)
 
 
 def dedup_aggregations(program: Program, settings: Settings) -> Program:
     """Each REDUCE computes every distinct group once; unread rows are dropped (thesis 5.2.6)."""
-    return _dedup(program, settings, (Op.REDUCE,), drop_unused=True)
+    return _dedup(program, settings, (Op.REDUCE,), drop_unused=True, hand_over=False)

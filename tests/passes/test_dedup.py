@@ -275,3 +275,18 @@ def test_mutag_gcn_linear_runs_on_distinct_rows(tu_dir):
     assert program.node("conv1_lin_lin").count == 7
     assert program.node("conv1_agg").count < 3371
     assert_equivalent(graph, CompiledModule(program, torch.float64))
+
+
+def test_labels_pass_from_iso_to_the_dedup_passes(monkeypatch):
+    from neurovec.compiler.passes import dedup
+    from neurovec.compiler.passes.iso_compression import iso_compress
+    b = gcn_layer(x_index=[0, 1, 2], edge_index=[0, 1, 1, 2, 2], counts=[2, 2, 1])  # nothing to merge
+    program = b.build("conv")
+    labelled = iso_compress(program, SETTINGS)
+    calls = []
+    original = dedup.first_equal_multisets
+    monkeypatch.setattr(dedup, "first_equal_multisets", lambda *a, **k: calls.append(1) or original(*a, **k))
+    assert dedup_aggregations(dedup_linear(labelled, SETTINGS), SETTINGS) is labelled
+    assert calls == []  # the aggregations' labels came from iso_compression
+    dedup_aggregations(program.replace(), SETTINGS)  # another program object: labelled afresh
+    assert calls
