@@ -22,6 +22,7 @@ import numpy as np
 
 from ..sources.graph import NO_WEIGHT, FactLayer, Graph
 from .ir import Node, Op, Program, stored, unique_name
+from .passes.prune import prune_unreachable
 
 __all__ = ["vectorize"]
 
@@ -70,7 +71,12 @@ def _concat_index(e: _Emitter, base: str, sources: list[Node], which: np.ndarray
 
 
 def vectorize(graph: Graph) -> Program:
-    """Turn a validated :class:`Graph` into an unoptimized :class:`Program`."""
+    """Turn a validated :class:`Graph` into an unoptimized :class:`Program`.
+
+    Only the neurons some output reaches are computed (``passes/prune.py``: an unread neuron's
+    backward can still put a NaN into a used weight's gradient).
+    """
+    graph = prune_unreachable(graph)
     e = _Emitter()
     values: list[Node] = []  # the value node of each graph layer
     weight_stacks: dict[tuple, tuple[Node, np.ndarray]] = {}  # shape -> (WEIGHTS node, weight -> row)
