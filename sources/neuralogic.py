@@ -600,6 +600,11 @@ def _assemble(nr, weights, constants, shapes, shape, depth, aggregation, plan, e
         members = computed[group_of == g]  # position order = topological order
         first = int(members[0])
         agg, (transformation, fixed_bias, steps) = aggregation[first], plan[first]
+        if agg == "sum" and fixed_bias is not None and np.any(offset[members] != NO_WEIGHT):
+            # The offsets take the bias slot (a scalar one broadcasts, as in NeuraLogic) and the transformation's
+            # fixed bias (reverse's -1) moves to a step after it: T(v + fixed) of v = inputs + offset.
+            steps = (_Step(transformation, None, fixed_bias),) + tuple(steps)
+            transformation, fixed_bias = "identity", None
         # Names cost a JVM call each: name the layer after the predicates of a spread of its members.
         probe = members[np.unique(np.linspace(0, members.size - 1, min(members.size, 32)).astype(np.int64))]
         predicates = sorted({_predicate(str(kind), name) for kind, name in zip(nr.kind[probe], nr.names(probe))})
@@ -750,6 +755,14 @@ def _neuron_layer(name, nr, members, agg, transformation, fixed_bias, out_shape,
             j = int(members[np.flatnonzero(has_offset)[0]])
             raise NeuraLogicImportError(f"{nr.describe(j)}: an offset in a product of {out_shape} values is not "
                                         "supported")
+        scalar_weights = [w for w in np.unique(neuron_offset[has_offset]).tolist() if constants.weights[w].shape == ()]
+        scalar_offset = has_offset & np.isin(neuron_offset, scalar_weights) & (out_shape != ())
+        if scalar_offset.any():
+            j = int(members[np.flatnonzero(scalar_offset)[0]])
+            raise NeuraLogicImportError(
+                f"{nr.describe(j)}: a scalar offset in a {agg} of {out_shape} values (NeuraLogic broadcasts it) is "
+                "not supported; neurovec would need the offset computed first, as a layer of scalars read through "
+                "a fixed weight of ones (as concatenations do), or give the offset the values' shape")
         # The offset is NeuraLogic's first input: unit fact times the offset weight.
         lengths, (in_layer, in_ordinal, in_weight) = _prepend(lengths, has_offset, [in_layer, in_ordinal, in_weight],
                                                               [unit_ref[0], unit_ref[1], neuron_offset[has_offset]])

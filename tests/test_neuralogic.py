@@ -164,6 +164,23 @@ def _leaky_dataset() -> Dataset:
     return ds
 
 
+@pytest.mark.parametrize("transformation", ["reverse", "lukasiewicz", "tanh"])
+def test_scalar_offset_of_vector_rules(tmp_path, transformation):
+    """A scalar offset broadcasts over a rule's vector value. In a sum it is the bias (reverse's own fixed bias
+    then moves to a layer after it: this was a GraphError about input shapes); in an average it is refused."""
+    model = template(f"h :- {{2,2}} a, {{2,2}} b, 0.3. [transformation={transformation}]\n"
+                     "q :- {1,2} h.\nh/0 [transformation=identity]\nq/0 [transformation=identity]\n", tmp_path)
+    ds = Dataset()
+    ds.add(R.q[0.0], [R.a[[1.0, -2.0]], R.b[[0.5, 0.25]]])
+    ds.add(R.q[1.0], [R.a[[-0.5, 1.0]], R.b[[2.0, -1.0]]])
+    built = build(model, ds, **UNPRUNED)
+    assert_same_gradients(model, built, assert_same(model, built))
+    model = template("h :- {2,2} a, {2,2} b, 0.3. [combination=avg]\nq :- {1,2} h.\n", tmp_path, "avg.txt")
+    with pytest.raises(NeuraLogicImportError, match=r"WeightedRuleNeuron .*a scalar offset in a mean of \(2,\) "
+                                                    r"values .*neurovec would need"):
+        from_neuralogic(model, build(model, ds, **UNPRUNED), warn=False)
+
+
 def test_vector_and_matrix_weights():
     """W . x: matrices multiply column vectors and matrices, scalars broadcast, {1, n} is a row vector."""
     matrix = [[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]
