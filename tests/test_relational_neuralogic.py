@@ -404,9 +404,9 @@ DIMS = "".join([f"{{3,1}} atom_embed(A) :- {e}(A). [activation=tanh]\n" for e in
                ["{1,3} predict :- l3_embed(X). [activation=tanh]\npredict / 0 [activation=tanh]\n"])
 
 
-@pytest.mark.slow
-def test_mutagenesis_dims(tmp_path):
-    """Thesis 6.3 "dims": bond embeddings of another size, mapped by a matrix in every layer; all molecules."""
+@pytest.mark.parametrize("first", [6, pytest.param(None, marks=pytest.mark.slow)], ids=["6-molecules", "all"])
+def test_mutagenesis_dims(tmp_path, first):
+    """Thesis 6.3 "dims": bond embeddings of another size, mapped by a matrix in every layer."""
     tanh = Metadata(transformation=Transformation.TANH)
     t = Template()
     for element in ("c", "o", "br", "i", "f", "h", "n", "cl"):
@@ -421,8 +421,8 @@ def test_mutagenesis_dims(tmp_path):
         t += R.get(f"l{k}_embed") / 1 | tanh
     t += (R.predict[1, 3] <= R.l3_embed(V.X)) | tanh
     t += R.predict / 0 | tanh
-    dataset, relations, queries = mutagenesis_data(tmp_path, None)
-    assert_equal(t, relations, queries, template_file(DIMS, tmp_path), dataset, presets=("default",))
+    dataset, relations, queries = mutagenesis_data(tmp_path, first)
+    assert_equal(t, relations, queries, template_file(DIMS, tmp_path), dataset)
 
 
 @pytest.mark.slow
@@ -439,7 +439,7 @@ def test_shipped_nations():
     t += R.embed_nat2(V.Y) <= (R.embed_nation(V.X)[3, 3], R.embed_rel(V.R)[3, 3], R.r(V.X, V.R, V.Y)[3, ])
     t += R.predict(V.X, V.R, V.Y)[1, 3] <= (R.embed_nat1(V.X)[3, 3], R.embed_nat2(V.Y)[3, 3], R.embed_rel(V.R)[3, 3])
     relations, queries = read_examples(Path(dataset.examples_file), Path(dataset.queries_file))
-    assert_equal(t, relations, queries, model, dataset, presets=("default",))
+    assert_equal(t, relations, queries, model, dataset)
 
 
 def _gnn_pair(mutag, module, graphs, rng):
