@@ -195,7 +195,10 @@ def report(results: dict) -> str:
                      f"(min {rules[1] / row['hand'][1]:.2f}x) |")
     if "arrays" in results["jobs"].get("Mutagenesis (SQLite)", {}):
         row = results["jobs"]["Mutagenesis (SQLite)"]
-        lines += ["", f"Mutagenesis from arrays instead of SQL: {_seconds(row['arrays'])}"]
+        nl, arrays = row.get("neuralogic") or {}, row["arrays"][0]
+        speedup = f", {nl['seconds'] / arrays:.0f}x NeuraLogic's time" if nl.get("finished") else ""
+        lines += ["", f"Mutagenesis from arrays instead of SQL: {_seconds(row['arrays'])}, "
+                      f"{row['groundings'] / arrays / 1e6:.2f} M groundings/s{speedup}"]
     return "\n".join(lines)
 
 
