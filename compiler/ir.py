@@ -24,7 +24,8 @@ Ops (``Node.attrs`` in brackets):
                 ``"sparse_mm"`` (then also ``index``: a fused gather, see below);
                 optional ``coef``: const key of float64 per-row factors, sum and mean only:
                 row e counts as ``coef[e] * x[e]`` (a weighted sparse matrix)]
-``ADD``         ``x + b`` row by row (``b`` broadcasts over the value shape)
+``ADD``         ``x + b`` row by row (``b`` broadcasts over the value shape; a ``b`` of one
+                row is added to every row)
 ``TRANSFORM``   elementwise / per-row function [``fn``]
 ==============  =====================================================================
 
@@ -179,7 +180,7 @@ class Program:
             elif n.op is Op.LINEAR:
                 linear_grid(n, srcs[0], srcs[1])  # raises on inconsistent layouts
             elif n.op in (Op.ADD, Op.TRANSFORM):
-                if any(s.count != n.count for s in srcs):
+                if srcs[0].count != n.count or (n.op is Op.ADD and srcs[1].count not in (1, n.count)):
                     raise IRError(f"%{n.name} {n.op.name} inputs have row counts "
                                   f"{[s.count for s in srcs]}, expected {n.count}")
             seen[n.name] = n

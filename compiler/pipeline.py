@@ -18,8 +18,9 @@ from ..engines.torch_module import CompiledModule
 from ..progress import Progress
 from ..sources.graph import FactLayer, Graph
 from .ir import IRError, Program
-from .passes import (cleanup, coefficients, dedup, dedup_facts, fold_constants, iso_compression, kernels,
-                     linear_broadcast, padding, reorder_linear, segments, simplify_gathers, unit_facts, upward)
+from .passes import (broadcast_adds, cleanup, coefficients, dedup, dedup_facts, fold_constants, iso_compression,
+                     kernels, linear_broadcast, padding, reorder_linear, segments, simplify_gathers,
+                     split_products, sum_parts, unit_facts, unstack_weights, upward)
 from .settings import Settings
 from .vectorizer import vectorize
 
@@ -71,11 +72,20 @@ PIPELINE: list[tuple[str, Callable[[Settings], bool], Pass]] = [
     ("remove_unused", lambda s: s.remove_unused, cleanup.remove_unused),
     # Algebra on the final row structure (reductions keep their rows from here on).
     ("reduce_coefficients", lambda s: s.reduce_coefficients, coefficients.reduce_coefficients),
+    # Single weights out of their stacks; one GEMM per weight matrix, and sums of whole values
+    # as additions: shared products for the reordering below.
+    ("unstack_weights", lambda s: s.unstack_weights, unstack_weights.unstack_weights),
+    ("split_products", lambda s: s.split_products, split_products.split_products),
+    ("sum_parts", lambda s: s.sum_parts, sum_parts.sum_parts),
     # Widening products after the sums (then the sums over facts are constants: fold them),
     # narrowing ones towards the inputs.
     ("pull_linear_up", lambda s: s.reorder_linear, reorder_linear.pull_linear_up),
     ("fold_constants", lambda s: s.fold_constants, fold_constants.fold_constants),
     ("push_linear_down", lambda s: s.reorder_linear, reorder_linear.push_linear_down),
+    # The algebra leaves new gathers next to old ones: compose and simplify them again.
+    ("simplify_gathers (after algebra)", lambda s: s.simplify_gathers, simplify_gathers.simplify_gathers),
+    ("remove_identity (after algebra)", lambda s: s.remove_identity, cleanup.remove_identity),
+    ("broadcast_adds", lambda s: s.broadcast_adds, broadcast_adds.broadcast_adds),
     ("choose_kernels", lambda s: True, kernels.choose_kernels),
 ]
 

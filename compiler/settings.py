@@ -84,12 +84,22 @@ class Settings(BaseModel):
     reduce_coefficients: bool = Field(
         True, description="Fixed scalar factors of summed or averaged inputs become per-edge coefficients "
                           "of the reduction (a weighted sparse matrix) instead of per-edge products.")
+    unstack_weights: bool = Field(
+        True, description="A single weight sliced out of a stack of weights is read as itself (no stack).")
+    split_products: bool = Field(
+        True, description="Products whose rows use one of a few weight matrices (GraphSAGE's W_l, W_r): "
+                          "one GEMM per matrix instead of per-row batched products.")
+    sum_parts: bool = Field(
+        True, description="A sum of k inputs per neuron, the t-th from the same value for every neuron: "
+                          "k - 1 additions instead of gathering k n rows.")
     reorder_linear: bool = Field(
         True, description="Commute products with a shared weight and sums, means, indexing and additions, "
                           "whichever order makes the aggregated rows narrower (estimated cost).")
     fold_constants: bool = Field(
         True, description="Compute values that depend only on static facts and fixed weights once, at "
                           "compile time (float64).")
+    broadcast_adds: bool = Field(
+        True, description="Add a bias shared by all rows as its one row (broadcast), not repeated to every row.")
 
     # -- kernels ------------------------------------------------------------------------------------
     reduce_kernel: Literal["auto", "scatter", "segment", "dense", "sparse_mm"] = Field(
@@ -107,7 +117,8 @@ _ALL_OFF = dict(
     dedup_linear=False, dedup_aggregations=False, linear_padding="off", linear_broadcasting=False,
     upward=False, simplify_gathers=False, segment_reductions=False, dense_reductions=False,
     transposed_reductions=False, remove_identity=False, preconcatenate=False, remove_unused=False,
-    reduce_coefficients=False, reorder_linear=False, fold_constants=False,
+    reduce_coefficients=False, unstack_weights=False, split_products=False, sum_parts=False,
+    reorder_linear=False, fold_constants=False, broadcast_adds=False,
     reduce_kernel="scatter",
 )
 

@@ -52,8 +52,15 @@ def _single_element(node: Node) -> bool:
     return node.count == 1 and int(np.prod(node.shape)) == 1
 
 
-def _expression(node: Node, nodes: dict[str, Node]) -> str:
+def _expression(node: Node, nodes: dict[str, Node], rows: dict[str, str] | None = None) -> str:
+    rows = rows or {}
     srcs = [nodes[s] for s in node.srcs]
+    if node.name in rows:  # a one-row value kept as that row (see _row_values)
+        return _row_expression(node, srcs, rows)
+    if node.op is Op.LINEAR and any(s.name in rows for s in srcs):
+        return _linear_with_row(node, *srcs, rows)
+    if node.op is Op.ADD and srcs[1].name in rows:
+        return f"{srcs[0].name} + {rows[srcs[1].name]}"
     names = list(node.srcs)
     if node.op is Op.FACT:
         return f"self.{node.attrs['const']}"
@@ -161,6 +168,75 @@ def _linear(node: Node, w: Node, x: Node) -> str:
     return f"({product}).reshape({out}{shape})"
 
 
+# NOTE: [row-stored values] A value with one row that every reader can take without its
+# leading axis is kept as that row: a single weight is ``w['conv1.bias']`` itself, not
+# ``torch.stack([w['conv1.bias']])`` and then ``[0]``; a product of such weights (the
+# algebra passes' merged weights) is one ``@``. Readers that can: a shared product's weight
+# side (``x @ W.T``), an addition's second operand (``x + b`` broadcasts over the rows)
+# and a product of two such values. A value with any other reader keeps its axis.
+
+
+def _row_values(program: Program, nodes: dict[str, Node]) -> dict[str, str]:
+    """``{name: expression of its row}`` for the values kept as their single row."""
+    readers = program.users()
+    rows: dict[str, str] = {}
+    for node in program.nodes:
+        if node.count != 1 or node.name == program.output:
+            continue
+        if node.op is Op.WEIGHTS and len(node.attrs["names"]) == 1:
+            rows[node.name] = f"w[{node.attrs['names'][0]!r}]"
+        elif node.op is Op.SLICE and nodes[node.srcs[0]].op is Op.WEIGHTS \
+                and len(set(nodes[node.srcs[0]].attrs["names"])) == len(nodes[node.srcs[0]].attrs["names"]):
+            rows[node.name] = f"w[{nodes[node.srcs[0]].attrs['names'][node.attrs['start']]!r}]"
+        elif node.op is Op.LINEAR and all(s in rows for s in node.srcs) and _row_product(node, nodes) is not None:
+            rows[node.name] = node.name  # computed by its own statement
+    # Keep only values every reader takes as a row; dropping one may disqualify others.
+    while True:
+        bad = {name for name in rows
+               if not readers[name] or not all(_takes_row(nodes[r], nodes[name], rows) for r in readers[name])}
+        bad |= {name for name in rows if rows[name] == name and not all(s in rows for s in nodes[name].srcs)}
+        if not bad:
+            return rows
+        for name in bad:
+            del rows[name]
+
+
+def _row_product(node: Node, nodes: dict[str, Node]) -> str | None:
+    """The operator of a product of two rows: ``@`` for matrix products, ``*`` for scalar ones."""
+    w, x = (nodes[s] for s in node.srcs)
+    if node.attrs["kind"] == "matmul":
+        return "@"
+    if w.shape == () or x.shape == () or w.shape == x.shape:
+        return "*"
+    return None
+
+
+def _takes_row(reader: Node, value: Node, rows: dict[str, str]) -> bool:
+    if reader.name in rows:  # a product of two rows, itself kept as a row
+        return True
+    if reader.op is Op.ADD:
+        x, b = reader.srcs
+        return b == value.name and x != value.name and value.shape in ((), reader.shape)
+    if reader.op is Op.LINEAR:
+        w, x = reader.srcs
+        if w == value.name and x != value.name and x not in rows:
+            return reader.attrs["kind"] == "matmul" or value.shape == ()
+    return False
+
+
+def _row_expression(node: Node, srcs: list[Node], rows: dict[str, str]) -> str:
+    w, x = srcs
+    return f"{rows[w.name]} {_row_product(node, {w.name: w, x.name: x})} {rows[x.name]}"
+
+
+def _linear_with_row(node: Node, w: Node, x: Node, rows: dict[str, str]) -> str:
+    """A product whose weight side is a row-stored value (one weight for all rows)."""
+    weight, value = rows[w.name], x.name
+    if node.attrs["kind"] == "matmul":
+        return f"{value} @ {weight}.T" if len(x.shape) == 1 else f"torch.matmul({weight}, {value})"
+    return f"{weight} * {value}"  # a 0-d weight broadcasts over everything
+
+
 def input_facts(program: Program) -> list[Node]:
     """FACT nodes that read a fact layer declared in ``Settings.dynamic_facts``: the
     values a call may replace. Every other fact is a constant of the program."""
@@ -178,13 +254,26 @@ def generate_source(program: Program) -> str:
     else:
         lines.append("    self.fact_inputs(facts)  # checks facts: this program reads no dynamic fact layer")
     lines.append("    w = self.weights")
+    rows = _row_values(program, nodes)
+    # A weight used in place (NOTE: [row-stored values]) needs no statement, nor does a stack
+    # that only such weights read.
+    inline = {name for name, expression in rows.items() if expression != name}
+    needed = {program.output}
+    for node in reversed(program.nodes):
+        if node.name in needed and node.name not in inline:
+            needed.update(node.srcs)
+    readers = program.users()
     for node in program.nodes:
+        if node.name in inline:
+            continue
+        if node.name not in needed and any(r in inline for r in readers[node.name]):
+            continue
         if node.name in inputs:
             code = f"    {node.name} = inputs[{node.attrs['fact_layer']!r}]"
         else:
-            code = f"    {node.name} = {_expression(node, nodes)}"
-        shape = ", ".join(map(str, (node.count,) + node.shape))
-        lines.append(f"{code:<72}  # ({shape})")
+            code = f"    {node.name} = {_expression(node, nodes, rows)}"
+        shape = ", ".join(map(str, node.shape if node.name in rows else (node.count,) + node.shape))
+        lines.append(f"{code:<72}  # ({shape}{',' if len(node.shape) == 1 and node.name in rows else ''})")
     lines.append(f"    return {program.output}")
     return "\n".join(lines) + "\n"
 

@@ -28,11 +28,14 @@ from ...engines.torch_module import CompiledModule
 from ..ir import INDEXING, Node, Op, Program
 from ..rewrite import eliminate_dead_code
 from ..settings import Settings
-from .reorder_linear import is_constant
-from .rows import freeze_facts
+from .rows import freeze_facts, is_constant
 from .simplify_gathers import Rewriter
 
-__all__ = ["fold_constants", "evaluate"]
+__all__ = ["fold_constants", "evaluate", "EXPANSION"]
+
+# A row movement of constants is folded unless it stores more than this many times the rows it
+# reads (one-hot labels: 3 distinct rows gathered to every edge would only cost memory).
+EXPANSION = 2
 
 
 def fold_constants(program: Program, settings: Settings) -> Program:
@@ -55,7 +58,7 @@ def fold_constants(program: Program, settings: Settings) -> Program:
 
 def _targets(program: Program, nodes: dict[str, Node], constant: set[str]) -> set[str]:
     """The constants to fold: those that non-constant ops (or the output) read, except row
-    movements that would store more rows than they read (a gather that repeats rows), under
+    movements that would store many more rows than they read (:data:`EXPANSION`), under
     which the search goes on."""
     needed = [program.output] if program.output in constant else []
     needed += [s for n in program.nodes if n.name not in constant for s in n.srcs if s in constant]
@@ -71,17 +74,16 @@ def _targets(program: Program, nodes: dict[str, Node], constant: set[str]) -> se
             continue
         if node.op in INDEXING and _expands(node, nodes):
             needed.extend(node.srcs)
-        elif node.op in INDEXING and all(nodes[s].op in (Op.FACT, Op.WEIGHTS) for s in node.srcs) \
-                and node.op is not Op.CONCAT:
-            continue  # a slice or small gather of a stored constant: nothing to compute
+        elif node.op is Op.SLICE and nodes[node.srcs[0]].op in (Op.FACT, Op.WEIGHTS):
+            continue  # a view of a stored constant: nothing to compute
         else:
             targets.add(name)
     return targets
 
 
 def _expands(node: Node, nodes: dict[str, Node]) -> bool:
-    """A row movement whose result is bigger than what it reads."""
-    return node.count > sum(nodes[s].count for s in dict.fromkeys(node.srcs))
+    """A row movement whose result is much bigger (over ``EXPANSION`` times) than what it reads."""
+    return node.count > EXPANSION * sum(nodes[s].count for s in dict.fromkeys(node.srcs))
 
 
 def evaluate(program: Program, name: str):

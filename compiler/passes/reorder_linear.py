@@ -37,10 +37,11 @@ import numpy as np
 
 from ..ir import INDEXING, Node, Op, Program
 from ..settings import Settings
-from .rows import fixed_weights, static_fact, trace_rows
+from .fold_constants import EXPANSION
+from .rows import is_constant, trace_rows
 from .simplify_gathers import Rewriter, plan_index
 
-__all__ = ["pull_linear_up", "push_linear_down", "is_constant"]
+__all__ = ["pull_linear_up", "push_linear_down", "shared_product"]
 
 MAX_ROUNDS = 64  # rewrites per pass; each strictly lowers the cost estimate
 
@@ -55,22 +56,6 @@ def shared_product(node: Node, nodes: dict[str, Node]) -> bool:
         return False
     w, x = (nodes[s] for s in node.srcs)
     return w.count == 1 and x.count == node.count and len(w.shape) == 2
-
-
-def is_constant(program: Program, nodes: dict[str, Node]) -> set[str]:
-    """Names of the nodes computed from static facts and fixed weights only."""
-    learnable = {w.name: w.learnable for w in program.weights}
-    constant: set[str] = set()
-    for node in nodes.values():
-        if node.op is Op.FACT:
-            if static_fact(node, program.dynamic_facts):
-                constant.add(node.name)
-        elif node.op is Op.WEIGHTS:
-            if fixed_weights(node, learnable):
-                constant.add(node.name)
-        elif all(s in constant for s in node.srcs):
-            constant.add(node.name)
-    return constant
 
 
 def _repeat(rewrite, program: Program) -> Program:
@@ -103,6 +88,10 @@ def _pull_once(program: Program) -> Program | None:
     users = program.users()
     constant = is_constant(program, nodes)
     for node in program.nodes:
+        if node.op in (Op.GATHER, Op.SLICE, Op.TILE, Op.INTERLEAVE) and shared_product(nodes[node.srcs[0]], nodes):
+            if _pull_through_rows_pays(node, nodes, users, constant):
+                return _apply_pull_through_rows(program, node)
+            continue
         if node.op is not Op.REDUCE or node.attrs["aggregation"] not in ("sum", "mean") \
                 or node.attrs.get("kernel") == "sparse_mm":
             continue
@@ -128,6 +117,35 @@ def _pull_once(program: Program) -> Program | None:
             continue
         return _apply_pull(program, node, source, origins, xs, w)
     return None
+
+
+def _pull_through_rows_pays(node: Node, nodes: dict[str, Node], users: dict, constant: set[str]) -> bool:
+    """``rows(W x)`` as ``W rows(x)``: the rows move at the input's width, the product runs on them."""
+    product = nodes[node.srcs[0]]
+    x = nodes[product.srcs[1]]
+    i, o = _size(x.shape), _size(product.shape)
+    dying = product.count if users[product.name] == [node.name] else 0
+    before = dying * i * o + node.count * o
+    # A row movement of constants that is no bigger than its input is folded (fold_constants).
+    folds = x.name in constant and node.count <= EXPANSION * x.count
+    after = (0 if folds else node.count * i) + node.count * i * o
+    return after < before
+
+
+def _apply_pull_through_rows(program: Program, node: Node) -> Program:
+    nodes = program.by_name()
+    product = nodes[node.srcs[0]]
+    w, x = product.srcs
+    rw = Rewriter(program)
+    for current in program.nodes:
+        current = rw.take(current)
+        if current.name != node.name:
+            rw.keep(current)
+            continue
+        rows = rw.emit(rw.fresh(f"{node.name}_in"), node.op, [x], node.count, nodes[x].shape, node.layer,
+                       **node.attrs)
+        emit_shared_product(rw, node.name, w, rows.name, node.layer)
+    return rw.finish()
 
 
 def _apply_pull(program: Program, reduce: Node, source: Node, origins, xs: list[Node], w: Node) -> Program:

@@ -23,7 +23,7 @@ import numpy as np
 from ..ir import Node, Op, Program
 
 __all__ = ["Origins", "trace_rows", "constant_values", "layout_rows", "static_fact", "fixed_weights",
-           "freeze_facts"]
+           "freeze_facts", "is_constant"]
 
 
 @dataclass
@@ -179,3 +179,19 @@ def freeze_facts(program: Program, names: set[str]) -> Program:
     used = {v for n in nodes for v in n.attrs.values() if isinstance(v, str)}
     constants = {k: v for k, v in program.constants.items() if k in used}
     return program.replace(nodes=tuple(nodes), constants=constants)
+
+
+def is_constant(program: Program, nodes: dict[str, Node]) -> set[str]:
+    """Names of the nodes computed from static facts and fixed weights only."""
+    learnable = {w.name: w.learnable for w in program.weights}
+    constant: set[str] = set()
+    for node in nodes.values():
+        if node.op is Op.FACT:
+            if static_fact(node, program.dynamic_facts):
+                constant.add(node.name)
+        elif node.op is Op.WEIGHTS:
+            if fixed_weights(node, learnable):
+                constant.add(node.name)
+        elif all(s in constant for s in node.srcs):
+            constant.add(node.name)
+    return constant

@@ -5,7 +5,8 @@ from hypothesis import HealthCheck, assume, given, settings
 
 import neurovec
 from neurovec.compiler.ir import Op
-from neurovec.compiler.passes.reorder_linear import is_constant, pull_linear_up, push_linear_down
+from neurovec.compiler.passes.reorder_linear import pull_linear_up, push_linear_down
+from neurovec.compiler.passes.rows import is_constant
 from neurovec.compiler.pipeline import build_program
 from neurovec.compiler.settings import Settings
 from neurovec.engines.reference import ReferenceModule
