@@ -52,11 +52,18 @@ def _single_element(node: Node) -> bool:
     return node.count == 1 and int(np.prod(node.shape)) == 1
 
 
-def _expression(node: Node, nodes: dict[str, Node], rows: dict[str, str] | None = None) -> str:
+def _expression(node: Node, nodes: dict[str, Node], rows: dict[str, str] | None = None,
+                fused: set[str] = frozenset(), in_place: set[str] = frozenset()) -> str:
     rows = rows or {}
     srcs = [nodes[s] for s in node.srcs]
     if node.name in rows:  # a one-row value kept as that row (see _row_values)
         return _row_expression(node, srcs, rows)
+    if node.op is Op.ADD and (node.srcs[0] in fused or node.srcs[1] in fused):
+        product, other = (srcs[0], srcs[1]) if node.srcs[0] in fused else (srcs[1], srcs[0])
+        w, x = (nodes[s] for s in product.srcs)
+        return f"torch.addmm({rows.get(other.name, other.name)}, {x.name}, {rows[w.name]}.T)"
+    if node.op is Op.TRANSFORM and node.srcs[0] in in_place:
+        return f"{_READABLE_TRANSFORMS[node.attrs['fn']]}_({node.srcs[0]})"
     if node.op is Op.LINEAR and any(s.name in rows for s in srcs):
         return _linear_with_row(node, *srcs, rows)
     if node.op is Op.ADD and srcs[1].name in rows:
@@ -237,6 +244,48 @@ def _linear_with_row(node: Node, w: Node, x: Node, rows: dict[str, str]) -> str:
     return f"{weight} * {value}"  # a 0-d weight broadcasts over everything
 
 
+# NOTE: [fused statements] Two cheap fusions that save a pass over a whole value:
+# a shared product added to something (a bias row, or another value) is one
+# ``torch.addmm(b, x, W.T)``; a ReLU-like function of a value that nothing else reads,
+# made by an op whose backward does not need its own output, runs in place.
+
+_IN_PLACE = {"relu", "sigmoid", "tanh", "exp"}   # torch.relu_, torch.sigmoid_, ...
+
+
+def _fused_products(program: Program, nodes: dict[str, Node], rows: dict[str, str]) -> set[str]:
+    """Shared products that an ADD computes with ``torch.addmm`` (NOTE: [fused statements])."""
+    readers = program.users()
+    fused = set()
+    for node in program.nodes:
+        if node.op is not Op.ADD:
+            continue
+        for k, name in enumerate(node.srcs):
+            product, other = nodes[name], nodes[node.srcs[1 - k]]
+            if (product.op is Op.LINEAR and product.attrs["kind"] == "matmul" and readers[name] == [node.name]
+                    and name != program.output and product.srcs[0] in rows and name not in rows
+                    and len(nodes[product.srcs[1]].shape) == 1 and nodes[product.srcs[1]].count == product.count
+                    and other.shape == node.shape and other.name != name and other.name not in fused):
+                fused.add(name)
+                break
+    return fused
+
+
+def _in_place(program: Program, nodes: dict[str, Node], rows: dict[str, str]) -> set[str]:
+    """Values that their one reader, an elementwise function, may overwrite."""
+    readers = program.users()
+    result = set()
+    for node in program.nodes:
+        if node.op is not Op.TRANSFORM or node.attrs["fn"] not in _IN_PLACE:
+            continue
+        (name,) = node.srcs
+        made_by = nodes[name]
+        # Plain torch ops whose backward keeps only their inputs, never their own output (the
+        # reductions are custom autograd Functions, whose outputs may not be modified in place).
+        if made_by.op in (Op.ADD, Op.LINEAR) and readers[name] == [node.name] and name != program.output and name not in rows:
+            result.add(name)
+    return result
+
+
 def input_facts(program: Program) -> list[Node]:
     """FACT nodes that read a fact layer declared in ``Settings.dynamic_facts``: the
     values a call may replace. Every other fact is a constant of the program."""
@@ -255,6 +304,8 @@ def generate_source(program: Program) -> str:
         lines.append("    self.fact_inputs(facts)  # checks facts: this program reads no dynamic fact layer")
     lines.append("    w = self.weights")
     rows = _row_values(program, nodes)
+    fused = _fused_products(program, nodes, rows)
+    in_place = _in_place(program, nodes, rows)
     # A weight used in place (NOTE: [row-stored values]) needs no statement, nor does a stack
     # that only such weights read.
     inline = {name for name, expression in rows.items() if expression != name}
@@ -264,14 +315,14 @@ def generate_source(program: Program) -> str:
             needed.update(node.srcs)
     readers = program.users()
     for node in program.nodes:
-        if node.name in inline:
+        if node.name in inline or node.name in fused:
             continue
         if node.name not in needed and any(r in inline for r in readers[node.name]):
             continue
         if node.name in inputs:
             code = f"    {node.name} = inputs[{node.attrs['fact_layer']!r}]"
         else:
-            code = f"    {node.name} = {_expression(node, nodes, rows)}"
+            code = f"    {node.name} = {_expression(node, nodes, rows, fused, in_place)}"
         shape = ", ".join(map(str, node.shape if node.name in rows else (node.count,) + node.shape))
         lines.append(f"{code:<72}  # ({shape}{',' if len(node.shape) == 1 and node.name in rows else ''})")
     lines.append(f"    return {program.output}")
