@@ -53,15 +53,11 @@ def _single_element(node: Node) -> bool:
 
 
 def _expression(node: Node, nodes: dict[str, Node], rows: dict[str, str] | None = None,
-                fused: set[str] = frozenset(), in_place: set[str] = frozenset()) -> str:
+                in_place: set[str] = frozenset()) -> str:
     rows = rows or {}
     srcs = [nodes[s] for s in node.srcs]
     if node.name in rows:  # a one-row value kept as that row (see _row_values)
         return _row_expression(node, srcs, rows)
-    if node.op is Op.ADD and (node.srcs[0] in fused or node.srcs[1] in fused):
-        product, other = (srcs[0], srcs[1]) if node.srcs[0] in fused else (srcs[1], srcs[0])
-        w, x = (nodes[s] for s in product.srcs)
-        return f"torch.addmm({rows.get(other.name, other.name)}, {x.name}, {rows[w.name]}.T)"
     if node.op is Op.TRANSFORM and node.srcs[0] in in_place:
         return f"{_READABLE_TRANSFORMS[node.attrs['fn']]}_({node.srcs[0]})"
     if node.op is Op.LINEAR and any(s.name in rows for s in srcs):
@@ -244,30 +240,14 @@ def _linear_with_row(node: Node, w: Node, x: Node, rows: dict[str, str]) -> str:
     return f"{weight} * {value}"  # a 0-d weight broadcasts over everything
 
 
-# NOTE: [fused statements] Two cheap fusions that save a pass over a whole value:
-# a shared product added to something (a bias row, or another value) is one
-# ``torch.addmm(b, x, W.T)``; a ReLU-like function of a value that nothing else reads,
-# made by an op whose backward does not need its own output, runs in place.
+# NOTE: [in-place functions] A ReLU-like function of a value that nothing else reads,
+# made by an op whose backward does not need its own output, runs in place: no fresh
+# block of memory (and its page faults) per step. (``torch.addmm(b, x, W.T)`` for a
+# product plus a bias would save a pass too, but is not exact: with ``b = -0.0`` and a
+# zero product it can give -0.0 where the neuron's sum, which starts from +0.0, gives
+# +0.0, and ``1 / x`` then differs.)
 
 _IN_PLACE = {"relu", "sigmoid", "tanh", "exp"}   # torch.relu_, torch.sigmoid_, ...
-
-
-def _fused_products(program: Program, nodes: dict[str, Node], rows: dict[str, str]) -> set[str]:
-    """Shared products that an ADD computes with ``torch.addmm`` (NOTE: [fused statements])."""
-    readers = program.users()
-    fused = set()
-    for node in program.nodes:
-        if node.op is not Op.ADD:
-            continue
-        for k, name in enumerate(node.srcs):
-            product, other = nodes[name], nodes[node.srcs[1 - k]]
-            if (product.op is Op.LINEAR and product.attrs["kind"] == "matmul" and readers[name] == [node.name]
-                    and name != program.output and product.srcs[0] in rows and name not in rows
-                    and len(nodes[product.srcs[1]].shape) == 1 and nodes[product.srcs[1]].count == product.count
-                    and other.shape == node.shape and other.name != name and other.name not in fused):
-                fused.add(name)
-                break
-    return fused
 
 
 def _in_place(program: Program, nodes: dict[str, Node], rows: dict[str, str]) -> set[str]:
@@ -304,7 +284,6 @@ def generate_source(program: Program) -> str:
         lines.append("    self.fact_inputs(facts)  # checks facts: this program reads no dynamic fact layer")
     lines.append("    w = self.weights")
     rows = _row_values(program, nodes)
-    fused = _fused_products(program, nodes, rows)
     in_place = _in_place(program, nodes, rows)
     # A weight used in place (NOTE: [row-stored values]) needs no statement, nor does a stack
     # that only such weights read.
@@ -315,14 +294,14 @@ def generate_source(program: Program) -> str:
             needed.update(node.srcs)
     readers = program.users()
     for node in program.nodes:
-        if node.name in inline or node.name in fused:
+        if node.name in inline:
             continue
         if node.name not in needed and any(r in inline for r in readers[node.name]):
             continue
         if node.name in inputs:
             code = f"    {node.name} = inputs[{node.attrs['fact_layer']!r}]"
         else:
-            code = f"    {node.name} = {_expression(node, nodes, rows, fused, in_place)}"
+            code = f"    {node.name} = {_expression(node, nodes, rows, in_place)}"
         shape = ", ".join(map(str, node.shape if node.name in rows else (node.count,) + node.shape))
         lines.append(f"{code:<72}  # ({shape}{',' if len(node.shape) == 1 and node.name in rows else ''})")
     lines.append(f"    return {program.output}")

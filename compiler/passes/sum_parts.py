@@ -14,6 +14,9 @@ through a smaller gather; the ``k n`` rows are never materialized::
 Taken for sums with equal counts ``k <= MAX_TERMS`` (the gathers move at most the
 rows they moved before, and a term that reads its value in order moves none); each
 term is then one value's rows, through which ``reorder_linear`` can move products.
+One term must be a matrix product: a neuron's sum starts from +0.0 and is never -0.0,
+but ``-0.0 + -0.0`` is -0.0 (and ``1 / x`` tells them apart); a matrix product is a sum
+from +0.0 itself, so an addition with it is never -0.0 either.
 """
 from __future__ import annotations
 
@@ -68,4 +71,12 @@ def _terms(program: Program, rw: Rewriter, node) -> list[tuple[str, tuple]] | No
         if base.shape != node.shape:
             return None
         terms.append((base.name, plan_index(origins.row, base.count)))
+    # The neuron's sum starts from +0.0, so it is never -0.0; an addition of two -0.0 is.
+    # A matrix product (also a sum from +0.0) among the terms keeps the additions exact.
+    if not any(_never_negative_zero(rw.nodes[base]) for base, _ in terms):
+        return None
     return terms
+
+
+def _never_negative_zero(node) -> bool:
+    return node.op is Op.LINEAR and node.attrs["kind"] == "matmul"

@@ -16,10 +16,15 @@ from .test_dedup import Builder, assert_same_function
 SETTINGS = Settings()
 
 
-def pairs(kernel=None, aggregation="sum", index=(0, 3, 1, 4, 2, 5)):
+def pairs(kernel=None, aggregation="sum", index=(0, 3, 1, 4, 2, 5), product=True):
+    """Sums of rows of a (a matrix product, unless not ``product``) and c."""
     b = Builder()
     b.fact("x", np.linspace(-1, 1, 6).reshape(3, 2))
-    b.transform("a", "x", "tanh")
+    if product:
+        b.weights("W", (2, 2))
+        b.linear("a", "W", "x", count=3, w_layout="tile", x_layout="full")
+    else:
+        b.transform("a", "x", "tanh")
     b.transform("c", "x", "exp")
     b.concat("cat", "a", "c")
     b.gather("rows", "cat", list(index))
@@ -51,6 +56,22 @@ def test_other_sums_are_left_alone():
     assert sum_parts(mixed, SETTINGS) is mixed
     maximum = pairs(aggregation="max")
     assert sum_parts(maximum, SETTINGS) is maximum
+
+
+def test_no_addition_that_could_be_negative_zero():
+    """-0.0 + -0.0 is -0.0, the neuron's sum (from +0.0) is +0.0: without a matrix product
+    among the terms (a sum from +0.0 itself) the reduction stays."""
+    plain = pairs(kernel="dense", product=False)
+    assert sum_parts(plain, SETTINGS) is plain
+    b = neurovec.GraphBuilder()
+    zero = b.weight("z", np.array([-0.0, 1.0]), learnable=False)
+    one = b.unit_facts("one", 1)
+    h = b.layer("h", aggregation="sum", transformation="inverse")
+    b.output(h.neuron([(one[0], zero), (one[0], zero)]))
+    graph = b.build()
+    expected = neurovec.ReferenceModule(graph, torch.float64)()
+    assert expected[0, 0] == float("inf")
+    torch.testing.assert_close(neurovec.compile(graph, dtype=torch.float64)(), expected)
 
 
 @settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
