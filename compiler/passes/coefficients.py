@@ -52,7 +52,7 @@ def reduce_coefficients(program: Program, settings: Settings) -> Program:
             rw.keep(node)
             continue
         source = rw.nodes[node.srcs[0]]
-        origins = trace_rows(program, rw.nodes, source.name, scalars=True)
+        origins = trace_rows(program.replace(constants=rw.constants), rw.nodes, source.name, scalars=True)
         bases = [rw.nodes[b] for b in origins.bases]
         # Several bases are read through one CONCAT of them all: only where that is no bigger.
         if not origins.scaled or sum(b.count for b in bases) > source.count:

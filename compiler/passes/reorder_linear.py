@@ -7,10 +7,10 @@ product sits on decides how wide the reduced rows are, and so what the sparse
 aggregation (and its backward) costs. Two rewrites, each taken only where a cost
 estimate (:func:`_cost`, elements touched, GEMMs as ``rows x i x o``) drops:
 
-``pull_linear_up`` -- a *widening* product moves after the reduction. GCN's first
-layer aggregates 16-wide products of 3-wide inputs; it can aggregate the inputs
-and multiply once per node instead (and when the inputs are constants, the whole
-aggregation is folded away by ``fold_constants``)::
+``pull_linear_up`` -- a *widening* product moves after the reduction (or after a
+gather of its rows). GCN's first layer aggregates 16-wide products of 3-wide inputs;
+it can aggregate the inputs and multiply once per node instead (and when the inputs
+are constants, the whole aggregation is folded away by ``fold_constants``)::
 
     %l = LINEAR(w, x) : (m, 16)             %r = REDUCE(GATHER(x; idx); ...) : (n, 3)
     %r = REDUCE(GATHER(l; idx); ...)   ->   %l = LINEAR(w, r)                : (n, 16)

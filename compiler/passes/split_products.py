@@ -42,7 +42,7 @@ def split_products(program: Program, settings: Settings) -> Program:
             continue
         w, x = (rw.nodes[s] for s in node.srcs)
         rows = np.arange(node.count, dtype=np.int64)
-        origins = trace_rows(program, rw.nodes, w.name,
+        origins = trace_rows(program.replace(constants=rw.constants), rw.nodes, w.name,
                              layout_rows(node.attrs.get("w_layout", "full"), w.count, node.count, rows))
         bases = [rw.nodes[b] for b in origins.bases]
         if not all(b.op is Op.WEIGHTS for b in bases):
@@ -54,7 +54,7 @@ def split_products(program: Program, settings: Settings) -> Program:
             rw.keep(node)
             continue
         x_rows = layout_rows(node.attrs.get("x_layout", "full"), x.count, node.count, rows)
-        inputs = trace_rows(program, rw.nodes, x.name, x_rows)
+        inputs = trace_rows(program.replace(constants=rw.constants), rw.nodes, x.name, x_rows)
         parts = []
         for d in range(distinct.size):
             mine = np.flatnonzero(weight_of_row == d)

@@ -64,7 +64,7 @@ def _terms(program: Program, rw: Rewriter, node) -> list[tuple[str, tuple]] | No
     terms = []
     for t in range(k):
         rows = t * n + np.arange(n) if node.attrs.get("kernel") == "strided" else np.arange(n) * k + t
-        origins = trace_rows(program, rw.nodes, source.name, rows)
+        origins = trace_rows(program.replace(constants=rw.constants), rw.nodes, source.name, rows)
         if len(origins.bases) != 1:
             return None
         base = rw.nodes[origins.bases[0]]
