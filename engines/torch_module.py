@@ -285,18 +285,16 @@ def generate_source(program: Program) -> str:
     lines.append("    w = self.weights")
     rows = _row_values(program, nodes)
     in_place = _in_place(program, nodes, rows)
-    # A weight used in place (NOTE: [row-stored values]) needs no statement, nor does a stack
-    # that only such weights read.
     inline = {name for name, expression in rows.items() if expression != name}
-    needed = {program.output}
-    for node in reversed(program.nodes):
-        if node.name in needed and node.name not in inline:
-            needed.update(node.srcs)
+    # A weight used in place (NOTE: [row-stored values]) needs no statement, nor does a value
+    # (a stack) that only such weights, or other values left out this way, read.
     readers = program.users()
+    left_out = set(inline)
+    for node in reversed(program.nodes):
+        if readers[node.name] and all(r in left_out for r in readers[node.name]) and node.name != program.output:
+            left_out.add(node.name)
     for node in program.nodes:
-        if node.name in inline:
-            continue
-        if node.name not in needed and any(r in inline for r in readers[node.name]):
+        if node.name in left_out:
             continue
         if node.name in inputs:
             code = f"    {node.name} = inputs[{node.attrs['fact_layer']!r}]"
