@@ -841,8 +841,18 @@ def _prepend(lengths: np.ndarray, where: np.ndarray, columns: list, firsts: list
 
 # -- outputs and weights back -------------------------------------------------------------------------------------
 def neuralogic_outputs(model, built) -> np.ndarray:
-    """NeuraLogic's own evaluation (``model.test``) as an array ``(n_samples, *shape)``, float64."""
-    return np.asarray(model.test(built), dtype=np.float64)
+    """NeuraLogic's own evaluation (``model.test``) as an array ``(n_samples, *shape)``, float64.
+
+    Raises ValueError naming two samples when their outputs differ in shape (e.g. softmax aggregations over
+    different numbers of groundings), which no single array holds.
+    """
+    outputs = [np.asarray(value, dtype=np.float64) for value in model.test(built)]
+    differs = [k for k, value in enumerate(outputs) if value.shape != outputs[0].shape]
+    if differs:
+        k = differs[0]
+        raise ValueError(f"NeuraLogic's output of sample {k} has shape {outputs[k].shape} but sample 0's has "
+                         f"{outputs[0].shape}: evaluate samples with equal output shapes separately")
+    return np.asarray(outputs, dtype=np.float64).reshape((len(outputs),) + (outputs[0].shape if outputs else ()))
 
 
 def weights_to_neuralogic(module, model) -> None:

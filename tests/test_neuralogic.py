@@ -326,9 +326,12 @@ def test_outputs_of_different_lengths(aggregation):
     ds = Dataset()
     ds.add(R.h("p")[0.0], [R.a("p", "1")[1.0], R.a("p", "2")[2.0]])
     ds.add(R.h("r")[0.0], [R.a("r", "1")[3.0], R.a("r", "2")[3.0], R.a("r", "3")[3.0]])
+    built = build(model, ds, **UNPRUNED)
     with pytest.raises(NeuraLogicImportError, match=r"sample 1's output, neuron \d+ \(AtomNeuron 'h\(r\)'\), has "
                                                     r"shape \(3,\) but sample 0's .* has \(2,\)"):
-        from_neuralogic(model, build(model, ds, **UNPRUNED), warn=False)
+        from_neuralogic(model, built, warn=False)
+    with pytest.raises(ValueError, match=r"output of sample 1 has shape \(3,\) but sample 0's has \(2,\)"):
+        neuralogic_outputs(model, built)
 
 
 def test_gatv2_refusal_names_the_attention():
