@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 import neurovec
 from neurovec.compiler.ir import Op, Program
-from neurovec.compiler.passes.upward import is_regular_index, propagate_gathers_up
+from neurovec.compiler.passes.upward import MAX_CONCAT_RUNS, is_regular_index, propagate_gathers_up
 from neurovec.compiler.pipeline import build_program
 from neurovec.compiler.rewrite import eliminate_dead_code
 from neurovec.compiler.settings import Settings
@@ -23,10 +23,19 @@ UNLIMITED = Settings.preset("upward-17-aggressive")
 
 
 def irregular_gathers(program: Program) -> list[str]:
+    """Gathers that unlimited upward growth should have removed: every irregular gather except
+    the documented exception, one that reads a CONCAT in more than ``MAX_CONCAT_RUNS`` runs."""
     program = eliminate_dead_code(program)
     nodes = program.by_name()
+
+    def concat_runs(node) -> int:
+        counts = [nodes[p].count for p in nodes[node.srcs[0]].srcs]
+        part = np.searchsorted(np.cumsum(counts), program.constants[node.attrs["index"]], side="right")
+        return 1 + int(np.count_nonzero(np.diff(part)))
+
     return [n.name for n in program.nodes if n.op is Op.GATHER and not is_regular_index(
-        program.constants[n.attrs["index"]], nodes[n.srcs[0]].count)]
+        program.constants[n.attrs["index"]], nodes[n.srcs[0]].count)
+        and not (nodes[n.srcs[0]].op is Op.CONCAT and concat_runs(n) > MAX_CONCAT_RUNS)]
 
 
 def layer(b: Builder, name: str, src: str, edges, counts, fn="sigmoid"):
