@@ -50,7 +50,9 @@ def _width(x: torch.Tensor) -> int:
 
 
 def _values(values: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor | None:
-    return None if values is None else values.to(like.dtype).contiguous()
+    if values is None or (values.dtype == like.dtype and values.is_contiguous()):
+        return values  # the usual case: skip two calls into torch
+    return values.to(like.dtype).contiguous()
 
 
 def _per_row(v: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -65,12 +67,12 @@ def _int64(ptr: torch.Tensor) -> torch.Tensor:
 
 def _csr_sum_impl(x, ptr, col, values, divide):
     """``y[j] = sum_{e in ptr[j]:ptr[j+1]} values[e] * x[col[e]] / divide[j]`` (``col`` None: row e)."""
-    n = ptr.numel() - 1
+    n = ptr.shape[0] - 1
     # The C gather takes int32 indices (GatherSum's, where they fit); larger ones use torch.
     if native_ok(x) and (col is None or ptr.dtype == col.dtype == torch.int32):
         # Locals keep every temporary alive while C reads it.
         x, values, divide = x.contiguous(), _values(values, x), _values(divide, x)
-        y = x.new_empty((n,) + tuple(x.shape[1:]))
+        y = torch.empty((n, *x.shape[1:]), dtype=x.dtype)
         threads = torch.get_num_threads()
         if col is None:
             ptr = _int64(ptr).contiguous()

@@ -17,11 +17,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+import neurovec
 from neurovec.engines import kernels as K
 from neurovec.engines import native, ops
+
+from .equivalence import assert_equivalent
+from .strategies import gnn_graphs, graphs
+from .test_equivalence import all_finite
 
 F64 = torch.float64
 ROOT = Path(__file__).resolve().parents[2]  # the folder holding the neurovec package
@@ -266,3 +271,16 @@ def test_concurrent_first_use_builds_once(tmp_path):
     assert len(libraries) == 1  # no temporary left behind
     # A later process loads the cached library without building.
     assert _report(_python(_REPORT, NEUROVEC_CACHE_DIR=str(tmp_path)))["built"] is False
+
+
+# --------------------------------------------------------------------------- compiled modules, kernels off
+
+@pytest.mark.parametrize("preset", ["default", "unoptimized", "upward-06-rel-1", "upward-17-aggressive"])
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(graph=st.one_of(graphs(), gnn_graphs()))
+def test_compiled_modules_equal_reference_with_kernels_off(preset, graph):
+    """The generated programs' torch fallbacks (no C++ kernels): outputs and gradients
+    equal the reference engine's, as with the kernels on (tests/test_presets.py)."""
+    assume(all_finite(graph))
+    with native.disabled():
+        assert_equivalent(graph, neurovec.compile(graph, preset, dtype=torch.float64))
