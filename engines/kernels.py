@@ -58,9 +58,9 @@ CUDA) the torch kernels below are used:
   measured here (no GPU).
 
 While dynamo traces (``torch.compile``), every sum / mean / max / min and fused
-gather calls the registered ``torch.ops.neurovec`` ops (fake implementations and
-autograd registered), so programs compile with ``fullgraph=True``; the ops run the
-C++ kernels or their torch fallbacks.
+gather calls ``torch.ops.neurovec`` ops with fake implementations, inside autograd
+Functions dynamo traces (:mod:`.ops`), so programs compile with ``fullgraph=True``;
+the ops run the C++ kernels or their torch fallbacks.
 
 torch-scatter is optional: ``HAS_TORCH_SCATTER`` says whether it imported, and
 every function takes ``impl=`` to force a forward kernel (tests force each).

@@ -17,10 +17,12 @@ torch ops (the CUDA path, half precision, no compiler). The backward of
 ``t_values``), built once at compile time; that of ``segment_sum`` is
 ``segment_broadcast`` and vice versa, so double backward works too.
 
-Eager calls skip the dispatcher: :func:`gather_sum`, :func:`segment_reduce` use
-:class:`torch.autograd.Function` s that call the same implementations directly
-(about half the per-call overhead of a custom op's autograd, which matters on
-small graphs); while dynamo traces they call the registered ops instead.
+The programs call :func:`gather_sum` and :func:`segment_reduce`, which skip those
+registered ops' Python autograd kernels (which run on every call, ~10 µs; small
+graphs are mostly per-call overhead): eager, they use :class:`torch.autograd.Function` s
+that call the implementations directly; while dynamo traces, autograd Functions over
+the autograd-free ``neurovec::kernel_*`` ops (see NOTE: [Kernels under torch.compile];
+first derivatives only there, as AOTAutograd has no double backward anyway).
 """
 from __future__ import annotations
 
@@ -283,6 +285,87 @@ _segment_max_op.register_autograd(_extremum_backward, setup_context=_extremum_se
 _segment_min_op.register_autograd(_extremum_backward, setup_context=_extremum_setup)
 
 
+# --------------------------------------------------------------------------- kernels for compiled programs
+
+# NOTE: [Kernels under torch.compile] The registered ops above carry their autograd as a
+# Python kernel (torch.library's register_autograd), which runs on *every* call, also
+# inside inductor's compiled forward and backward where no graph is recorded: ~10 µs
+# per call, a tenth of a small graph's compiled step. So while dynamo traces, programs
+# call the autograd Functions below instead: dynamo traces their forward and backward
+# into the compiled graphs, and those call these ``neurovec::kernel_*`` ops, which have
+# only a backend kernel and a fake (their calls cost ~1 µs over the kernel itself).
+_kernels = torch.library.Library("neurovec", "FRAGMENT")
+_kernels.define("kernel_csr_sum(Tensor x, Tensor ptr, Tensor? col, Tensor? values, Tensor? divide) -> Tensor")
+_kernels.define("kernel_broadcast(Tensor g, Tensor ptr, Tensor? values, Tensor? divide, SymInt n_entries) -> Tensor")
+_kernels.define("kernel_extremum(Tensor x, Tensor ptr, str reduce) -> Tensor")
+_kernels.define("kernel_extremum_backward(Tensor grad, Tensor x, Tensor y, Tensor ptr) -> Tensor")
+_kernels.impl("kernel_csr_sum", _csr_sum_impl, "CompositeExplicitAutograd")
+_kernels.impl("kernel_broadcast", _broadcast_impl, "CompositeExplicitAutograd")
+_kernels.impl("kernel_extremum", _extremum_impl, "CompositeExplicitAutograd")
+_kernels.impl("kernel_extremum_backward", _extremum_backward_impl, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("neurovec::kernel_csr_sum", lib=_kernels)
+def _(x, ptr, col, values, divide):
+    return x.new_empty((ptr.shape[0] - 1,) + tuple(x.shape[1:]))
+
+
+@torch.library.register_fake("neurovec::kernel_broadcast", lib=_kernels)
+def _(g, ptr, values, divide, n_entries):
+    return g.new_empty((n_entries,) + tuple(g.shape[1:]))
+
+
+@torch.library.register_fake("neurovec::kernel_extremum", lib=_kernels)
+def _(x, ptr, reduce):
+    return x.new_empty((ptr.shape[0] - 1,) + tuple(x.shape[1:]))
+
+
+@torch.library.register_fake("neurovec::kernel_extremum_backward", lib=_kernels)
+def _(grad, x, y, ptr):
+    return torch.empty_like(x)
+
+
+class _TracedGatherSum(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, ptr, col, values, t_ptr, t_col, t_values):
+        ctx.save_for_backward(t_ptr, t_col, t_values)
+        return torch.ops.neurovec.kernel_csr_sum(x, ptr, col, values, None)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        t_ptr, t_col, t_values = ctx.saved_tensors
+        return torch.ops.neurovec.kernel_csr_sum(grad, t_ptr, t_col, t_values, None), None, None, None, None, None, None
+
+
+class _TracedSegmentSum(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, ptr, values, divide):
+        ctx.save_for_backward(ptr, values, divide)
+        ctx.n_entries = x.shape[0]
+        return torch.ops.neurovec.kernel_csr_sum(x, ptr, None, values, divide)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        ptr, values, divide = ctx.saved_tensors
+        return torch.ops.neurovec.kernel_broadcast(grad, ptr, values, divide, ctx.n_entries), None, None, None
+
+
+class _TracedSegmentExtremum(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, ptr, reduce):
+        y = torch.ops.neurovec.kernel_extremum(x, ptr, reduce)
+        ctx.save_for_backward(x, y, ptr)
+        return y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        x, y, ptr = ctx.saved_tensors
+        return torch.ops.neurovec.kernel_extremum_backward(grad, x, y, ptr), None, None
+
+
 # --------------------------------------------------------------------------- eager autograd
 
 class _GatherSum(torch.autograd.Function):
@@ -348,8 +431,8 @@ class _SegmentExtremum(torch.autograd.Function):
 def gather_sum(x: torch.Tensor, ptr: torch.Tensor, col: torch.Tensor, values: torch.Tensor | None,
                t_ptr: torch.Tensor, t_col: torch.Tensor, t_values: torch.Tensor | None) -> torch.Tensor:
     """``y[j] = sum_{e in ptr[j]:ptr[j+1]} values[e] * x[col[e]]``; ``t_*`` is the transposed CSR."""
-    if torch.compiler.is_compiling():
-        return torch.ops.neurovec.gather_sum(x, ptr, col, values, t_ptr, t_col, t_values)
+    if torch.compiler.is_compiling():  # see NOTE: [Kernels under torch.compile]
+        return _TracedGatherSum.apply(x, ptr, col, values, t_ptr, t_col, t_values)
     if not (x.requires_grad and torch.is_grad_enabled()):  # no autograd node needed: skip its overhead
         return _csr_sum_impl(x, ptr, col, values, None)
     return _GatherSum.apply(x, ptr, col, values, t_ptr, t_col, t_values)
@@ -367,14 +450,13 @@ def segment_reduce(x: torch.Tensor, ptr: torch.Tensor, reduce: str, counts: torc
                 raise ValueError("reduce='mean' needs counts")
             divide = counts if counts.dtype == x.dtype else counts.to(x.dtype)
         if compiling:
-            return torch.ops.neurovec.segment_sum(x, ptr, values, divide)
+            return _TracedSegmentSum.apply(x, ptr, values, divide)
         if not (x.requires_grad and torch.is_grad_enabled()):
             return _csr_sum_impl(x, ptr, None, values, divide)
         return _SegmentSum.apply(x, ptr, values, divide)
     if reduce in ("max", "min"):
         if compiling:
-            op = torch.ops.neurovec.segment_max if reduce == "max" else torch.ops.neurovec.segment_min
-            return op(x, ptr)
+            return _TracedSegmentExtremum.apply(x, ptr, reduce)
         if not (x.requires_grad and torch.is_grad_enabled()):
             return _extremum_impl(x, ptr, reduce)
         return _SegmentExtremum.apply(x, ptr, reduce)

@@ -218,6 +218,51 @@ def test_opcheck(case):
     torch.library.opcheck(getattr(torch.ops.neurovec, case), args)
 
 
+@pytest.mark.parametrize("case", ["kernel_csr_sum", "kernel_gather", "kernel_broadcast", "kernel_extremum",
+                                  "kernel_extremum_backward"])
+def test_opcheck_compiled_kernels(case):
+    """The autograd-free ops that programs call under torch.compile: schemas and fake implementations."""
+    ptr = torch.tensor([0, 2, 3, 6])
+    x = torch.randn(6, 2, dtype=F64)
+    gs = K.GatherSum.from_index([0, 2, 2, 1, 0, 3], [2, 1, 3], 4, np.linspace(0.5, 1.5, 6), dtype=F64)
+    cnt = torch.tensor([2.0, 1.0, 3.0], dtype=F64)
+    op, args = {
+        "kernel_csr_sum": ("kernel_csr_sum", (x, ptr, None, torch.rand(6, dtype=F64), cnt)),
+        "kernel_gather": ("kernel_csr_sum", (torch.randn(4, 2, dtype=F64), gs.ptr, gs.index, gs.values, None)),
+        "kernel_broadcast": ("kernel_broadcast", (torch.randn(3, 2, dtype=F64), ptr, None, cnt, 6)),
+        "kernel_extremum": ("kernel_extremum", (x, ptr, "min")),
+        "kernel_extremum_backward": ("kernel_extremum_backward", (torch.randn(3, 2, dtype=F64), x,
+                                                                  ops._extremum_impl(x, ptr, "max"), ptr)),
+    }[case]
+    torch.library.opcheck(getattr(torch.ops.neurovec, op), args, test_utils=("test_schema", "test_faketensor"))
+
+
+def test_compiled_programs_call_the_autograd_free_kernels():
+    """Under torch.compile the reductions trace to ``neurovec::kernel_*`` ops (no Python
+    autograd kernel per call; NOTE: [Kernels under torch.compile]), and their gradients
+    equal eager ones."""
+    from torch._dynamo.testing import AotEagerAndRecordGraphs
+
+    ptr, cnt = ptr_of([2, 1, 3]), torch.tensor([2.0, 1.0, 3.0], dtype=F64)
+    gs = K.GatherSum.from_index([0, 2, 2, 1, 0, 3], [2, 1, 3], 4, np.linspace(0.5, 1.5, 6), dtype=F64)
+
+    def program(x):
+        h = gs(x)  # (3, 2)
+        rows = torch.cat([h, h]).tanh()  # (6, 2)
+        return ops.segment_reduce(rows, ptr, "mean", cnt) + ops.segment_reduce(rows, ptr, "max")
+
+    backend = AotEagerAndRecordGraphs()
+    x = torch.randn(4, 2, dtype=F64)
+    y, gx = grads(torch.compile(program, backend=backend, fullgraph=True), x, 0)
+    y_ref, gx_ref = grads(program, x, 0)
+    torch.testing.assert_close(y, y_ref, atol=1e-12, rtol=1e-12)
+    torch.testing.assert_close(gx, gx_ref, atol=1e-12, rtol=1e-12)
+    code = "".join(g.code for g in backend.fw_graphs + backend.bw_graphs)
+    assert "neurovec.kernel_csr_sum" in code and "neurovec.kernel_broadcast" in code
+    assert "neurovec.kernel_extremum_backward" in code
+    assert "neurovec.gather_sum" not in code and "neurovec.segment_" not in code
+
+
 # --------------------------------------------------------------------------- build, cache, switch
 
 def _python(code: str, **env) -> subprocess.CompletedProcess:
