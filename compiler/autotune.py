@@ -44,7 +44,8 @@ earlier one is not compiled again, and one whose compiled program (generated
 code and constants) equals an earlier one is not timed again; both are listed as
 ``same`` with the candidate they repeat. A candidate is stopped after its
 warm-up (``pruned``) when its fastest steady step is :data:`PRUNE_FACTOR` times
-slower than the best median so far: it cannot win.
+slower than the best median so far (it cannot win) and finishing it would cost more
+than :data:`PRUNE_MIN_SAVING_S`; ``+compile`` candidates are always timed in full.
 
 Budget: ``budget_s`` counts everything from the call on (compiling, timing,
 bookkeeping). A candidate is only started while the budget has time left for
@@ -72,7 +73,7 @@ from .pipeline import compile as compile_graph
 from .settings import Settings, list_presets
 
 __all__ = ["autotune", "AutotuneResult", "AutotuneTable", "Candidate", "PRESET_ORDER", "LATE_PRESETS",
-           "TOP_PRESETS", "DEFAULT_KERNELS", "PRUNE_FACTOR", "PLAYOFF", "TORCH_COMPILE_MIN_S"]
+           "TOP_PRESETS", "DEFAULT_KERNELS", "PRUNE_FACTOR", "PRUNE_MIN_SAVING_S", "PLAYOFF", "TORCH_COMPILE_MIN_S"]
 
 #: Presets most likely to be fastest first (MUTAG / PROTEINS GCN on CPU, thesis 6.2.1):
 #: the cost-model defaults, then moderate upward growth. Presets in neither this list
@@ -112,6 +113,13 @@ TORCH_COMPILE_MIN_S = 45.0
 #: stopped after its warm-up. The minimum over >= 2 steps is used, so one slow step
 #: (another process, a page fault) never prunes a candidate.
 PRUNE_FACTOR = 3.0
+
+#: Pruning also needs finishing the candidate to cost more than this many seconds: it is there
+#: to save budget on candidates with long steps. On a loaded machine two 1 ms steps can
+#: both take 20 ms; pruning such a candidate saved 0.1 s and dropped a real contender
+#: (among them the ``+compile`` candidate, after 35 s of inductor). ``+compile``
+#: candidates are never pruned: their compile time is spent already.
+PRUNE_MIN_SAVING_S = 0.5
 
 _KERNELS = get_args(Settings.model_fields["reduce_kernel"].annotation)
 
@@ -574,7 +582,9 @@ class _Timer:
             if k >= self.warmup:
                 times.append(seconds)
             best = self.best.row.median_ms / 1e3 if self.best is not None else math.inf
-            if len(steady) >= 2 and min(steady) > PRUNE_FACTOR * best:
+            saving = (self.warmup + self.repeat - k - 1) * min(steady, default=0.0)
+            if len(steady) >= 2 and min(steady) > PRUNE_FACTOR * best and saving > PRUNE_MIN_SAVING_S \
+                    and not row.compiled:
                 row.status = "pruned"
                 row.reason = (f"steady steps >= {min(steady) * 1e3:.2f} ms > {PRUNE_FACTOR:g}x the best median "
                               f"({self.best.row.median_ms:.2f} ms)")

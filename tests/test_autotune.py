@@ -175,3 +175,21 @@ def test_torch_compile_candidate(small_gcn):
     fresh = neurovec.compile(small_gcn, result.settings)
     torch.testing.assert_close(result.module(), fresh(), rtol=1e-5, atol=1e-6)
     assert result.compiled == (type(result.module) is not CompiledModule)
+
+
+@pytest.mark.parametrize("step_s, compiled, pruned", [(0.02, False, False), (0.5, False, True), (0.5, True, False)])
+def test_pruning_only_saves_real_time(step_s, compiled, pruned):
+    """A slow candidate is stopped after its warm-up only where finishing it would cost more
+    than PRUNE_MIN_SAVING_S, and a +compile candidate (its compile time spent) never is: on a
+    loaded machine, two 1 ms steps can both take 20 ms."""
+    from types import SimpleNamespace
+
+    from neurovec.compiler.autotune import PRUNE_FACTOR, Candidate, _Timer
+
+    timer = _Timer(time.perf_counter(), 600.0, torch.device("cpu"), repeat=5, warmup=2, loss=None)
+    best_ms = step_s * 1e3 / (2 * PRUNE_FACTOR)  # the candidate is 2x PRUNE_FACTOR slower than the best
+    timer.finalists.append(SimpleNamespace(row=SimpleNamespace(median_ms=best_ms)))
+    row = Candidate("default", "auto", None, compiled=compiled)
+    timer._time(row, lambda: step_s)
+    assert (row.status == "pruned") == pruned
+    assert row.steps == (1 if pruned else 5)
