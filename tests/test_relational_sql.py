@@ -137,3 +137,12 @@ def test_mutagenesis_from_the_database(mutagenesis_dir, tmp_path):
                  "bond_type": Relation.from_frame(frames["bond_type"], ["bond", "type"], example="molecule")}
     assert_same_graph(from_sql, ground(template, relations, queries).graph)
     np.testing.assert_allclose(outputs(from_sql, "default"), outputs(hand, "default"), rtol=0, atol=1e-9)
+
+
+@pytest.mark.parametrize("source", ["frames", "sql"])
+def test_data_for_a_predicate_the_template_defines_is_refused(small_db, source):
+    t = _template()
+    t += R.a("x")[0.5]  # a/1 is also a relation of the data
+    data = _relations(_frames(small_db)) if source == "frames" else _database(small_db)
+    with pytest.raises(TemplateError, match="predicate a/1 has facts both in the template and in the data"):
+        ground(t, data, R.q)

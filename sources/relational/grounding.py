@@ -367,26 +367,33 @@ class Grounder:
 
 
 
+def relations_by_key(template: Template, relations) -> dict:
+    """``{predicate key: relation}`` for ``(name, arity, relation)`` triples, checked: one relation
+    per predicate, and none for a predicate that the template's own facts define."""
+    found = {}
+    for name, arity, relation in relations:
+        key = relation_key(name, arity)
+        if key in found:
+            raise TemplateError(f"two relations for the predicate {key}")
+        found[key] = relation
+    for fact in template.facts:
+        if fact.key in found:
+            raise TemplateError(f"predicate {fact.key} has facts both in the template and in the data")
+    return found
+
+
 class NumpyGrounder(Grounder):
     """Grounds on in-memory relations, joining numpy arrays."""
 
     def __init__(self, template: Template, facts, queries: list, seed: int):
         if not hasattr(facts, "items"):
             raise TemplateError(f"facts must map predicate names to Relation objects (got {type(facts).__name__})")
-        relations = {}
         for name, relation in facts.items():
             if not isinstance(relation, Relation):
                 raise TemplateError(f"relation {name!r}: expected a neurovec.relational.Relation (got "
                                     f"{type(relation).__name__}); build one with Relation(...) or Relation.from_frame")
-            key = relation_key(name, relation.arity)
-            if key in relations:
-                raise TemplateError(f"two relations for the predicate {key}")
-            relations[key] = relation
-        for fact in template.facts:
-            if fact.key in relations:
-                raise TemplateError(f"predicate {fact.key} has facts both in the template and in the data")
-        schemas = {key: r.value_shape for key, r in relations.items()}
-        self.plan = make_plan(template, schemas, seed)
+        relations = relations_by_key(template, ((name, r.arity, r) for name, r in facts.items()))
+        self.plan = make_plan(template, {key: r.value_shape for key, r in relations.items()}, seed)
         self.queries = queries
         self.tables: dict[str, Table] = {}
         self._encode(relations)

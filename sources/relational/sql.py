@@ -29,7 +29,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .encoding import FactTable, Vocabulary
-from .grounding import Grounder, Groundings, Table, _as_ids, _input_positions, relation_key, template_facts
+from .grounding import (Grounder, Groundings, Table, _as_ids, _input_positions, relations_by_key,
+                        template_facts)
 from .plan import make_plan
 from .template import Constant, Template, TemplateError, Variable
 
@@ -98,15 +99,7 @@ class SQLGrounder(Grounder):
     """Grounds in the database: temporary tables for facts and atoms, one join per rule and round."""
 
     def __init__(self, template: Template, database: Database, queries: list, seed: int):
-        relations = {}
-        for name, relation in database.relations.items():
-            key = relation_key(name, len(relation.args))
-            if key in relations:
-                raise TemplateError(f"two relations for the predicate {key}")
-            relations[key] = relation
-        for fact in template.facts:
-            if fact.key in relations:
-                raise TemplateError(f"predicate {fact.key} has facts both in the template and in the data")
+        relations = relations_by_key(template, ((name, len(r.args), r) for name, r in database.relations.items()))
         self.plan = make_plan(template, {key: r.value_shape for key, r in relations.items()}, seed)
         self.queries, self.relations, self.database = queries, relations, database
         self.tables: dict[str, Table] = {}
