@@ -10,7 +10,7 @@ from neurovec.sources.relational import (Aggregation, Database, Metadata, Query,
                                          Template, TemplateError, Transformation, V, ground)
 from neurovec.sources.relational import models
 
-from .test_relational import assert_same_graph, outputs
+from .test_relational import _reach, assert_same_graph, outputs
 
 pd = pytest.importorskip("pandas")
 
@@ -87,12 +87,7 @@ def test_sql_gives_the_dataframes_graph(small_db):
 
 @pytest.mark.parametrize("depth", [None, 3])
 def test_sql_recursion(small_db, depth):
-    t = Template()
-    t += R.reach(V.X)[[1.0, -0.5]] <= R.start(V.X)
-    t += (R.reach(V.Y)[[[0.5, 1.0], [-1.0, 0.25]]] <= (R.reach(V.X), R.edge(V.X, V.Y))) | \
-        Metadata(transformation=Transformation.TANH)
-    t += R.reach / 1 | Metadata(transformation=Transformation.TANH, depth=depth)
-    t += (R.q[[[1.0, 2.0]]] <= R.reach(V.X)) | Metadata(aggregation=Aggregation.SUM)
+    t = _reach(depth)  # the recursive template of test_relational, grounded here from SQL
     frames = _frames(small_db)
     relations = {"edge": Relation.from_frame(frames["edge"], ["src", "dst"], example="chain"),
                  "start": Relation.from_frame(frames["start"], "node", example="chain")}
