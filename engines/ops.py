@@ -294,35 +294,38 @@ _segment_min_op.register_autograd(_extremum_backward, setup_context=_extremum_se
 # call the autograd Functions below instead: dynamo traces their forward and backward
 # into the compiled graphs, and those call these ``neurovec::kernel_*`` ops, which have
 # only a backend kernel and a fake (their calls cost ~1 µs over the kernel itself).
+def _define_kernel_ops(lib: torch.library.Library) -> None:
+    lib.define("kernel_csr_sum(Tensor x, Tensor ptr, Tensor? col, Tensor? values, Tensor? divide) -> Tensor")
+    lib.define("kernel_broadcast(Tensor g, Tensor ptr, Tensor? values, Tensor? divide, SymInt n_entries) -> Tensor")
+    lib.define("kernel_extremum(Tensor x, Tensor ptr, str reduce) -> Tensor")
+    lib.define("kernel_extremum_backward(Tensor grad, Tensor x, Tensor y, Tensor ptr) -> Tensor")
+    lib.impl("kernel_csr_sum", _csr_sum_impl, "CompositeExplicitAutograd")
+    lib.impl("kernel_broadcast", _broadcast_impl, "CompositeExplicitAutograd")
+    lib.impl("kernel_extremum", _extremum_impl, "CompositeExplicitAutograd")
+    lib.impl("kernel_extremum_backward", _extremum_backward_impl, "CompositeExplicitAutograd")
+
+    @torch.library.register_fake("neurovec::kernel_csr_sum", lib=lib)
+    def _(x, ptr, col, values, divide):
+        return x.new_empty((ptr.shape[0] - 1,) + tuple(x.shape[1:]))
+
+    @torch.library.register_fake("neurovec::kernel_broadcast", lib=lib)
+    def _(g, ptr, values, divide, n_entries):
+        return g.new_empty((n_entries,) + tuple(g.shape[1:]))
+
+    @torch.library.register_fake("neurovec::kernel_extremum", lib=lib)
+    def _(x, ptr, reduce):
+        return x.new_empty((ptr.shape[0] - 1,) + tuple(x.shape[1:]))
+
+    @torch.library.register_fake("neurovec::kernel_extremum_backward", lib=lib)
+    def _(grad, x, y, ptr):
+        return torch.empty_like(x)
+
+
+# pytest imports the checkout's __init__.py a second time, under the checkout directory's
+# name (the checkout root is the package), and a second define() of an op is an error.
 _kernels = torch.library.Library("neurovec", "FRAGMENT")
-_kernels.define("kernel_csr_sum(Tensor x, Tensor ptr, Tensor? col, Tensor? values, Tensor? divide) -> Tensor")
-_kernels.define("kernel_broadcast(Tensor g, Tensor ptr, Tensor? values, Tensor? divide, SymInt n_entries) -> Tensor")
-_kernels.define("kernel_extremum(Tensor x, Tensor ptr, str reduce) -> Tensor")
-_kernels.define("kernel_extremum_backward(Tensor grad, Tensor x, Tensor y, Tensor ptr) -> Tensor")
-_kernels.impl("kernel_csr_sum", _csr_sum_impl, "CompositeExplicitAutograd")
-_kernels.impl("kernel_broadcast", _broadcast_impl, "CompositeExplicitAutograd")
-_kernels.impl("kernel_extremum", _extremum_impl, "CompositeExplicitAutograd")
-_kernels.impl("kernel_extremum_backward", _extremum_backward_impl, "CompositeExplicitAutograd")
-
-
-@torch.library.register_fake("neurovec::kernel_csr_sum", lib=_kernels)
-def _(x, ptr, col, values, divide):
-    return x.new_empty((ptr.shape[0] - 1,) + tuple(x.shape[1:]))
-
-
-@torch.library.register_fake("neurovec::kernel_broadcast", lib=_kernels)
-def _(g, ptr, values, divide, n_entries):
-    return g.new_empty((n_entries,) + tuple(g.shape[1:]))
-
-
-@torch.library.register_fake("neurovec::kernel_extremum", lib=_kernels)
-def _(x, ptr, reduce):
-    return x.new_empty((ptr.shape[0] - 1,) + tuple(x.shape[1:]))
-
-
-@torch.library.register_fake("neurovec::kernel_extremum_backward", lib=_kernels)
-def _(grad, x, y, ptr):
-    return torch.empty_like(x)
+if not hasattr(torch.ops.neurovec, "kernel_csr_sum"):
+    _define_kernel_ops(_kernels)
 
 
 class _TracedGatherSum(torch.autograd.Function):
