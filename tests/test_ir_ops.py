@@ -89,11 +89,16 @@ def test_indices_are_int32_in_the_program_and_the_module(tu_dir):
     import neurovec
     from neurovec import datasets
     from neurovec.compiler.ir import compact_index
+    from neurovec.engines.torch_module import _backward_indices
     graph = datasets.gcn(datasets.load_tu("MUTAG", tu_dir, download=False))
     for preset in ("unoptimized", "default", "upward-17-aggressive"):
         module = neurovec.compile(graph, preset)
         integer = {k: a for k, a in module.program.constants.items() if np.issubdtype(a.dtype, np.integer)}
         assert integer and all(a.dtype == np.int32 for a in integer.values()), preset
-        assert all(getattr(module, k).dtype == torch.int32 for k in integer), preset
+        # The module keeps them, except the indices of gathers with a backward (int64: index_add_
+        # is ~20x slower with int32).
+        backward = _backward_indices(module.program)
+        assert all(getattr(module, k).dtype == torch.int64 for k in backward), preset
+        assert all(getattr(module, k).dtype == torch.int32 for k in set(integer) - backward), preset
     assert compact_index(np.array([0, 2**31])).dtype == np.int64  # does not fit: stays int64
     assert compact_index(np.zeros(0, np.int64)).dtype == np.int32
