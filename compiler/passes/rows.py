@@ -78,18 +78,22 @@ def constant_values(program: Program, nodes: dict[str, Node], name: str, rows: n
     origins = trace_rows(program, nodes, name, rows)
     learnable = {w.name: w.learnable for w in program.weights}
     by_name = {w.name: w for w in program.weights}
-    out = np.empty((rows.size,) + nodes[name].shape)
     facts: set[str] = set()
-    for k, base_name in enumerate(origins.bases):
+    tables = []
+    for base_name in origins.bases:
         base = nodes[base_name]
-        mine = origins.which == k
         if static_fact(base, program.dynamic_facts):
-            values = program.constants[base.attrs["const"]]
+            tables.append(np.asarray(program.constants[base.attrs["const"]], dtype=np.float64))
             facts.add(base_name)
         elif fixed_weights(base, learnable):
-            values = np.stack([by_name[n].value for n in base.attrs["names"]])
+            tables.append(np.stack([np.asarray(by_name[n].value, dtype=np.float64) for n in base.attrs["names"]]))
         else:
             return None
+    if len(tables) == 1:  # one table: one gather, no masks (the common case, and edge-sized)
+        return tables[0][origins.row], facts
+    out = np.empty((rows.size,) + nodes[name].shape)
+    for k, values in enumerate(tables):
+        mine = origins.which == k
         out[mine] = values[origins.row[mine]]
     return out, facts
 
@@ -102,47 +106,63 @@ def trace_rows(program: Program, nodes: dict[str, Node], name: str, rows: np.nda
     through ``LINEAR(kind='mul')`` nodes one side of which is a fixed scalar
     (:func:`constant_values`), multiplying ``coef`` by it. ``see_through(node)``, if
     given, may refuse to walk through a node (it then becomes a base).
+
+    ``row`` keeps the integer type of the index it came from (int32 where the program's is).
     """
-    if rows is None:
-        rows = np.arange(nodes[name].count, dtype=np.int64)
-    pieces: list[tuple[str, np.ndarray, np.ndarray, np.ndarray]] = []
+    count = nodes[name].count if rows is None else len(rows)
+    pieces: list[tuple[str, np.ndarray | None, np.ndarray, np.ndarray | None]] = []
     facts: set[str] = set()
     scaled = False
 
-    def walk(current: str, pos: np.ndarray, r: np.ndarray, coef: np.ndarray) -> None:
+    # Edge-sized arrays are the cost here: ``pos is None`` stands for all rows in order,
+    # ``r is None`` for every row of the current node, ``coef is None`` for factors of 1.
+    def walk(current: str, pos, r, coef) -> None:
         nonlocal scaled
         node = nodes[current]
         if see_through is None or see_through(node):
             op = node.op
             if op is Op.GATHER:
-                return walk(node.srcs[0], pos, program.constants[node.attrs["index"]][r], coef)
+                index = program.constants[node.attrs["index"]]
+                return walk(node.srcs[0], pos, index if r is None else index[r], coef)
             if op in (Op.SLICE, Op.TILE, Op.INTERLEAVE):
-                return walk(node.srcs[0], pos, _step(node, r, nodes), coef)
+                return walk(node.srcs[0], pos, _step(node, _rows(r, node.count), nodes), coef)
             if op is Op.CONCAT:
+                r = _rows(r, node.count)
+                pos = np.arange(r.size, dtype=np.int64) if pos is None else pos
                 ends = np.cumsum([nodes[s].count for s in node.srcs])
                 part = np.searchsorted(ends, r, side="right")
                 for p in np.unique(part):
                     mine = part == p
-                    walk(node.srcs[p], pos[mine], r[mine] - (ends[p] - nodes[node.srcs[p]].count), coef[mine])
+                    walk(node.srcs[p], pos[mine], r[mine] - (ends[p] - nodes[node.srcs[p]].count),
+                         None if coef is None else coef[mine])
                 return None
             if op is Op.LINEAR and scalars and node.attrs["kind"] == "mul":
-                step = _scalar_factor(program, nodes, node, r)
+                step = _scalar_factor(program, nodes, node, _rows(r, node.count))
                 if step is not None:
                     value_side, value_rows, factor, used = step
                     scaled = True
                     facts.update(used)
-                    return walk(value_side, pos, value_rows, coef * factor)
-        pieces.append((current, pos, r, coef))
+                    return walk(value_side, pos, value_rows, factor if coef is None else coef * factor)
+        pieces.append((current, pos, _rows(r, node.count), coef))
         return None
 
-    walk(name, np.arange(rows.size, dtype=np.int64), np.asarray(rows, dtype=np.int64), np.ones(rows.size))
+    walk(name, None, None if rows is None else np.asarray(rows), None)
     bases = list(dict.fromkeys(p[0] for p in pieces))
-    which = np.empty(rows.size, dtype=np.int64)
-    row = np.empty(rows.size, dtype=np.int64)
-    coef = np.empty(rows.size)
+    if len(pieces) == 1 and pieces[0][1] is None:  # one base, rows in order: nothing to scatter
+        _, _, row, coef = pieces[0]
+        which = np.zeros(count, dtype=np.int64)
+        return Origins(bases, which, row, np.ones(count) if coef is None else coef, scaled, facts)
+    which = np.empty(count, dtype=np.int64)
+    row = np.empty(count, dtype=np.result_type(*[p[2].dtype for p in pieces]) if pieces else np.int64)
+    coef = np.empty(count)
     for base, pos, r, c in pieces:
-        which[pos], row[pos], coef[pos] = bases.index(base), r, c
+        which[pos], row[pos], coef[pos] = bases.index(base), r, 1.0 if c is None else c
     return Origins(bases, which, row, coef, scaled, facts)
+
+
+def _rows(r: np.ndarray | None, count: int) -> np.ndarray:
+    """``r``, or all ``count`` rows where it is None."""
+    return np.arange(count, dtype=np.int64) if r is None else r
 
 
 def _scalar_factor(program: Program, nodes: dict[str, Node], node: Node, rows: np.ndarray):
