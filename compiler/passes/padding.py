@@ -240,10 +240,14 @@ def reorder_and_pad(program: Program, settings: Settings) -> Program:
         x = resolve_rows(nodes, editor.constants, linear.srcs[1])
         readers = _readers(editor, name)
         reindexable = readers is not None
-        if mode == "auto" and plan_cost(next(iter_plans(w, x, (), 0)), w, x, settings.linear_broadcasting,
-                                        reindexable) == 0:
-            continue  # nothing gathered as it is: no order can be cheaper
         max_rows = MAX_GROWTH * linear.count + _SLACK_ROWS
+        if mode == "auto":
+            as_is = plan_cost(next(iter_plans(w, x, (), 0)), w, x, settings.linear_broadcasting, reindexable)
+            if as_is == 0:
+                continue  # nothing gathered as it is: no order can be cheaper
+            # A plan costs at least its padded rows, and must cost less than leaving the rows alone:
+            # plans with more padding are not even built (they are edge-sized).
+            max_rows = min(max_rows, linear.count + as_is - 1)
         best, best_cost = None, None
         for plan in iter_plans(w, x, _STRATEGIES[mode], max_rows):  # only the best so far is kept
             if mode != "auto" and plan.strategy == "none":
