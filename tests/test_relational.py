@@ -194,6 +194,29 @@ def test_presets_and_gradients_on_a_grounded_graph():
         assert_equivalent(graph, neurovec.compile(graph, preset, dtype=torch.float64))
 
 
+def test_an_unweighted_one_rule_atom_is_its_aggregation_neuron():
+    """With pruning, tanh(avg(rule neurons)) is one layer (as the hand-written templates build it), not an
+    aggregation layer plus an atom layer of one input each; the numbers are NeuraLogic's (prune=False keeps its
+    neurons one for one). A second rule, a head weight or prune=False keep the atom layer."""
+    rng = np.random.default_rng(5)
+    _, relations = _world(rng, 3, 5)
+    t = Template()
+    t += (R.h(V.X) <= (R.a(V.Y)[rng.normal(size=2)], R.b(V.X, V.Y))) | \
+        Metadata(aggregation=Aggregation.AVG, transformation=Transformation.SIGMOID)
+    t += R.h / 1 | Metadata(transformation=Transformation.TANH)
+    t += (R.q[rng.normal(size=(1, 2))] <= R.h(V.X)) | Metadata(aggregation=Aggregation.SUM)
+    merged = ground(t, relations, R.q).graph
+    layers = {layer.name: layer for layer in merged.layers}
+    assert (layers["h"].aggregation, layers["h"].transformation) == ("mean", "tanh")
+    assert not any(name.endswith(":h:avg") for name in layers)
+    kept = ground(t, relations, R.q, prune=False).graph
+    assert any(layer.name.endswith(":h:avg") for layer in kept.layers)
+    np.testing.assert_allclose(outputs(merged), outputs(kept), rtol=0, atol=0)
+    t += R.h(V.X)[rng.normal(size=2)] <= R.c(V.X)
+    two_rules = ground(t, relations, R.q).graph
+    assert {layer.name: layer for layer in two_rules.layers}["h"].aggregation == "sum"
+
+
 def test_nine_tenths_example_by_hand():
     """NeuraLogic's numbers for a small program (checked with PyNeuraLogic: model.test gives 3.15)."""
     t = Template()

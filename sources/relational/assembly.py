@@ -86,7 +86,7 @@ class _Assembler:
         counts = np.asarray(counts, np.int64)
         n = counts.size
         function, fixed_bias, steps = TRANSFORMATIONS[transformation]
-        in_weight = np.array(in_weight, dtype=np.int64, copy=True)
+        in_weight = np.asarray(in_weight, dtype=np.int64)
         if combination == "count":  # the number of inputs: a sum of unit facts
             total = int(counts.sum())
             in_layer, in_ordinal = np.full(total, _UNIT), np.zeros(total, np.int64)
@@ -96,7 +96,7 @@ class _Assembler:
             aggregation = _COMBINATION[combination]
             if scalar_edges is not None and shape != () and scalar_edges.any():
                 # NeuraLogic broadcasts a scalar input over the others' shape: ones * s is s in every element.
-                in_weight[scalar_edges] = self.constant(np.ones(shape))
+                in_weight = np.where(scalar_edges, self.constant(np.ones(shape)), in_weight)
         bias = np.full(n, NO_WEIGHT if fixed_bias is None else self.constant(fixed_bias), np.int64)
         has_offset = np.asarray(offset) != NO_WEIGHT if offset is not None else np.zeros(n, bool)
         if has_offset.any():
@@ -163,13 +163,34 @@ class _Assembler:
     # -- a stage: rule, aggregation and atom neurons -----------------------------------------------------------------
     def stage(self, stage) -> None:
         suffix = stage.label[stage.label.index("@"):] if "@" in stage.label else ""
-        aggregated = []
+        aggregated, merged = [], set()
         for g in stage.groundings:
-            aggregated.append(self.rule(g, suffix))
+            atoms = stage.atoms.get(g.head_table)
+            if self.merges_atoms(g, stage, atoms):
+                merged.add(g.head_table)
+                self.rule(g, suffix, atoms)
+                aggregated.append(None)
+            else:
+                aggregated.append(self.rule(g, suffix))
         for table_name, atoms in stage.atoms.items():
-            if atoms.size:
+            if atoms.size and table_name not in merged:
                 self.atoms(table_name, atoms, [(g, ref) for g, ref in zip(stage.groundings, aggregated)
                                                if g.head_table == table_name], suffix)
+
+    def merges_atoms(self, g, stage, atoms) -> bool:
+        """Whether the rule's aggregation neurons can be its head atoms' neurons: with ``prune``, when the rule is
+        the only one deriving these atoms here, has no head weight and the atoms no combination that changes one
+        input (then there is no predicate offset either: it counts only in weighted atoms). The atom neuron is then
+        ``T_p(A_r(...))``, the same floating-point numbers as ``T_p(C_p(A_r(...)))`` of one input."""
+        if not self.prune or atoms is None or not atoms.size:
+            return False
+        rule, predicate = g.rule, self.tables[g.head_table].predicate
+        if self.plan.rule_weights[(rule.index, "head")] is not None or \
+                self.plan.atom_combination(predicate) not in _COMBINATION:
+            return False
+        if sum(other.head_table == g.head_table for other in stage.groundings) != 1:
+            return False
+        return g.size > 0 and int(np.count_nonzero(g.head[1:] != g.head[:-1])) + 1 == atoms.size
 
     def input_refs(self, g, i: int, name: str) -> tuple[np.ndarray, np.ndarray]:
         lit = g.rule.literals[i]
@@ -185,9 +206,10 @@ class _Assembler:
                              self.plan.shape[lit.key])
         return np.full(ids.size, index), inverse.reshape(-1)
 
-    def rule(self, g, suffix: str):
+    def rule(self, g, suffix: str, atoms: np.ndarray | None = None):
         """Rule neurons (one per grounding) and aggregation neurons (one per head) of one rule; returns the heads
-        and where each head's aggregated value is."""
+        and where each head's aggregated value is. With ``atoms`` (the heads, see :meth:`merges_atoms`), the
+        aggregation neurons are these atoms' neurons, with the predicate's transformation."""
         rule, plan = g.rule, self.plan
         mode = self.inlining[id(g)]  # groundings come sorted by head, then inputs
         name = f"rule{rule.index}:{plan.label(rule.head.key)}{suffix}"
@@ -216,6 +238,13 @@ class _Assembler:
         first = np.flatnonzero(np.concatenate([[True], g.head[1:] != g.head[:-1]]))  # groundings sorted by head
         heads, counts = g.head[first], np.diff(np.append(first, n))
         aggregation = plan.aggregation(rule)
+        if atoms is not None:  # the atoms' neurons: T_p(A_r(rule neurons))
+            predicate = self.tables[g.head_table].predicate
+            index = self.neurons(f"{plan.label(predicate)}{suffix}", counts, rule_layer, rule_ordinal, rule_weight,
+                                 None, aggregation, plan.atom_transformation(predicate), plan.body_shape[rule.index])
+            ref_layer, ref_ordinal = self.ref[g.head_table]
+            ref_layer[atoms], ref_ordinal[atoms] = index, np.arange(atoms.size)
+            return None
         agg_layer, agg_ordinal = rule_layer[first], rule_ordinal[first]
         build = np.ones(heads.size, bool)
         if self.prune and aggregation != "count":  # one grounding, nothing to aggregate: read its value

@@ -25,7 +25,7 @@ import numpy as np
 
 from .data import Query, Relation
 from .encoding import FactTable, Vocabulary, encode_relation
-from .joins import distinct, join, lookup, row_keys
+from .joins import ColumnIndex, distinct, join, lookup, row_keys
 from .plan import Plan, Stratum, make_plan
 from .template import Constant, Rule, Template, TemplateError, Variable
 
@@ -179,18 +179,23 @@ class Grounder:
 
     def _relevant_predicates(self) -> set:
         """Predicates the queries depend on (rules of others are not grounded at all)."""
+        if getattr(self, "_needed", None) is not None:
+            return self._needed
         unknown = [q for q in self.queries if q.key not in self.plan.arity]
         if unknown:
             raise TemplateError(f"query {unknown[0].describe()}: unknown predicate {unknown[0].key} (known: "
                                 f"{sorted(self.plan.arity)})")
+        reads: dict[str, list] = {}
+        for r in self.plan.template.rules:
+            reads.setdefault(r.head.key, []).extend(lit.key for lit in r.body if not lit.special)
         needed, frontier = set(), [q.key for q in self.queries]
         while frontier:
             p = frontier.pop()
             if p in needed:
                 continue
             needed.add(p)
-            frontier.extend(lit.key for r in self.plan.template.rules if r.head.key == p for lit in r.body
-                            if not lit.special)
+            frontier.extend(reads.get(p, ()))
+        self._needed = needed
         return needed
 
     def _ground_predicate(self, predicate: str, rules: list) -> Stage:
@@ -564,7 +569,12 @@ class NumpyGrounder(Grounder):
         table, rows, columns = pending.pop(k)
         if holding and head:
             order = self._sorted_by(table, [columns[v] for v in head])
-            rows = order if rows is None else order[np.isin(order, rows)]
+            if rows is not None:  # the selected rows, in the sorted order
+                selected = np.zeros(table.size, bool)
+                selected[rows] = True
+                rows = order[selected[order]]
+            else:
+                rows = order
         take = (lambda c: c) if rows is None else (lambda c: c[rows])  # noqa: E731
         binding = _Binding(take(table.example), {v: take(table.args[c]) for v, c in columns.items()},
                            {k: take(np.arange(table.size))}, {k: table.name})
@@ -596,8 +606,13 @@ class NumpyGrounder(Grounder):
     def _join(self, binding: _Binding, k: int, table: Table, rows, columns: dict) -> _Binding:
         shared = [v for v in columns if v in binding.vars]
         left = [binding.example] + [binding.vars[v] for v in shared]
+        # Keys over the example and every argument are an atom's identity: at most one match each.
+        unique = len(shared) == len(table.args) and len(set(columns.values())) == len(table.args)
+        index = self._column_index(table, columns[shared[0]]) if rows is None and len(shared) == 1 else None
         cached = rows is None and self.n_examples * self.n_constants ** len(shared) < _LIMIT
-        if cached:
+        if index is not None:
+            li, ri = index.join(binding.example, binding.vars[shared[0]], right_unique=unique)
+        elif cached:
             cache_key = tuple(columns[v] for v in shared)
             if cache_key not in table._sorted:
                 right_key = self._radix([table.example] + [table.args[columns[v]] for v in shared])
@@ -610,9 +625,8 @@ class NumpyGrounder(Grounder):
             right = [table.example[all_rows]] + [table.args[columns[v]][all_rows] for v in shared]
             left_key, right_key = self._keys([left, right])
             order = None
-        # Keys over the example and every argument are an atom's identity: at most one match each.
-        unique = len(shared) == len(table.args) and len(set(columns.values())) == len(table.args)
-        li, ri = join(left_key, right_key, order, right_unique=unique)
+        if index is None:
+            li, ri = join(left_key, right_key, order, right_unique=unique)
         atom = ri if rows is None else rows[ri]
         joined = binding.take(li)
         for v, c in columns.items():
@@ -621,6 +635,13 @@ class NumpyGrounder(Grounder):
         joined.ids[k] = atom
         joined.tables[k] = table.name
         return joined
+
+    def _column_index(self, table: Table, column: int) -> ColumnIndex | None:
+        """The table's rows by one argument column (cached), when each of its constants is in one example."""
+        key = ("column", column)
+        if key not in table._sorted:
+            table._sorted[key] = ColumnIndex.build(table.args[column], table.example, self.n_constants)
+        return table._sorted[key]
 
     def _special(self, lit, binding: _Binding) -> np.ndarray:
         def column(term):
@@ -665,7 +686,9 @@ def prune_unreached(stages: list, tables: dict, targets: dict) -> tuple[list, di
     for stage in reversed(stages):
         groundings = []
         for g in stage.groundings:
-            g = g.take(np.flatnonzero(needed[g.head_table][g.head]))
+            reached = needed[g.head_table][g.head]
+            if not reached.all():
+                g = g.take(np.flatnonzero(reached))
             for table, ids in zip(g.input_tables, g.inputs):
                 needed[table][ids] = True
             if g.size:

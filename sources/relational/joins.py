@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["row_keys", "join", "distinct", "unique_keys", "lookup", "expand_runs"]
+__all__ = ["row_keys", "join", "distinct", "unique_keys", "lookup", "expand_runs", "ColumnIndex"]
 
 _LIMIT = 1 << 62
 
@@ -113,3 +113,41 @@ def lookup(table_key: np.ndarray, probe_key: np.ndarray, table_order: np.ndarray
     k = np.minimum(np.searchsorted(sorted_table, probe_key), sorted_table.size - 1)
     found = sorted_table[k] == probe_key
     return np.where(found, table_order[k], -1)
+
+
+class ColumnIndex:
+    """The rows of a table grouped by one id column (values ``0 .. n_values - 1``), CSR style, for tables where each
+    value occurs in one example only (a node or an atom id, typically): then a join on the example and that column
+    needs no key and no binary search, just two gathers per left row (:meth:`join`).
+
+    :meth:`build` returns None when some value occurs in two examples, or when ``n_values`` is large next to the
+    table (the dense arrays would cost more than the binary searches they save)."""
+
+    def __init__(self, ptr: np.ndarray, order: np.ndarray, example: np.ndarray):
+        self.ptr, self.order, self.example = ptr, order, example
+
+    @classmethod
+    def build(cls, column: np.ndarray, example: np.ndarray, n_values: int) -> "ColumnIndex | None":
+        if n_values > 8 * column.size + 4096:
+            return None
+        order = np.argsort(column, kind="stable")
+        sorted_column, sorted_example = column[order], example[order]
+        same_value = sorted_column[1:] == sorted_column[:-1]
+        if np.any(same_value & (sorted_example[1:] != sorted_example[:-1])):
+            return None
+        ptr = np.zeros(n_values + 1, np.int64)
+        np.cumsum(np.bincount(column, minlength=n_values), out=ptr[1:])
+        value_example = np.full(n_values, -1, np.int64)
+        value_example[sorted_column] = sorted_example
+        return cls(ptr, order, value_example)
+
+    def join(self, left_example: np.ndarray, left_value: np.ndarray, right_unique: bool = False) -> tuple:
+        """All pairs ``(i, j)`` with equal example and value, ordered as :func:`join` orders them."""
+        start = self.ptr[left_value]
+        counts = self.ptr[left_value + 1] - start
+        counts[self.example[left_value] != left_example] = 0
+        if right_unique:
+            left = np.flatnonzero(counts)
+            return left, self.order[start[left]]
+        left = np.repeat(np.arange(left_value.size, dtype=np.int64), counts)
+        return left, self.order[expand_runs(start, counts)]
