@@ -474,3 +474,28 @@ def test_other_template_errors(rules, match):
 def test_error_duplicate_fact():
     with pytest.raises(TemplateError, match=r"relation a/1: the fact a\(1\) is given twice in example 0"):
         _ground([R.q <= R.a(V.X)], {"a": Relation([1, 1], example=[0, 0])})
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2 ** 31), st.integers(1, 40), st.integers(0, 60), st.booleans())
+def test_column_index_join_equals_the_key_join(seed, n_values, n_left, unique):
+    """The CSR join on (example, one column) gives the sort-merge join's pairs in its order, and is refused when a
+    value occurs in two examples."""
+    from neurovec.sources.relational.joins import ColumnIndex, join
+    rng = np.random.default_rng(seed)
+    home = rng.integers(0, 4, n_values)                      # each value lives in one example
+    column = rng.permutation(n_values) if unique else rng.integers(0, n_values, 2 * n_values)
+    example = home[column]
+    left_value = rng.integers(0, n_values, n_left)
+    left_example = np.where(rng.random(n_left) < 0.8, home[left_value], rng.integers(0, 4, n_left))
+    index = ColumnIndex.build(column, example, n_values)
+    got = index.join(left_example, left_value, right_unique=unique)
+    expected = join(left_example * n_values + left_value, example * n_values + column, right_unique=unique)
+    for g, e in zip(got, expected):
+        np.testing.assert_array_equal(g, e)
+    if n_values > 1 and column.size > 1:
+        shared = column.copy()
+        shared[:2] = column[0]
+        mixed = example.copy()
+        mixed[:2] = [0, 1]
+        assert ColumnIndex.build(shared, mixed, n_values) is None

@@ -93,7 +93,7 @@ def encode_relation(name: str, relation: Relation, constants: Vocabulary, exampl
     values = relation.values
     if relation.example is None:
         n = relation.size
-        order = _sorted_rows(args) if args else np.arange(n)
+        order = _sorted_rows(row_keys([np.asarray(a, np.int64) for a in args])[0]) if args else np.arange(n)
         args = [a[order] for a in args]
         values = values[order] if values is not None else None
         weights = [weights[k] for k in order.tolist()] if weights is not None else None
@@ -103,29 +103,36 @@ def encode_relation(name: str, relation: Relation, constants: Vocabulary, exampl
     else:
         example = examples.encode(relation.example)
         rows = np.flatnonzero(np.isin(example, scope)) if scope.size < examples.size else np.arange(example.size)
-        order = rows[_sorted_rows([example[rows]] + [a[rows] for a in args])]
+        (key,) = row_keys([example[rows]] + [a[rows] for a in args])
+        sorted_rows = _sorted_rows(key)
+        order = rows[sorted_rows]
         example, args = example[order], [a[order] for a in args]
         values = values[order] if values is not None else None
         value_row = np.arange(order.size, dtype=np.int64)
+        table = FactTable(name, example, args, value_row, values, weights)
+        check_duplicates(table, constants, examples, key[sorted_rows])  # the rows' keys, sorted
+        return table
     table = FactTable(name, example, args, value_row, values, weights)
     check_duplicates(table, constants, examples)
     return table
 
 
-def _sorted_rows(columns: list) -> np.ndarray:
-    """The order that sorts rows by their columns (lexicographically, stable); the identity when already sorted."""
-    (key,) = row_keys([np.asarray(c, np.int64) for c in columns])
+def _sorted_rows(key: np.ndarray) -> np.ndarray:
+    """The order that sorts the rows' keys (stable); the identity when already sorted."""
     if key.size < 2 or bool(np.all(key[1:] >= key[:-1])):
         return np.arange(key.size)
     return np.argsort(key, kind="stable")
 
 
-def check_duplicates(table: FactTable, constants: Vocabulary, examples: Vocabulary) -> None:
+def check_duplicates(table: FactTable, constants: Vocabulary, examples: Vocabulary,
+                     key: np.ndarray | None = None) -> None:
     """A ground atom given twice (in one example) is an error: NeuraLogic would silently keep the first value.
-    The table is sorted, so a duplicate is next to its twin."""
+    The table is sorted, so a duplicate is next to its twin. ``key``: the rows' keys (:func:`row_keys` of the
+    example and the arguments), when known."""
     if table.size < 2:
         return
-    (key,) = row_keys([table.example] + table.args)
+    if key is None:
+        (key,) = row_keys([table.example] + table.args)
     twins = np.flatnonzero(key[1:] == key[:-1])
     if not twins.size:
         return
