@@ -383,6 +383,9 @@ def from_neuralogic(model, built, *, warn: bool = True) -> Graph:
     aggregation[computed] = _per_neuron(nr, np.flatnonzero(computed), nr.combination, _AGGREGATION, "combination")
     plan = np.full(n, None, dtype=object)
     transformations = _leaky_relu_plans(nr, computed)
+    picks = np.flatnonzero(computed & (nr.transformation == "AtIndex"))
+    if picks.size:  # validated by _split_softmaxes below
+        transformations["AtIndex"] = ("identity", None, ())
     plan[computed] = _per_neuron(nr, np.flatnonzero(computed), nr.transformation, transformations,
                                  "transformation")
     # NeuraLogic replaces a softmax or sparsemax of a single input by the constant 1 (ConstantOne) and then
@@ -396,6 +399,7 @@ def from_neuralogic(model, built, *, warn: bool = True) -> Graph:
             raise NeuraLogicImportError(f"{nr.describe(silent[unknown[0]])}: it computes with {function[unknown[0]]} "
                                         "but reports no combination or transformation; not supported")
         _refuse_constant_one_first(nr, aggregation == "one", computed & ((counts > 1) | (nr.offset != _ZERO_WEIGHT)))
+    pick_index = _split_softmaxes(nr, picks, aggregation, owner) if picks.size else None
     # A softmax combination is the concatenation of the inputs, then softmax; the neuron's own transformation
     # comes after that, as extra steps (NeuraLogic computes T(softmax(inputs))).
     softmax = np.flatnonzero(aggregation == "softmax")
@@ -448,6 +452,11 @@ def from_neuralogic(model, built, *, warn: bool = True) -> Graph:
     weight_shape = np.array([shapes.id(w.shape) for w in weights] + [-1], dtype=np.int64)  # [-1]: no weight
     edge_shape = np.full(owner.size, -1, dtype=np.int64)
     edge_depth = depth[owner]
+    # Neurons whose NeuraLogic value is a scalar that neurovec holds as a vector of one element (an AtIndex pick
+    # of scores computed by a row-vector weight, and neurons of such values alone): read unweighted, they count
+    # as scalars (NeuraLogic broadcasts them), widened by a fixed (d, 1) matrix of ones (see _neuron_layer).
+    one_as_scalar = np.zeros(n, dtype=bool)
+    one_id = shapes.id((1,))
     for level in range(1, int(depth.max()) + 1):
         edges = np.flatnonzero(edge_depth == level)
         # One product_shape per distinct (weight shape, input shape) pair, encoded as one integer.
@@ -468,10 +477,13 @@ def from_neuralogic(model, built, *, warn: bool = True) -> Graph:
         edge_shape[edges] = result[inverse.reshape(-1)]
         neurons = np.flatnonzero(depth == level)
         joins = np.isin(aggregation[neurons], _CONCATENATIONS)  # concatenations take inputs of any size
-        high = _segment(np.maximum, edge_shape, nr.ptr, neurons)
+        edge_one = np.zeros(owner.size, dtype=bool)
+        edge_one[edges] = one_as_scalar[nr.inputs[edges]] & (edge_weight[edges] == NO_WEIGHT)
+        edge_code = np.where(edge_one, 0, edge_shape)
+        high = _segment(np.maximum, edge_code, nr.ptr, neurons)
         # NeuraLogic broadcasts scalar inputs (e.g. an unweighted fact of value 1 in a sum of vectors), so
         # only the non-scalar inputs must agree.
-        low_source = np.where(edge_shape == 0, np.iinfo(np.int64).max, edge_shape)
+        low_source = np.where(edge_code == 0, np.iinfo(np.int64).max, edge_code)
         low = _segment(np.minimum, low_source, nr.ptr, neurons)
         low = np.where(low == np.iinfo(np.int64).max, 0, low)
         mismatch = np.flatnonzero((high != low) & ~joins)
@@ -480,8 +492,21 @@ def from_neuralogic(model, built, *, warn: bool = True) -> Graph:
             found = sorted({shapes.shapes[s] for s in edge_shape[nr.ptr[j]:nr.ptr[j + 1]]})
             raise NeuraLogicImportError(f"{nr.describe(j)}: its weighted inputs have different shapes {found}")
         shape[neurons] = np.where(np.isin(aggregation[neurons], ("count", "one")), 0, high)
+        # A scalar in NeuraLogic held as one element: where such an input is among scalars only.
+        ones = (shape[neurons] == 0) & ~joins & ~np.isin(aggregation[neurons], ("count", "one")) & \
+            _segment(np.logical_or, edge_one, nr.ptr, neurons)
+        ones |= (aggregation[neurons] == "pick") & (high == one_id)
+        shape[neurons[ones]] = one_id
+        one_as_scalar[neurons[ones]] = True
         if joins.any():
             shape[neurons[joins]] = _concatenation_shapes(nr, neurons[joins], edge_shape, offset, weights, shapes)
+        split = neurons[aggregation[neurons] == "softmax_split"]
+        long = split[[int(np.prod(shapes.shapes[s], dtype=np.int64)) != 1 for s in shape[split].tolist()]]
+        if long.size:
+            raise NeuraLogicImportError(
+                f"{nr.describe(long[0])}: a softmax(agg_terms=[...]) aggregation of {shapes.shapes[shape[long[0]]]} "
+                "values (NeuraLogic concatenates them and AtIndex picks single elements); neurovec imports it for "
+                "groundings of one element each (scalars or one-element vectors), as GATv2Conv's scores")
 
     output_shape = shape[nr.queries]
     differs = np.flatnonzero(output_shape != output_shape[0])
@@ -494,8 +519,57 @@ def from_neuralogic(model, built, *, warn: bool = True) -> Graph:
             "import the samples whose outputs have equal shapes separately")
     fact_weight = to_neurovec(nr.fact_weight, nr.facts, "learnable fact value") if nr.fact_weight.size else \
         nr.fact_weight
+    edge_one = one_as_scalar[nr.inputs] & (edge_weight == NO_WEIGHT)
     return _assemble(nr, weights, constants, shapes, shape, depth, aggregation, plan, edge_weight, edge_shape,
-                     offset, fact_weight)
+                     offset, fact_weight, pick_index, edge_one)
+
+
+def _split_softmaxes(nr: _Neurons, picks: np.ndarray, aggregation: np.ndarray, owner: np.ndarray) -> np.ndarray:
+    """NeuraLogic's ``softmax(agg_terms=[...])`` (GATv2's attention): a softmax neuron ``S`` over groundings
+    ``r_1..r_k``, read only by atoms whose transformation ``AtIndex(i)`` picks ``softmax(r)_i``.
+
+    Marks those softmax neurons ``"softmax_split"`` and the picks ``"pick"`` in ``aggregation`` (built by
+    _softmax_split_layers and _pick_layer) and returns, per neuron, the index it picks (-1 for the others).
+    A pick of NeuraLogic's constant ONE (the softmax of a single grounding) stays what it is: that one.
+    """
+    index = np.full(nr.index.size, -1, dtype=np.int64)
+    index[picks] = nr.java.at_indices()[picks]
+    several = picks[np.diff(nr.ptr)[picks] != 1]
+    if several.size:
+        raise NeuraLogicImportError(f"{nr.describe(several[0])}: an AtIndex transformation of several inputs "
+                                    "(it picks one element of a single softmax aggregation); not supported")
+    softmax = nr.inputs[nr.ptr[picks]]
+    one = aggregation[softmax] == "one"
+    wrong = np.flatnonzero(~one & (aggregation[softmax] != "softmax"))
+    if wrong.size:
+        j = int(picks[wrong[0]])
+        raise NeuraLogicImportError(f"{nr.describe(j)}: an AtIndex transformation of "
+                                    f"{nr.describe(softmax[wrong[0]])}, which is not a softmax aggregation; "
+                                    "neurovec imports AtIndex only as the pick of softmax(agg_terms=[...]) (build "
+                                    "with chain_pruning=False: NeuraLogic's chain pruning removes the softmax of a "
+                                    "single grounding, keeping its AtIndex or reading the score in its place)")
+    if np.any(index[picks[one]] != 0):
+        raise NeuraLogicImportError(f"{nr.describe(picks[one][index[picks[one]] != 0][0])}: AtIndex beyond the "
+                                    "single value of a softmax of one grounding")
+    split = np.unique(softmax[~one])
+    readers = owner[np.isin(nr.inputs, split)]
+    whole = readers[nr.transformation[readers] != "AtIndex"]
+    if whole.size:
+        raise NeuraLogicImportError(
+            f"{nr.describe(whole[0])}: reads a softmax(agg_terms=[...]) aggregation whole, while AtIndex atoms pick "
+            "its elements; neurovec imports such a softmax only when every reader picks one element")
+    transformed = split[~np.isin(nr.transformation[split], ("", "Identity"))]
+    if transformed.size:
+        raise NeuraLogicImportError(f"{nr.describe(transformed[0])}: a transformation "
+                                    f"{nr.transformation[transformed[0]]!r} of a softmax(agg_terms=[...]) "
+                                    "aggregation; not supported")
+    outside = np.flatnonzero(~one & (index[picks] >= np.diff(nr.ptr)[softmax]))
+    if outside.size:
+        raise NeuraLogicImportError(f"{nr.describe(picks[outside[0]])}: AtIndex {int(index[picks[outside[0]]])} "
+                                    f"beyond the groundings of {nr.describe(softmax[outside[0]])}")
+    aggregation[split] = "softmax_split"
+    aggregation[picks[~one]] = "pick"
+    return index
 
 
 def _concatenation_shapes(nr, neurons, edge_shape, offset, weights, shapes) -> np.ndarray:
@@ -546,16 +620,21 @@ def _segment(ufunc, values: np.ndarray, ptr: np.ndarray, neurons: np.ndarray) ->
 
 
 def _assemble(nr, weights, constants, shapes, shape, depth, aggregation, plan, edge_weight, edge_shape,
-              offset, fact_weight) -> Graph:
+              offset, fact_weight, pick_index, edge_one) -> Graph:
     """Group the neurons into layers and write the CSR arrays of each layer.
 
     ``fact_weight``: per fact, the neurovec weight that is its (learnable) value, or NO_WEIGHT.
+    ``pick_index``: per neuron, the element its AtIndex picks (or None if there are none); ``edge_one``: per
+    edge, whether it reads a NeuraLogic scalar held as a one-element vector (see from_neuralogic).
     """
     n = nr.index.size
     is_fact = nr.kind == _FACT
     layers: list = []
     layer_of = np.full(n, -1, dtype=np.int64)   # the layer other neurons read a neuron from
     ordinal_of = np.full(n, -1, dtype=np.int64)
+    # Split softmaxes (see _softmax_split_layers): the layer of their exp(r_j - max r) rows, and their first row.
+    exp_layer_of = np.full(n, -1, dtype=np.int64)
+    exp_row_of = np.full(n, -1, dtype=np.int64)
 
     # Facts: scalar ones are unit facts (W . 1 = W), the rest grouped by shape; learnable ones come after.
     fact_positions = nr.facts
@@ -611,13 +690,24 @@ def _assemble(nr, weights, constants, shapes, shape, depth, aggregation, plan, e
         label = "+".join(predicates[:3]) + ("+..." if len(predicates) > 3 else "")
         combination = f"{agg}:" if agg in _CONCATENATIONS else ""
         name = _unique(f"d{level}:{label}:{combination}{nr.transformation[first] or 'identity'}", layers)
-        if agg in _CONCATENATIONS:
+        if agg == "softmax_split":
+            layer = _softmax_split_layers(name, nr, members, edge_weight, layer_of, ordinal_of, constants, layers,
+                                          exp_layer_of, exp_row_of)
+        elif agg == "pick":
+            softmax = nr.inputs[nr.ptr[members]]
+            layer = NeuronLayer(name, counts=np.full(members.size, 2),
+                                input_layer=np.stack([exp_layer_of[softmax], layer_of[softmax]], 1).reshape(-1),
+                                input_ordinal=np.stack([exp_row_of[softmax] + pick_index[members],
+                                                        ordinal_of[softmax]], 1).reshape(-1),
+                                aggregation="prod", transformation=transformation)
+        elif agg in _CONCATENATIONS:
             layer = _concat_layer(name, nr, members, transformation, fixed_bias, shapes.shapes[shape_id],
                                   edge_weight, edge_shape, offset, layer_of, ordinal_of, unit_ref, constants,
                                   weights, shapes, layers)
         else:
             layer = _neuron_layer(name, nr, members, agg, transformation, fixed_bias, shapes.shapes[shape_id],
-                                  edge_weight, edge_shape, offset, layer_of, ordinal_of, unit_ref, constants)
+                                  edge_weight, edge_shape, offset, layer_of, ordinal_of, unit_ref, constants,
+                                  edge_one)
         layers.append(layer)
         layer_of[members] = len(layers) - 1
         ordinal_of[members] = np.arange(members.size)
@@ -708,8 +798,39 @@ def _unique(name: str, layers: list) -> str:
     return candidate
 
 
+def _softmax_split_layers(name, nr, members, edge_weight, layer_of, ordinal_of, constants, layers, exp_layer_of,
+                          exp_row_of) -> NeuronLayer:
+    """The softmax neurons ``members`` of groundings ``r_1..r_k`` (values of one element), split so that each
+    grounding's own weight ``softmax(r)_j = e_j / sum_i e_i`` with ``e_j = exp(r_j - max_i r_i)`` can be read:
+
+    appends a layer of ``m = max_i r_i`` and one of the ``e_j`` (``exp(r_j + (-1) m)``, one row per grounding,
+    ``exp_row_of[S]`` the first of softmax S); returns the layer of ``1 / sum_i e_i``, which stands for the
+    softmax neurons. A pick (AtIndex j) is then the product ``e_j * (1 / sum_i e_i)``. Subtracting the maximum
+    keeps exp from overflowing, as a softmax does.
+    """
+    starts = nr.ptr[members]
+    lengths = nr.ptr[members + 1] - starts
+    edges = _edges_of(starts, lengths)
+    src = nr.inputs[edges]
+    layers.append(NeuronLayer(_unique(f"{name}:max", layers), counts=lengths, input_layer=layer_of[src],
+                              input_ordinal=ordinal_of[src], input_weight=edge_weight[edges], aggregation="max"))
+    peak = len(layers) - 1
+    owner_row = np.repeat(np.arange(members.size), lengths)
+    minus_one = constants.get(repr(-1.0), -1.0)
+    layers.append(NeuronLayer(
+        _unique(f"{name}:exp(r-max)", layers), counts=np.full(edges.size, 2),
+        input_layer=np.stack([layer_of[src], np.full(edges.size, peak)], 1).reshape(-1),
+        input_ordinal=np.stack([ordinal_of[src], owner_row], 1).reshape(-1),
+        input_weight=np.stack([edge_weight[edges], np.full(edges.size, minus_one)], 1).reshape(-1),
+        transformation="exp"))
+    exp_layer_of[members] = len(layers) - 1
+    exp_row_of[members] = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    return NeuronLayer(name, counts=lengths, input_layer=np.full(edges.size, len(layers) - 1),
+                       input_ordinal=np.arange(edges.size), transformation="inverse")
+
+
 def _neuron_layer(name, nr, members, agg, transformation, fixed_bias, out_shape, edge_weight, edge_shape,
-                  offset, layer_of, ordinal_of, unit_ref, constants) -> NeuronLayer:
+                  offset, layer_of, ordinal_of, unit_ref, constants, edge_one) -> NeuronLayer:
     """One layer's CSR arrays; offsets become biases (sums) or a first input from the unit fact (others)."""
     starts, ends = nr.ptr[members], nr.ptr[members + 1]
     lengths = ends - starts
@@ -745,6 +866,14 @@ def _neuron_layer(name, nr, members, agg, transformation, fixed_bias, out_shape,
                                         "not supported")
         if scalar.any():
             in_weight[scalar] = constants.get(f"ones{out_shape}", np.ones(out_shape))
+        # A NeuraLogic scalar held as one element (an AtIndex pick): a (d, 1) matrix of ones gives d copies.
+        one = edge_one[edges] & (out_shape != (1,))
+        if one.any():
+            if len(out_shape) != 1:
+                j = int(members[np.searchsorted(np.cumsum(lengths), np.flatnonzero(one)[0], "right")])
+                raise NeuraLogicImportError(f"{nr.describe(j)}: an AtIndex pick (a scalar in NeuraLogic) among "
+                                            f"{out_shape} matrix inputs is not supported")
+            in_weight[one] = constants.get(f"ones{out_shape + (1,)}", np.ones(out_shape + (1,)))
     if fixed_bias is not None:
         bias[:] = constants.get(repr(fixed_bias), fixed_bias)
     has_offset = neuron_offset != NO_WEIGHT

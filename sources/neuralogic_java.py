@@ -57,6 +57,8 @@ class SampleArrays:
     state_functions: object = None
     # () -> per neuron, the slope of its LeakyReLu transformation (NaN for other transformations).
     leaky_slopes: object = None
+    # () -> per neuron, the index its AtIndex transformation picks (-1 for other transformations).
+    at_indices: object = None
 
     def names(self, positions) -> list:
         """Neuron names (NeuraLogic's ``getName()``), one JVM call each: for messages and layer names."""
@@ -185,6 +187,15 @@ class JavaReader:
             MH.dropArguments(MH.constant(double_t, J("java.lang.Double")(float("nan"))), 0, base)),
             "java.util.function.ToDoubleFunction")
 
+        # AtIndex (softmax(agg_terms=[...]), as in GATv2) keeps the element it picks in a private field: per
+        # neuron, that index if the transformation is an AtIndex, else -1.
+        at_index = cls("cz.cvut.fel.ida.algebra.functions.transformation.joint.AtIndex")
+        index_field = at_index.getDeclaredField("index")
+        index_field.setAccessible(True)
+        self.at_index = fn(MH.guardWithTest(
+            then(transformation, is_instance.bindTo(at_index)), then(transformation, lookup.unreflectGetter(index_field)),
+            MH.dropArguments(MH.constant(int_t, J("java.lang.Integer").valueOf(-1)), 0, base)), to_int)
+
     def _state_function_name(self, neuron) -> str:
         """The class of a neuron's state function, e.g. ``ConstantOne$State`` (``""`` for none)."""
         state = neuron.getComputationView(0)
@@ -257,6 +268,8 @@ class JavaReader:
             named=True)
         arrays.leaky_slopes = lambda: np.asarray(memoryview(  # on demand: only if some neuron has a LeakyReLu
             neurons.stream().mapToDouble(self.leaky_slope).toArray()), dtype=np.float64).copy()
+        arrays.at_indices = lambda: self._ints(  # on demand: only if some neuron has an AtIndex
+            neurons.stream().mapToInt(self.at_index))
         return arrays
 
 

@@ -32,12 +32,13 @@ def tu_dataset(tu, samples=None, use_attributes: bool = False):
 
 
 def gnn_model(kind: str, in_dim: int, hidden: int = 8, layers: int = 2, readout_aggregation=None):
-    """A PyNeuraLogic ``Model`` of ``layers`` GCN (``kind="gcn"``) or GraphSAGE (``"sage"``) layers from
-    ``neuralogic.nn.module``, ReLU between them, then ``predict`` = sigmoid(W . avg_i h(i))."""
+    """A PyNeuraLogic ``Model`` of ``layers`` GCN (``kind="gcn"``), GraphSAGE (``"sage"``) or GATv2
+    (``"gatv2"``) layers from ``neuralogic.nn.module``, ReLU between them, then ``predict`` =
+    sigmoid(W . avg_i h(i))."""
     from neuralogic.core import Aggregation, Metadata, Model, R, Transformation, V
-    from neuralogic.nn.module import GCNConv, SAGEConv
+    from neuralogic.nn.module import GATv2Conv, GCNConv, SAGEConv
 
-    conv = {"gcn": GCNConv, "sage": SAGEConv}[kind]
+    conv = {"gcn": GCNConv, "sage": SAGEConv, "gatv2": GATv2Conv}[kind]
     model, source, dim = Model(), "node_feature", in_dim
     for k in range(1, layers + 1):
         activation = Transformation.RELU if k < layers else Transformation.IDENTITY

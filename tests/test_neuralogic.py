@@ -29,6 +29,8 @@ from neurovec.sources.neuralogic import (  # noqa: E402
     NeuraLogicImportError, from_neuralogic, neuralogic_outputs, weights_to_neuralogic)
 from neurovec.sources.neuralogic_tu import gnn_model, tu_dataset  # noqa: E402
 
+from .equivalence import assert_equivalent  # noqa: E402
+
 neuralogic.logging.clear_handlers()
 
 PRUNED = dict(chain_pruning=True, iso_value_compression=True)       # NeuraLogic's defaults
@@ -334,17 +336,47 @@ def test_outputs_of_different_lengths(aggregation):
         neuralogic_outputs(model, built)
 
 
-def test_gatv2_refusal_names_the_attention():
+def _gatv2_model_and_dataset(activation=Transformation.IDENTITY):
+    """Two GATv2Conv layers on 5 nodes; node 3 has only its self loop (a softmax of one grounding, which
+    NeuraLogic replaces by its constant ONE) and node 4 only an edge out."""
     from neuralogic.nn.module import GATv2Conv
     model = Model()
-    model += GATv2Conv(3, 2, "h1", "x", "edge")()
-    ds = Dataset()
+    model += GATv2Conv(3, 2, "h1", "x", "edge", activation=Transformation.TANH)()
+    model += GATv2Conv(2, 2, "h2", "h1", "edge", activation=activation, share_weights=True)()
     rng = np.random.default_rng(0)
-    ds.add(R.h1("0")[[0.0, 0.0]], [R.x(str(i))[rng.normal(size=3).tolist()] for i in range(3)] +
-           [R.edge(str(a), str(b)) for a, b in [(0, 1), (1, 0), (1, 2), (2, 1), (0, 2)]])
-    with pytest.raises(NeuraLogicImportError, match=r"AtomNeuron '_h1__attention.*'AtIndex' \(.*softmax aggregation"
-                                                    r".*GATv2Conv.*neurovec would need"):
-        from_neuralogic(model, build(model, ds, **UNPRUNED), warn=False)
+    facts = [R.x(str(i))[rng.normal(size=3).tolist()] for i in range(5)] + \
+        [R.edge(str(a), str(b)) for a, b in [(0, 1), (1, 0), (1, 2), (2, 1), (0, 2), (4, 0)]]
+    ds = Dataset()
+    for node in range(5):
+        ds.add(R.h2(str(node))[[0.0, 0.0]], facts)
+    return model, ds
+
+
+def test_gatv2_equals_neuralogic():
+    """GATv2's softmax(agg_terms=[J]) with AtIndex picks: each edge's attention weight exp(s_e - max) / sum, then
+    a product with a vector (the weight is a scalar in NeuraLogic, a one-element vector here)."""
+    model, ds = _gatv2_model_and_dataset()
+    presets = ["unoptimized"] + PRESETS
+    graph = assert_same(model, build(model, ds, **UNPRUNED), presets=presets)
+    assert any(layer.name.endswith(":exp(r-max)") for layer in graph.layers)
+    for preset in presets:
+        assert_equivalent(graph, neurovec.compile(graph, CompileSettings.preset(preset), dtype=torch.float64))
+
+
+@pytest.mark.slow
+def test_gatv2_under_every_preset():
+    model, ds = _gatv2_model_and_dataset()
+    graph = assert_same(model, build(model, ds, **UNPRUNED), presets=list_presets())
+    for preset in list_presets():
+        assert_equivalent(graph, neurovec.compile(graph, CompileSettings.preset(preset), dtype=torch.float64))
+
+
+def test_gatv2_with_chain_pruning_is_refused():
+    """NeuraLogic's chain pruning removes the softmax of a single grounding but keeps the AtIndex reading it."""
+    model, ds = _gatv2_model_and_dataset()
+    with pytest.raises(NeuraLogicImportError, match=r"AtomNeuron '_h1__attention\(([34]), \1\)'\): an AtIndex transformation "
+                                                    r"of .*not a softmax aggregation.*chain_pruning=False"):
+        from_neuralogic(model, build(model, ds, chain_pruning=True, iso_value_compression=False), warn=False)
 
 
 def test_learnable_template_facts(tmp_path):
@@ -433,6 +465,14 @@ def mutag(tu_dir):
 def test_gnn_on_mutag(mutag, kind, settings):
     model = gnn_model(kind, mutag.node_features().shape[1], hidden=8)
     assert_same(model, build(model, tu_dataset(mutag, samples=np.arange(24)), **settings))
+
+
+@pytest.mark.parametrize("settings", [PRUNED, UNPRUNED], ids=["pruned", "unpruned"])
+def test_gatv2_on_mutag(mutag, settings):
+    """Two GATv2Conv layers (every MUTAG node has a neighbour, so no softmax is of a single grounding and
+    NeuraLogic's chain pruning keeps them all)."""
+    model = gnn_model("gatv2", mutag.node_features().shape[1], hidden=4)
+    assert_same(model, build(model, tu_dataset(mutag, samples=np.arange(4)), **settings))
 
 
 def test_vector_max_readout_is_refused(mutag):
