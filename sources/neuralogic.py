@@ -61,6 +61,10 @@ _NEEDS_EXTENSION = {  # what neurovec's graph would need for the rest
                  "softmax combination: the concatenation of the inputs, then sparsemax)",
     "CrossSum": "a cross-sum combination", "CosineSim": "a cosine-similarity combination",
     "FunctionGraph": "nested function graphs inside a rule",
+    "Normalization": "a 'norm' transformation ((x - mean) / sqrt(variance + 1e-10) over a value's elements, "
+                     "NeuraLogic's NORM, as neuralogic.nn's TransformerEncoder uses)",
+    "Slice": "a 'slice' transformation (a block of a vector's or matrix's rows, as neuralogic.nn's "
+             "MultiheadAttention with several heads uses)",
     "AtIndex": "an aggregation that hands each grounding its own softmax weight (a softmax over each neuron's "
                "groundings whose elements feed other neurons, then a gather by grounding)",
 }
@@ -386,6 +390,11 @@ def from_neuralogic(model, built, *, warn: bool = True) -> Graph:
     picks = np.flatnonzero(computed & (nr.transformation == "AtIndex"))
     if picks.size:  # validated by _split_softmaxes below
         transformations["AtIndex"] = ("identity", None, ())
+    # transpose(k(Y)) (neuralogic.nn's Attention) is imported only as the left factor of a dot product, where
+    # neurovec needs no transposition (validated in the shape pass below).
+    transposed = computed & (nr.transformation == "Transposition")
+    if transposed.any():
+        transformations["Transposition"] = ("identity", None, ())
     plan[computed] = _per_neuron(nr, np.flatnonzero(computed), nr.transformation, transformations,
                                  "transformation")
     # NeuraLogic replaces a softmax or sparsemax of a single input by the constant 1 (ConstantOne) and then
@@ -457,6 +466,8 @@ def from_neuralogic(model, built, *, warn: bool = True) -> Graph:
     # as scalars (NeuraLogic broadcasts them), widened by a fixed (d, 1) matrix of ones (see _neuron_layer).
     one_as_scalar = np.zeros(n, dtype=bool)
     one_id = shapes.id((1,))
+    edge_transposed = transposed[nr.inputs]
+    dot_width = np.full(n, -1, dtype=np.int64)  # per dot product (see _dot_products): the shape id of its factors
     for level in range(1, int(depth.max()) + 1):
         edges = np.flatnonzero(edge_depth == level)
         # One product_shape per distinct (weight shape, input shape) pair, encoded as one integer.
@@ -498,6 +509,12 @@ def from_neuralogic(model, built, *, warn: bool = True) -> Graph:
         ones |= (aggregation[neurons] == "pick") & (high == one_id)
         shape[neurons[ones]] = one_id
         one_as_scalar[neurons[ones]] = True
+        dots = neurons[(aggregation[neurons] == "prod") & _segment(np.logical_or, edge_transposed, nr.ptr, neurons)]
+        if dots.size:
+            dot_width[dots] = _dot_products(nr, dots, edge_code, edge_transposed, edge_weight, shapes)
+            aggregation[dots] = "dot"
+            shape[dots] = one_id
+            one_as_scalar[dots] = True
         if joins.any():
             shape[neurons[joins]] = _concatenation_shapes(nr, neurons[joins], edge_shape, offset, weights, shapes)
         split = neurons[aggregation[neurons] == "softmax_split"]
@@ -508,6 +525,14 @@ def from_neuralogic(model, built, *, warn: bool = True) -> Graph:
                 "values (NeuraLogic concatenates them and AtIndex picks single elements); neurovec imports it for "
                 "groundings of one element each (scalars or one-element vectors), as GATv2Conv's scores")
 
+    misread = np.flatnonzero(edge_transposed & (aggregation[owner] != "dot"))
+    if misread.size:
+        e = int(misread[0])
+        raise NeuraLogicImportError(
+            f"{nr.describe(int(owner[e]))}: reads {nr.describe(int(nr.inputs[e]))}, a transposition; neurovec "
+            "imports a transposed vector only as the left factor of a dot product (a product combination of "
+            "scalars, transpose(k) and q, as neuralogic.nn's Attention); other uses would need a 'transpose' "
+            "transformation and matrix products of computed values")
     output_shape = shape[nr.queries]
     differs = np.flatnonzero(output_shape != output_shape[0])
     if differs.size:
@@ -521,7 +546,39 @@ def from_neuralogic(model, built, *, warn: bool = True) -> Graph:
         nr.fact_weight
     edge_one = one_as_scalar[nr.inputs] & (edge_weight == NO_WEIGHT)
     return _assemble(nr, weights, constants, shapes, shape, depth, aggregation, plan, edge_weight, edge_shape,
-                     offset, fact_weight, pick_index, edge_one)
+                     offset, fact_weight, pick_index, edge_one, dot_width)
+
+
+def _dot_products(nr: _Neurons, dots: np.ndarray, edge_code: np.ndarray, edge_transposed: np.ndarray,
+                  edge_weight: np.ndarray, shapes) -> np.ndarray:
+    """Product combinations that read a transposed value: NeuraLogic multiplies left to right, so scalars times
+    ``transpose(k)`` (a row) times ``q`` (a column) is the scalar ``s * (k . q)``. Checks that each of ``dots``
+    has exactly two non-scalar inputs (``edge_code`` 0 is a scalar), the first an unweighted transposition,
+    the second not, both vectors of one length; returns the shape id of those vectors, per neuron.
+
+    neurovec computes it as the elementwise product (scalars widened by ones, see _neuron_layer), then the sum
+    of its elements (a fixed ``(1, d)`` weight of ones): a one-element vector (see ``one_as_scalar``).
+    """
+    positions = np.arange(edge_code.size, dtype=np.int64)
+    wide = edge_code != 0
+    n_wide = _segment(np.add, wide.astype(np.int64), nr.ptr, dots)
+    first = _segment(np.minimum, np.where(wide, positions, edge_code.size), nr.ptr, dots)
+    last = _segment(np.maximum, np.where(wide, positions, -1), nr.ptr, dots)
+    first, last = np.minimum(first, edge_code.size - 1), np.maximum(last, 0)
+    one_dimensional = np.array([len(s) == 1 for s in shapes.shapes])
+    fits = (n_wide == 2) & edge_transposed[first] & (edge_weight[first] == NO_WEIGHT) & ~edge_transposed[last] \
+        & (edge_code[first] == edge_code[last]) & one_dimensional[edge_code[first]] \
+        & (_segment(np.add, edge_transposed.astype(np.int64), nr.ptr, dots) == 1)
+    bad = np.flatnonzero(~fits)
+    if bad.size:
+        j = int(dots[bad[0]])
+        found = [shapes.shapes[c] for c in edge_code[nr.ptr[j]:nr.ptr[j + 1]]]
+        raise NeuraLogicImportError(
+            f"{nr.describe(j)}: a product of a transposed value with input shapes {found} (scalars as ()); neurovec "
+            "imports scalars times transpose(k) times q, with k and q vectors of one length and transpose(k) "
+            "unweighted (a dot product, as neuralogic.nn's Attention); other products of transposed values would "
+            "need a 'transpose' transformation and matrix products of computed values")
+    return edge_code[first]
 
 
 def _split_softmaxes(nr: _Neurons, picks: np.ndarray, aggregation: np.ndarray, owner: np.ndarray) -> np.ndarray:
@@ -620,12 +677,13 @@ def _segment(ufunc, values: np.ndarray, ptr: np.ndarray, neurons: np.ndarray) ->
 
 
 def _assemble(nr, weights, constants, shapes, shape, depth, aggregation, plan, edge_weight, edge_shape,
-              offset, fact_weight, pick_index, edge_one) -> Graph:
+              offset, fact_weight, pick_index, edge_one, dot_width) -> Graph:
     """Group the neurons into layers and write the CSR arrays of each layer.
 
     ``fact_weight``: per fact, the neurovec weight that is its (learnable) value, or NO_WEIGHT.
     ``pick_index``: per neuron, the element its AtIndex picks (or None if there are none); ``edge_one``: per
-    edge, whether it reads a NeuraLogic scalar held as a one-element vector (see from_neuralogic).
+    edge, whether it reads a NeuraLogic scalar held as a one-element vector (see from_neuralogic);
+    ``dot_width``: per dot product (see _dot_products), the shape id of its factors.
     """
     n = nr.index.size
     is_fact = nr.kind == _FACT
@@ -700,6 +758,23 @@ def _assemble(nr, weights, constants, shapes, shape, depth, aggregation, plan, e
                                 input_ordinal=np.stack([exp_row_of[softmax] + pick_index[members],
                                                         ordinal_of[softmax]], 1).reshape(-1),
                                 aggregation="prod", transformation=transformation)
+        elif agg == "dot":
+            # The elementwise products, one layer per factor length, then the sum of their elements.
+            row = np.empty(members.size, dtype=np.int64)
+            source = np.empty(members.size, dtype=np.int64)
+            ones = np.empty(members.size, dtype=np.int64)
+            for width in np.unique(dot_width[members]).tolist():
+                part = np.flatnonzero(dot_width[members] == width)
+                (d,) = shapes.shapes[width]
+                layers.append(_neuron_layer(_unique(f"{name}:product{d}", layers), nr, members[part], "prod",
+                                            "identity", None, (d,), edge_weight, edge_shape, offset, layer_of,
+                                            ordinal_of, unit_ref, constants, edge_one))
+                row[part], source[part] = np.arange(part.size), len(layers) - 1
+                ones[part] = constants.get(f"ones(1, {d})", np.ones((1, d)))
+            bias = np.full(members.size, NO_WEIGHT if fixed_bias is None else constants.get(repr(fixed_bias),
+                                                                                            fixed_bias))
+            layer = NeuronLayer(name, counts=np.ones(members.size, np.int64), input_layer=source,
+                                input_ordinal=row, input_weight=ones, bias=bias, transformation=transformation)
         elif agg in _CONCATENATIONS:
             layer = _concat_layer(name, nr, members, transformation, fixed_bias, shapes.shapes[shape_id],
                                   edge_weight, edge_shape, offset, layer_of, ordinal_of, unit_ref, constants,

@@ -379,6 +379,70 @@ def test_gatv2_with_chain_pruning_is_refused():
         from_neuralogic(model, build(model, ds, chain_pruning=True, iso_value_compression=False), warn=False)
 
 
+def _attention_model_and_dataset(module):
+    """Queries, keys and values projected from x(i) of 4 tokens, then ``module`` (neuralogic.nn attention)."""
+    model = Model()
+    model += (R.q(V.X)[2, 3] <= R.x(V.X))
+    model += (R.k(V.X)[2, 3] <= R.x(V.X))
+    model += (R.v(V.X)[2, 3] <= R.x(V.X)) | Metadata(transformation=Transformation.TANH)
+    model += module
+    rng = np.random.default_rng(1)
+    facts = [R.x(str(i))[rng.normal(size=3).tolist()] for i in range(4)]
+    ds = Dataset()
+    for i in range(4):
+        ds.add(R.out(str(i))[[0.0, 0.0]], facts)
+    return model, ds
+
+
+@pytest.mark.parametrize("module", ["Attention", "MultiheadAttention"])
+def test_attention_equals_neuralogic(module):
+    """neuralogic.nn's Attention: dot(X, Y) = dk * transpose(k(Y)) * q(X) (a product combination, imported as the
+    sum of an elementwise product), a softmax over Y with AtIndex picks, then sum_Y dot(X, Y) * v(Y)."""
+    from neuralogic.nn.module import Attention, MultiheadAttention
+    rules = Attention(2, "out", "q", "k", "v")() if module == "Attention" else \
+        MultiheadAttention(2, 1, "out", "q", "k", "v")()
+    model, ds = _attention_model_and_dataset(rules)
+    presets = ["unoptimized"] + PRESETS
+    graph = assert_same(model, build(model, ds, **UNPRUNED), presets=presets)
+    assert any(":product2" in layer.name for layer in graph.layers)
+    for preset in presets:
+        assert_equivalent(graph, neurovec.compile(graph, CompileSettings.preset(preset), dtype=torch.float64))
+
+
+@pytest.mark.parametrize("module", ["TransformerEncoder", "MultiheadAttention"])
+def test_attention_modules_that_stay_out_name_what_is_missing(module):
+    from neuralogic.nn.module import MultiheadAttention, TransformerEncoder
+    if module == "TransformerEncoder":
+        rules, message = TransformerEncoder(2, 1, 4, "out", "q")(), r"'Normalization' .*a 'norm' transformation"
+    else:
+        rules, message = MultiheadAttention(2, 2, "out", "q", "k", "v")(), r"'Slice' .*a 'slice' transformation"
+    model, ds = _attention_model_and_dataset(rules)
+    with pytest.raises(NeuraLogicImportError, match=r"transformation " + message):
+        from_neuralogic(model, build(model, ds, **UNPRUNED), warn=False)
+
+
+@pytest.mark.parametrize("case", ["read-whole", "outer-product"])
+def test_other_transpositions_are_refused(case):
+    """A transposed vector is imported only as the left factor of a dot product."""
+    model = Model()
+    model += (R.q(V.X)[2, 3] <= R.x(V.X))
+    model += (R.k(V.X)[2, 3] <= R.x(V.X))
+    ds = Dataset()
+    facts = [R.x("0")[[1.0, 2.0, 3.0]], R.x("1")[[0.5, 0.0, -1.0]]]
+    if case == "read-whole":
+        model += R.h(V.X) <= R.k(V.X).T
+        ds.add(R.h("0")[[0.0, 0.0]], facts)
+        message = (r"RuleNeuron 'h\(X\) :- transpose\(k\(X\)\)\.'\): reads .*NegationNeuron.*a transposition; neurovec imports a transposed "
+                   r"vector only as the left factor of a dot product")
+    else:  # q . transpose(k) is an outer product in NeuraLogic
+        model += (R.h(V.X, V.Y) <= (R.q(V.X), R.k(V.Y).T)) | [Combination.PRODUCT]
+        ds.add(R.h("0", "1")[0.0], facts)
+        message = (r"RuleNeuron .*: a product of a transposed value with input shapes \[\(2,\), \(2,\)\].*scalars "
+                   r"times transpose\(k\) times q")
+    with pytest.raises(NeuraLogicImportError, match=message):
+        from_neuralogic(model, build(model, ds, **UNPRUNED), warn=False)
+
+
 def test_learnable_template_facts(tmp_path):
     """A template fact with a learnable value ('0.5 x.', '{2} z.', not '<0.5> x.') is imported as its weight;
     per-sample learnable facts (build_dataset(..., learnable_facts=True)) are refused, named as such."""
