@@ -518,7 +518,8 @@ def from_neuralogic(model, built, *, warn: bool = True) -> Graph:
         if joins.any():
             shape[neurons[joins]] = _concatenation_shapes(nr, neurons[joins], edge_shape, offset, weights, shapes)
         split = neurons[aggregation[neurons] == "softmax_split"]
-        long = split[[int(np.prod(shapes.shapes[s], dtype=np.int64)) != 1 for s in shape[split].tolist()]]
+        n_elements = np.array([int(np.prod(s, dtype=np.int64)) for s in shapes.shapes])  # per distinct shape
+        long = split[n_elements[shape[split]] != 1]
         if long.size:
             raise NeuraLogicImportError(
                 f"{nr.describe(long[0])}: a softmax(agg_terms=[...]) aggregation of {shapes.shapes[shape[long[0]]]} "
