@@ -40,6 +40,7 @@ __all__ = ["first_rows", "first_equal_rows", "first_equal_multisets", "represent
 _MULTIPLIERS = tuple(np.uint64(m) for m in (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB,
                                             0xD6E8FEB86659FD93, 0xA0761D6478BD642F, 0xE7037ED1A0B428DB))
 _SMALL_KEYS = 1 << 10  # keys below max(4n, this) index a table directly
+_RUN_CHUNK = 1 << 20  # run_block reads the changes this many at a time
 
 
 def mix64(x: np.ndarray) -> np.ndarray:
@@ -124,12 +125,15 @@ def run_block(changed: np.ndarray, n: int) -> int:
     if not changed[first]:
         return n  # a single run
     block = math.gcd(first + 1, n)
-    if block == 1:
-        return 1
-    starts = np.flatnonzero(changed) + 1
-    if not np.any(starts % block):
-        return block
-    return int(np.gcd.reduce(np.append(np.gcd(starts, block), block)))
+    # gcd(block, every run start), a chunk of changes at a time: no array of all the starts, and
+    # done as soon as the gcd is 1.
+    for lo in range(first + 1, changed.size, _RUN_CHUNK):
+        if block == 1:
+            break
+        starts = np.flatnonzero(changed[lo:lo + _RUN_CHUNK]) + (lo + 1)
+        if starts.size:
+            block = math.gcd(block, int(np.gcd.reduce(starts % block)))
+    return block
 
 
 def dense_ranks(keys: np.ndarray, bound: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -112,6 +112,10 @@ def _interleave_factor(index: np.ndarray, diffs: np.ndarray) -> int:
 def _tile_factor(index: np.ndarray, n: int) -> int:
     """Largest r such that ``index`` is one sequence repeated r times (dimension-1 repetition)."""
     length = index.size
+    # A repetition r divides the length and puts index[0] again at length // r: where no divisor
+    # passes that spot check (the usual case), the counting below is not needed.
+    if not any(index[length // r] == index[0] for r in _divisors_descending(length) if r > 1):
+        return 1
     # Every value occurs a multiple of r times: r divides the gcd of the value counts.
     if n <= 4 * length:
         counts = np.bincount(index, minlength=n)
