@@ -94,3 +94,21 @@ def test_run_block_against_gcd_of_run_starts():
         for start in np.flatnonzero(np.diff(seq)) + 1:
             expected = gcd(expected, int(start))
         assert run_block(seq[1:] != seq[:-1], n) == max(expected, 1), seq
+
+
+def test_run_block_reads_the_changes_in_chunks(monkeypatch):
+    """run_block reads the changes a chunk at a time: run starts on either side of every chunk
+    boundary count (a small chunk, against the gcd of all run starts)."""
+    from math import gcd
+    from neurovec.compiler import grouping
+    monkeypatch.setattr(grouping, "_RUN_CHUNK", 3)
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        runs = rng.integers(1, 4, size=int(rng.integers(1, 6))) * int(rng.integers(1, 4))
+        seq = np.repeat(np.arange(runs.size), runs)
+        if rng.random() < 0.5:
+            seq = np.tile(seq, int(rng.integers(1, 4)))
+        expected = seq.size
+        for start in np.flatnonzero(np.diff(seq)) + 1:
+            expected = gcd(expected, int(start))
+        assert grouping.run_block(seq[1:] != seq[:-1], seq.size) == expected, seq
