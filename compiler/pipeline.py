@@ -18,8 +18,8 @@ from ..engines.torch_module import CompiledModule
 from ..progress import Progress
 from ..sources.graph import FactLayer, Graph
 from .ir import IRError, Program
-from .passes import (broadcast_adds, cleanup, coefficients, dedup, dedup_facts, fold_constants, iso_compression,
-                     kernels, linear_broadcast, padding, reorder_linear, segments, simplify_gathers,
+from .passes import (broadcast_adds, cleanup, coefficients, compose_gathers, dedup, dedup_facts, fold_constants,
+                     iso_compression, kernels, linear_broadcast, padding, reorder_linear, segments, simplify_gathers,
                      split_products, sum_parts, unit_facts, unstack_weights, upward)
 from .settings import Settings
 from .vectorizer import vectorize
@@ -87,6 +87,8 @@ PIPELINE: list[tuple[str, Callable[[Settings], bool], Pass]] = [
     ("remove_identity (after algebra)", lambda s: s.remove_identity, cleanup.remove_identity),
     ("broadcast_adds", lambda s: s.broadcast_adds, broadcast_adds.broadcast_adds),
     ("choose_kernels", lambda s: True, kernels.choose_kernels),
+    # Needs the kernels: a gather of a fused sum's rows becomes part of the sparse matrix.
+    ("compose_gathers", lambda s: s.compose_gathers, compose_gathers.compose_gathers),
 ]
 
 

@@ -101,6 +101,10 @@ class Settings(BaseModel):
     broadcast_adds: bool = Field(
         True, description="Add a bias shared by all rows as its one row (broadcast), not repeated to every row.")
 
+    compose_gathers: bool = Field(
+        True, description="A gather of a fused sparse sum's rows picks the sparse matrix's rows instead, where "
+                          "that adds fewer edges than the gather has rows (undoes a deduplication that saved little).")
+
     # -- kernels ------------------------------------------------------------------------------------
     reduce_kernel: Literal["auto", "scatter", "segment", "dense", "sparse_mm"] = Field(
         "auto", description="Kernel for segment reductions: chosen per layer by a cost model, or forced.")
@@ -118,7 +122,7 @@ _ALL_OFF = dict(
     upward=False, simplify_gathers=False, segment_reductions=False, dense_reductions=False,
     transposed_reductions=False, remove_identity=False, preconcatenate=False, remove_unused=False,
     reduce_coefficients=False, unstack_weights=False, split_products=False, sum_parts=False,
-    reorder_linear=False, fold_constants=False, broadcast_adds=False,
+    reorder_linear=False, fold_constants=False, broadcast_adds=False, compose_gathers=False,
     reduce_kernel="scatter",
 )
 
