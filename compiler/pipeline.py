@@ -19,8 +19,8 @@ from ..progress import Progress
 from ..sources.graph import FactLayer, Graph
 from .ir import IRError, Program
 from .passes import (broadcast_adds, cleanup, coefficients, compose_gathers, dedup, dedup_facts, fold_constants,
-                     iso_compression, kernels, linear_broadcast, padding, reorder_linear, segments, simplify_gathers,
-                     split_products, sum_parts, unit_facts, unstack_weights, upward)
+                     fuse_fact_products, iso_compression, kernels, linear_broadcast, padding, reorder_linear, segments,
+                     simplify_gathers, split_products, sum_parts, unit_facts, unstack_weights, upward)
 from .settings import Settings
 from .vectorizer import vectorize
 
@@ -89,6 +89,8 @@ PIPELINE: list[tuple[str, Callable[[Settings], bool], Pass]] = [
     ("choose_kernels", lambda s: True, kernels.choose_kernels),
     # Needs the kernels: a gather of a fused sum's rows becomes part of the sparse matrix.
     ("compose_gathers", lambda s: s.compose_gathers, compose_gathers.compose_gathers),
+    # Last: a hint for the code generator on the final products.
+    ("fuse_fact_products", lambda s: s.fuse_fact_products, fuse_fact_products.fuse_fact_products),
 ]
 
 

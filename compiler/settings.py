@@ -105,6 +105,10 @@ class Settings(BaseModel):
         True, description="A gather of a fused sparse sum's rows picks the sparse matrix's rows instead, where "
                           "that adds fewer edges than the gather has rows (undoes a deduplication that saved little).")
 
+    fuse_fact_products: bool = Field(
+        True, description="A sum of two shared-weight products of static facts (GraphSAGE's first layer) as one "
+                          "GEMM over the facts side by side.")
+
     # -- kernels ------------------------------------------------------------------------------------
     reduce_kernel: Literal["auto", "scatter", "segment", "dense", "sparse_mm"] = Field(
         "auto", description="Kernel for segment reductions: chosen per layer by a cost model, or forced.")
@@ -123,6 +127,7 @@ _ALL_OFF = dict(
     transposed_reductions=False, remove_identity=False, preconcatenate=False, remove_unused=False,
     reduce_coefficients=False, unstack_weights=False, split_products=False, sum_parts=False,
     reorder_linear=False, fold_constants=False, broadcast_adds=False, compose_gathers=False,
+    fuse_fact_products=False,
     reduce_kernel="scatter",
 )
 

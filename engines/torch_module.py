@@ -56,6 +56,9 @@ def _expression(node: Node, nodes: dict[str, Node], rows: dict[str, str] | None 
                 in_place: set[str] = frozenset()) -> str:
     rows = rows or {}
     srcs = [nodes[s] for s in node.srcs]
+    if _side_by_side(node, nodes, rows):  # see compiler/passes/fuse_fact_products.py
+        weights = ", ".join(rows[nodes[s].srcs[0]] for s in node.srcs)
+        return f"self.{node.attrs['hcat']} @ torch.cat([{weights}], 1).T"
     if node.name in rows:  # a one-row value kept as that row (see _row_values)
         return _row_expression(node, srcs, rows)
     if node.op is Op.TRANSFORM and node.srcs[0] in in_place:
@@ -138,6 +141,12 @@ def _product(kind: str, w: str, w_shape: tuple, x: str, x_shape: tuple, lead: in
 
 def _trailing(lead: int, extra: int) -> str:
     return "" if extra == 0 else f"[{', '.join([':'] * lead + ['None'] * extra)}]"
+
+
+def _side_by_side(node: Node, nodes: dict[str, Node], rows: dict[str, str]) -> bool:
+    """An ADD of two products of static facts, written as one product over the facts side by
+    side (attr ``hcat``), where both weights are single weights kept as their row."""
+    return node.op is Op.ADD and "hcat" in node.attrs and all(nodes[s].srcs[0] in rows for s in node.srcs)
 
 
 def _linear(node: Node, w: Node, x: Node) -> str:
@@ -288,8 +297,14 @@ def generate_source(program: Program) -> str:
     inline = {name for name, expression in rows.items() if expression != name}
     # A weight used in place (NOTE: [row-stored values]) needs no statement, nor does a value
     # (a stack) that only such weights, or other values left out this way, read.
-    readers = program.users()
+    readers = dict(program.users())
     left_out = set(inline)
+    for node in program.nodes:  # the products a side-by-side product replaces; it reads their weights
+        if _side_by_side(node, nodes, rows):
+            left_out.update(node.srcs)
+            for product in node.srcs:
+                weight = nodes[product].srcs[0]
+                readers[weight] = [node.name if r == product else r for r in readers[weight]]
     for node in reversed(program.nodes):
         if readers[node.name] and all(r in left_out for r in readers[node.name]) and node.name != program.output:
             left_out.add(node.name)
