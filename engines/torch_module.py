@@ -57,7 +57,7 @@ def _expression(node: Node, nodes: dict[str, Node], rows: dict[str, str] | None 
     rows = rows or {}
     srcs = [nodes[s] for s in node.srcs]
     if _side_by_side(node, nodes, rows):  # see compiler/passes/fuse_fact_products.py
-        weights = ", ".join(rows[nodes[s].srcs[0]] for s in node.srcs)
+        weights = ", ".join(rows[w] for w in node.attrs["hcat_weights"])
         return f"self.{node.attrs['hcat']} @ torch.cat([{weights}], 1).T"
     if node.name in rows:  # a one-row value kept as that row (see _row_values)
         return _row_expression(node, srcs, rows)
@@ -146,7 +146,17 @@ def _trailing(lead: int, extra: int) -> str:
 def _side_by_side(node: Node, nodes: dict[str, Node], rows: dict[str, str]) -> bool:
     """An ADD of two products of static facts, written as one product over the facts side by
     side (attr ``hcat``), where both weights are single weights kept as their row."""
-    return node.op is Op.ADD and "hcat" in node.attrs and all(nodes[s].srcs[0] in rows for s in node.srcs)
+    return node.op is Op.ADD and "hcat" in node.attrs and all(w in rows for w in node.attrs["hcat_weights"])
+
+
+def _side_by_side_replaces(node: Node, nodes: dict[str, Node]) -> dict[str, str]:
+    """``{name: its weight}`` of the products (and gathers of them) a side-by-side product replaces."""
+    replaced = {}
+    for side, weight in zip(node.srcs, node.attrs["hcat_weights"]):
+        replaced[side] = weight
+        if nodes[side].op is Op.GATHER:
+            replaced[nodes[side].srcs[0]] = weight
+    return replaced
 
 
 def _linear(node: Node, w: Node, x: Node) -> str:
@@ -301,9 +311,9 @@ def generate_source(program: Program) -> str:
     left_out = set(inline)
     for node in program.nodes:  # the products a side-by-side product replaces; it reads their weights
         if _side_by_side(node, nodes, rows):
-            left_out.update(node.srcs)
-            for product in node.srcs:
-                weight = nodes[product].srcs[0]
+            replaced = _side_by_side_replaces(node, nodes)
+            left_out.update(replaced)
+            for product, weight in replaced.items():
                 readers[weight] = [node.name if r == product else r for r in readers[weight]]
     for node in reversed(program.nodes):
         if readers[node.name] and all(r in left_out for r in readers[node.name]) and node.name != program.output:

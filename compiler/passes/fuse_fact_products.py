@@ -1,20 +1,25 @@
-"""A sum of two shared-weight products of constant facts becomes one product (GraphSAGE's first layer).
+"""A sum of two shared-weight products of static facts becomes one product (GraphSAGE's first layer).
 
 GraphSAGE's first layer adds ``x @ W_r.T`` and ``mean(x) @ W_l.T``; once the mean of
-the static features is folded into a constant, both products read constant facts of
-the same rows. One GEMM over the two facts side by side does both::
+the static features is folded into a constant, both products read constant facts.
+One GEMM over the two facts side by side does both::
 
-    %a = LINEAR(%Wa, %Fa)                          %s = ADD(%a, %b; hcat=Fab)
+    %a = LINEAR(%Wa, %Fa)                          %s = ADD(%a, %b; hcat=Fab, hcat_weights=(Wa, Wb))
     %b = LINEAR(%Wb, %Fb)          ->              with Fab = [Fa | Fb], a constant, and the code
     %s = ADD(%a, %b)                               s = Fab @ torch.cat([Wa, Wb], 1).T
 
-The pass only records the side-by-side constant ``Fab`` on the ADD (attr ``hcat``);
-the code generator emits the one product where both weights are single shared
-weights, and the two products otherwise (the attr is a hint, the nodes are unchanged).
-One GEMM of width ``da + db`` instead of two, no addition of two ``(n, out)`` values,
-and in the backward no gradient passed through that addition. Exact in real
-arithmetic; the inner sum is rounded as one sum instead of two. Not where a ``-0.0``
-could reach an ``inverse`` (``zero_sign_matters``), nor for facts declared dynamic.
+Where deduplication computed a side on its distinct rows and gathers it back
+(``%a = GATHER(LINEAR(%Wa, %Fa); index=i)``), the constant holds the gathered facts
+``Fa[i]``: one GEMM over every row instead of two GEMMs, two gathers and an addition,
+made where it moves fewer values, per-op overhead included (estimated below).
+
+The pass only records the side-by-side constant on the ADD (attrs ``hcat``, and
+``hcat_weights``: the two weight nodes); the code generator emits the one product
+where both weights are single shared weights kept as their row, and the nodes as
+they are otherwise (the attrs are a hint; the nodes are unchanged). Exact in real
+arithmetic; the inner sum is rounded as one sum instead of two. Not where a
+``-0.0`` could reach an ``inverse`` (``zero_sign_matters``), nor for facts declared
+dynamic.
 """
 from __future__ import annotations
 
@@ -36,21 +41,54 @@ def fuse_fact_products(program: Program, settings: Settings) -> Program:
     result: list[Node] = []
     changed = False
     for node in program.nodes:
-        if node.op is Op.ADD and node.name not in matters and node.srcs[0] != node.srcs[1] \
-                and all(_fact_product(nodes[s], node, nodes, once, dynamic) for s in node.srcs):
-            facts = [program.constants[nodes[nodes[s].srcs[1]].attrs["const"]] for s in node.srcs]
+        sides = [_fact_product(nodes[s], node, nodes, once, dynamic) for s in node.srcs] \
+            if node.op is Op.ADD and node.name not in matters and node.srcs[0] != node.srcs[1] else [None]
+        if all(side is not None for side in sides) and _cheaper(program, node, nodes, sides):
+            facts = []
+            for product, index in sides:
+                values = program.constants[nodes[product.srcs[1]].attrs["const"]]
+                facts.append(values if index is None else values[program.constants[index]])
             key = fresh_const(program, constants, f"hcat_{node.name}", np.hstack(facts))
-            node = node.with_(attrs=dict(node.attrs, hcat=key))
+            node = node.with_(attrs=dict(node.attrs, hcat=key, hcat_weights=tuple(p.srcs[0] for p, _ in sides)))
             changed = True
         result.append(node)
     return program.replace(nodes=tuple(result), constants=constants) if changed else program
 
 
-def _fact_product(product: Node, add: Node, nodes: dict[str, Node], once: set[str], dynamic: set[str]) -> bool:
-    """``product`` is a one-weight GEMM over a static fact, read only by ``add``, of ``add``'s rows."""
-    if product.op is not Op.LINEAR or product.attrs["kind"] != "matmul" or product.name not in once:
-        return False
-    w, x = (nodes[s] for s in product.srcs)
-    return (w.count == 1 and len(w.shape) == 2 and product.attrs.get("x_layout", "full") == "full"
+def _fact_product(side: Node, add: Node, nodes: dict[str, Node], once: set[str], dynamic: set[str]
+                  ) -> tuple[Node, str | None] | None:
+    """``(product, gather index or None)`` if ``side`` is a one-weight GEMM over a static fact, or a
+    gather of one, read only by ``add`` (and the gather only by ``side``); else None."""
+    index = None
+    if side.op is Op.GATHER and side.name in once:
+        index, side = side.attrs["index"], nodes[side.srcs[0]]
+    elif side.name not in once:
+        return None
+    if side.op is not Op.LINEAR or side.attrs["kind"] != "matmul" or side.name not in once:
+        return None
+    w, x = (nodes[s] for s in side.srcs)
+    if (w.count == 1 and len(w.shape) == 2 and side.attrs.get("x_layout", "full") == "full"
             and x.op is Op.FACT and x.attrs.get("fact_layer") not in dynamic and len(x.shape) == 1
-            and x.count == add.count and product.shape == add.shape)
+            and (index is not None or x.count == add.count) and side.shape == add.shape):
+        return side, index
+    return None
+
+
+#: The fixed cost of one more op (and its backward), in values read or written: a few
+#: microseconds of dispatch and autograd per op, at ~20 GB/s.
+OP_COST = 20_000
+
+
+def _cheaper(program: Program, add: Node, nodes: dict[str, Node], sides) -> bool:
+    """Values read and written by the side-by-side GEMM against the products on their own rows,
+    their gathers and the addition (narrow GEMMs like these are bound by memory, not arithmetic),
+    each op also counted as :data:`OP_COST`."""
+    out = int(np.prod(add.shape))
+    width = sum(nodes[p.srcs[1]].shape[0] for p, _ in sides)
+    fused = add.count * (width + out) + OP_COST
+    apart = 3 * add.count * out + OP_COST  # the addition
+    for product, index in sides:
+        apart += product.count * (nodes[product.srcs[1]].shape[0] + out) + OP_COST
+        if index is not None:
+            apart += 2 * add.count * out + OP_COST
+    return fused <= apart

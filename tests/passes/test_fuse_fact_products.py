@@ -40,6 +40,29 @@ def test_one_product_over_the_facts_side_by_side():
     assert_same_function(before, after)
 
 
+def test_gathered_products_read_their_facts_gathered():
+    """Deduplicated sides (products on distinct rows, gathered back): the constant holds the gathered facts."""
+    b = Builder()
+    b.fact("x", np.linspace(-1, 1, 6).reshape(2, 3))
+    b.fact("m", np.linspace(2, -1, 6).reshape(3, 2))
+    b.weights("A", (4, 3))
+    b.weights("B", (4, 2))
+    b.linear("ax", "A", "x", w_layout="tile")
+    b.linear("bm", "B", "m", w_layout="tile")
+    b.gather("ga", "ax", [0, 1, 1, 0, 1])
+    b.gather("gb", "bm", [2, 2, 0, 1, 0])
+    b.add("s", "ga", "gb")
+    b.transform("y", "s", "relu")
+    before = b.build("y")
+    after = fuse_fact_products(before, SETTINGS)
+    key = after.node("s").attrs["hcat"]
+    np.testing.assert_array_equal(after.constants[key], np.hstack([before.constants["c_x"][[0, 1, 1, 0, 1]],
+                                                                   before.constants["c_m"][[2, 2, 0, 1, 0]]]))
+    code = CompiledModule(after, torch.float64).code
+    assert "index_select" not in code and "ax =" not in code and f"self.{key} @" in code
+    assert_same_function(before, after)
+
+
 def test_not_for_dynamic_facts_nor_where_the_zero_sign_matters():
     before = two_products(dynamic=("x",))
     assert fuse_fact_products(before, SETTINGS) is before
@@ -51,6 +74,11 @@ def test_sage_first_layer_is_one_gemm(tu_dir):
     """With continuous features (nothing merges) the first layer reads the features and their folded means."""
     from neurovec.benchmarks.tasks import replicate_tu
     graph = datasets.sage(replicate_tu(datasets.load_tu("MUTAG", tu_dir, download=False), 1, first_copy=True), hidden=4)
+    module = neurovec.compile(graph, dtype=torch.float64)
+    assert "conv1_agg = self.hcat_conv1_agg @ torch.cat([" in module.code
+    assert_equivalent(graph, module)
+    # With labels, the products on the distinct rows, gathered back: the same single GEMM.
+    graph = datasets.sage(datasets.load_tu("MUTAG", tu_dir, download=False), hidden=4)
     module = neurovec.compile(graph, dtype=torch.float64)
     assert "conv1_agg = self.hcat_conv1_agg @ torch.cat([" in module.code
     assert_equivalent(graph, module)
