@@ -465,6 +465,8 @@ def test_error_query_matching_nothing():
      r"depth=2 is declared, but h/1 is not recursive"),
     ([(R.h(V.X) <= R.f(V.X)) | Metadata(aggregation=Aggregation.MAX), R.q <= R.h(V.X)],
      r"aggregation max of \(3,\) values is not supported"),
+    ([R.q[[1.0, 2.0]] <= R.a(V.X), R.q / 0 | Metadata(offset=[0.5, 0.1, 0.2])],
+     r"predicate q/0 \[offset=\[0.5, 0.1, 0.2\]\]: weight shapes do not fit: the offset has shape \(3,\)"),
 ])
 def test_other_template_errors(rules, match):
     with pytest.raises(TemplateError, match=match):

@@ -357,7 +357,7 @@ def _weights(plan: Plan, rng: np.random.Generator) -> None:
         if offset is None:
             continue
         offset = WeightSpec.parse(offset)
-        where = f"predicate {spec}"
+        where = _Where(spec, "predicate")
         if key not in plan.derived:
             raise TemplateError(f"{where}: an offset on {key}, which no rule derives")
         if offset.shape not in ((), plan.shape[key]):
@@ -367,15 +367,18 @@ def _weights(plan: Plan, rng: np.random.Generator) -> None:
 
 
 class _Where:
-    """``rule 3 `h(X) :- a(X).``` for messages, formatted only when a message is (printing rules is not free)."""
+    """``rule 3 `h(X) :- a(X).``` (or ``predicate h/1 [...]``) for messages, formatted only when a message is
+    (printing rules and predicates with their weights is not free)."""
 
-    __slots__ = ("rule",)
+    __slots__ = ("item", "kind")
 
-    def __init__(self, rule: Rule):
-        self.rule = rule
+    def __init__(self, item, kind: str = "rule"):
+        self.item, self.kind = item, kind
 
     def __format__(self, spec: str) -> str:
-        return f"{self.rule.label} `{self.rule}`"
+        if self.kind == "predicate":
+            return f"predicate {self.item}"
+        return f"{self.item.label} `{self.item}`"
 
     __str__ = __repr__ = lambda self: format(self)  # noqa: E731
 
