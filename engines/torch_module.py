@@ -56,7 +56,7 @@ def _expression(node: Node, nodes: dict[str, Node], rows: dict[str, str] | None 
                 in_place: set[str] = frozenset()) -> str:
     rows = rows or {}
     srcs = [nodes[s] for s in node.srcs]
-    if _side_by_side(node, nodes, rows):  # see compiler/passes/fuse_fact_products.py
+    if _side_by_side(node, rows):  # see compiler/passes/fuse_fact_products.py
         weights = ", ".join(rows[w] for w in node.attrs["hcat_weights"])
         return f"self.{node.attrs['hcat']} @ torch.cat([{weights}], 1).T"
     if node.name in rows:  # a one-row value kept as that row (see _row_values)
@@ -143,7 +143,7 @@ def _trailing(lead: int, extra: int) -> str:
     return "" if extra == 0 else f"[{', '.join([':'] * lead + ['None'] * extra)}]"
 
 
-def _side_by_side(node: Node, nodes: dict[str, Node], rows: dict[str, str]) -> bool:
+def _side_by_side(node: Node, rows: dict[str, str]) -> bool:
     """An ADD of two products of static facts, written as one product over the facts side by
     side (attr ``hcat``), where both weights are single weights kept as their row."""
     return node.op is Op.ADD and "hcat" in node.attrs and all(w in rows for w in node.attrs["hcat_weights"])
@@ -310,7 +310,7 @@ def generate_source(program: Program) -> str:
     readers = dict(program.users())
     left_out = set(inline)
     for node in program.nodes:  # the products a side-by-side product replaces; it reads their weights
-        if _side_by_side(node, nodes, rows):
+        if _side_by_side(node, rows):
             replaced = _side_by_side_replaces(node, nodes)
             left_out.update(replaced)
             for product, weight in replaced.items():

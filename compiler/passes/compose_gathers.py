@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..grouping import expand_segments
 from ..ir import Node, Op, Program
 from ..rewrite import eliminate_dead_code, fresh_const, single_use
 from ..settings import Settings
@@ -47,10 +48,8 @@ def compose_gathers(program: Program, settings: Settings) -> Program:
         if added > node.count:
             result.append(node)
             continue
-        starts = np.concatenate([[0], np.cumsum(counts)[:-1]])[rows]
         # Position of every edge of the new matrix in the old one: segment idx[r]'s edges in order.
-        offsets = np.arange(int(picked.sum()), dtype=np.int64) - np.repeat(np.cumsum(picked) - picked, picked)
-        edges = np.repeat(starts, picked) + offsets
+        edges = expand_segments((np.cumsum(counts) - counts)[rows], picked)
         attrs = dict(reduce.attrs)
         attrs["counts"] = fresh_const(program, constants, f"counts_{node.name}", picked)
         attrs["index"] = fresh_const(program, constants, f"idx_{node.name}",

@@ -100,6 +100,7 @@ def encode_relation(name: str, relation: Relation, constants: Vocabulary, exampl
         example = np.repeat(scope, n)
         args = [np.tile(a, scope.size) for a in args]
         value_row = np.tile(np.arange(n, dtype=np.int64), scope.size)
+        key = None  # check_duplicates keys the tiled rows itself
     else:
         example = examples.encode(relation.example)
         rows = np.flatnonzero(np.isin(example, scope)) if scope.size < examples.size else np.arange(example.size)
@@ -109,11 +110,9 @@ def encode_relation(name: str, relation: Relation, constants: Vocabulary, exampl
         example, args = example[order], [a[order] for a in args]
         values = values[order] if values is not None else None
         value_row = np.arange(order.size, dtype=np.int64)
-        table = FactTable(name, example, args, value_row, values, weights)
-        check_duplicates(table, constants, examples, key[sorted_rows])  # the rows' keys, sorted
-        return table
+        key = key[sorted_rows]  # the rows' keys, sorted
     table = FactTable(name, example, args, value_row, values, weights)
-    check_duplicates(table, constants, examples)
+    check_duplicates(table, constants, examples, key)
     return table
 
 
