@@ -84,6 +84,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     how.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     how.add_argument("--schedule", default="interleaved", choices=["interleaved", "sequential"],
                      help="interleave the engines' timed iterations (default) or time one engine after another")
+    how.add_argument("--settle", type=int, default=1,
+                     help="interleaved: untimed iterations of an engine right before each of its timed ones, so "
+                          "that a timed step starts from the engine's own warm state, as in a training loop "
+                          "(default: 1)")
     how.add_argument("--neuralogic-warmup", type=int, default=5,
                      help="at least this many warm-up epochs for NeuraLogic (JIT; default: 5)")
     how.add_argument("--reference-max-neurons", type=int, default=20_000,
@@ -108,8 +112,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                          "(into --out, default: its folder)")
     io.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
-    for name in ("warmup", "reps", "hidden", "layers", "dim", "bond_dim", "oracle_max_nodes", "bandwidth_mb"):
-        if getattr(args, name) < (1 if name != "warmup" else 0):
+    for name in ("warmup", "settle", "reps", "hidden", "layers", "dim", "bond_dim", "oracle_max_nodes", "bandwidth_mb"):
+        if getattr(args, name) < (0 if name in ("warmup", "settle") else 1):
             parser.error(f"--{name.replace('_', '-')} must be positive (got {getattr(args, name)})")
     if any(k < 1 for k in args.scale):
         parser.error(f"--scale factors must be positive integers (got {args.scale})")
@@ -132,7 +136,8 @@ def config_from_args(args: argparse.Namespace):
                   oracle_max_nodes=args.oracle_max_nodes, bandwidth_mb=args.bandwidth_mb,
                   options=ModelOptions(args.hidden, args.layers, args.dim, args.bond_dim),
                   reference_max_neurons=args.reference_max_neurons, autotune_budget_s=args.autotune_budget,
-                  neuralogic_warmup=args.neuralogic_warmup, schedule=args.schedule, progress=not args.quiet)
+                  neuralogic_warmup=args.neuralogic_warmup, schedule=args.schedule, settle=args.settle,
+                  progress=not args.quiet)
 
 
 def preflight(args: argparse.Namespace) -> str | None:

@@ -276,6 +276,12 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
 
 
+def _schedule(config: dict) -> str:
+    if config["schedule"] != "interleaved" or not config.get("settle"):
+        return config["schedule"]
+    return f"interleaved; each engine runs {config['settle']} untimed iteration(s) right before each timed one"
+
+
 def _header(results: dict) -> list[str]:
     machine, config = results["machine"], results["config"]
     speed = bandwidth(results)
@@ -295,8 +301,8 @@ def _header(results: dict) -> list[str]:
              + {True: "; C++ kernels on", False: "; C++ kernels off or unavailable", None: ""}[
                  machine.get("neurovec_native_kernels")],
              f"* {config['warmup']} warm-up + {config['reps']} timed iterations per engine "
-             f"({config['schedule']}); times are medians in ms; a training step is forward + MSE loss + "
-             "backward + Adam step, full batch; NeuraLogic's step is one training epoch"]
+             f"({_schedule(config)}); times are medians in ms; a training step is forward + MSE loss + "
+             "backward + Adam step (fused), full batch; NeuraLogic's step is one training epoch"]
     if results.get("peak_rss_bytes"):
         lines.append(f"* peak resident memory of the run: {_mb(results['peak_rss_bytes'])} MB (the largest peak of "
                      "any task build or engine)")

@@ -83,6 +83,7 @@ class Config:
     autotune_budget_s: float = 60.0
     neuralogic_warmup: int = 5              # the JVM's JIT needs a few epochs to settle
     schedule: str = "interleaved"           # or "sequential": one engine after the other
+    settle: int = 1                         # interleaved: untimed iterations before each timed one
     progress: bool = True
 
     def to_dict(self) -> dict:
@@ -185,6 +186,8 @@ def run(config: Config, custom_engines: dict[str, Callable[[], Engine]] | None =
                 engines.append(item)
     if config.schedule not in ("interleaved", "sequential"):
         raise ValueError(f"schedule must be 'interleaved' or 'sequential' (got {config.schedule!r})")
+    if config.settle < 0:
+        raise ValueError(f"settle must be 0 or more (got {config.settle})")
     cells, notes = plan(config)
     cache = DataCache(config.data_dir)
     started = datetime.datetime.now().astimezone()
@@ -323,20 +326,23 @@ class Trial:
         self.alive = True
         return True
 
-    def iterate(self) -> None:
-        """One timed iteration (memory is not sampled any more)."""
+    def iterate(self, settle: int = 0) -> None:
+        """``settle`` untimed iterations, then one timed iteration (memory is not sampled any more)."""
         if not self.alive:
             return
         try:
+            for _ in range(settle):
+                self._iteration(_NO_PROBE, timed=False)
             self._iteration(_NO_PROBE)
         except Exception as error:
             self._fail(error)
 
-    def _iteration(self, probe) -> None:
+    def _iteration(self, probe, timed: bool = True) -> None:
         watch = Stopwatch(self.sync)
         self.engine.iteration(watch, probe)
-        for lap, seconds in watch.laps.items():
-            self.laps[lap].append(seconds)
+        if timed:
+            for lap, seconds in watch.laps.items():
+                self.laps[lap].append(seconds)
 
     def _fail(self, error: Exception) -> None:
         if isinstance(error, Skipped):
@@ -388,7 +394,11 @@ def measure_group(engines: list[Engine], task: Task, config: Config, progress) -
     Interleaved (the default): every engine is prepared, then each round times one
     iteration of every engine, starting one engine later each round. A load burst
     from other processes then hits all engines alike instead of one of them, which
-    is what keeps ratios meaningful on a shared machine.
+    is what keeps ratios meaningful on a shared machine. Before its timed iteration,
+    each engine runs ``config.settle`` untimed ones: a training loop runs one model
+    step after step, so the timed step should start from that engine's own caches
+    and allocator state, not from the previous engine's (on MUTAG, where a step is
+    1-3 ms, a step right after another engine's took up to twice as long).
     """
     if config.schedule == "sequential":
         records = []
@@ -407,7 +417,7 @@ def measure_group(engines: list[Engine], task: Task, config: Config, progress) -
     progress.set_description(f"{task.key}: timing {sum(t.alive for t in trials)} engines")
     for round_ in range(config.reps):
         for k in range(len(trials)):
-            trials[(round_ + k) % len(trials)].iterate()
+            trials[(round_ + k) % len(trials)].iterate(config.settle)
         progress.update(len(trials))
     return [trial.finish() for trial in trials]
 

@@ -16,7 +16,7 @@ import torch
 
 import neurovec
 import neurovec.benchmark as cli
-from neurovec.benchmarks import measure, report, suite, tasks
+from neurovec.benchmarks import contenders, measure, report, suite, tasks
 from neurovec.benchmarks.contenders import Engine, NeurovecEngine
 from neurovec.benchmarks.neuralogic_models import _mutagenesis_template
 from neurovec.benchmarks.tasks import DataCache, make_task, replicate_tu, step_bytes
@@ -102,6 +102,31 @@ def test_records_hold_raw_laps_compile_time_and_memory(mutag_run):
     assert mutag_run["machine"]["torch_threads"] == 1
     assert mutag_run["bandwidth"]["start"]["bytes_per_s"] > 0 and mutag_run["bandwidth"]["end"]["bytes_per_s"] > 0
     assert mutag_run["groups"][0]["traffic"]["bytes"] > 0
+
+
+class CountingEngine(NeurovecEngine):
+    """neurovec's default preset, counting its training iterations."""
+
+    kind = "neurovec"
+
+    def __init__(self):
+        super().__init__("default", name="counting")
+        self.iterations = 0
+
+    def iteration(self, watch, probe):
+        self.iterations += 1
+        super().iteration(watch, probe)
+
+
+@pytest.mark.parametrize("settle", [0, 2])
+def test_interleaved_timing_settles_each_engine_before_its_timed_step(tu_dir, settle):
+    engine = CountingEngine()
+    config = _config(tu_dir, engines=("counting", "pyg"), warmup=1, reps=3, settle=settle)
+    results = suite.run(config, custom_engines={"counting": lambda: engine})
+    record = _records(results)["counting"]
+    assert engine.iterations == 1 + 3 * (1 + settle)  # warm-up, then each round: settle + the timed one
+    assert len(record["raw"]["step"]) == 1 + 3  # only the warm-up and the timed iterations are recorded
+    assert results["config"]["settle"] == settle
 
 
 def test_summaries_ignore_invalid_engines(mutag_run):
@@ -305,7 +330,8 @@ def test_cli_arguments():
     assert config.scales == (1, 10) and config.models is None and config.features == ("labels", "continuous")
     assert len(suite.expand_engines(config.engines)) == len(suite.list_presets()) + 1
     assert cli.config_from_args(cli.parse_args([])).engines == ("default", "pyg", "pyg-tuned", "pyg-compiled")
-    for bad in (["--engines", "no-such-preset"], ["--reps", "0"], ["--features", "fuzzy"]):
+    assert cli.config_from_args(cli.parse_args(["--settle", "0"])).settle == 0
+    for bad in (["--engines", "no-such-preset"], ["--reps", "0"], ["--settle", "-1"], ["--features", "fuzzy"]):
         with pytest.raises(SystemExit):
             cli.parse_args(bad)
 
@@ -412,3 +438,8 @@ def test_autotune_engine(tu_dir, monkeypatch):
     assert calls == [(None, 7.0)]  # autotune's own candidates, as a user calls it: not the run's presets
     monkeypatch.delattr("neurovec.autotune")
     assert "not available" in suite.measure_engine(suite.make_engine("autotune", config), task, config)["reason"]
+
+
+def test_torch_contenders_use_fused_adam():
+    weights = [torch.nn.Parameter(torch.ones(3, 2)), torch.nn.Parameter(torch.zeros(2))]
+    assert contenders.adam(weights, 1e-3).defaults["fused"] is True
