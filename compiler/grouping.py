@@ -45,19 +45,32 @@ _RUN_CHUNK = 1 << 20  # run_block reads the changes this many at a time
 
 def mix64(x: np.ndarray) -> np.ndarray:
     """splitmix64's finalizer: a bijection of uint64 that spreads every input bit over the output."""
-    x = np.asarray(x, dtype=np.uint64)
+    return _mix_in_place(np.array(x, dtype=np.uint64))
+
+
+def _mix_in_place(x: np.ndarray) -> np.ndarray:
+    """``mix64`` of a uint64 array the caller no longer needs, written over it: one scratch array
+    instead of a fresh one per operation (at 50M rows each is 400 MB of new pages)."""
+    scratch = np.empty_like(x)
     with np.errstate(over="ignore"):
-        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        return x ^ (x >> np.uint64(31))
+        for shift, multiplier in ((30, 0xBF58476D1CE4E5B9), (27, 0x94D049BB133111EB), (31, None)):
+            np.right_shift(x, np.uint64(shift), out=scratch)
+            x ^= scratch
+            if multiplier is not None:
+                x *= np.uint64(multiplier)
+    return x
 
 
-def _first_in_slots(slots: np.ndarray, n_slots: int) -> np.ndarray:
+def _first_in_slots(slots: np.ndarray, n_slots: int, table: np.ndarray | None = None) -> np.ndarray:
     """For every row, the smallest row with the same slot (slots lie in ``[0, n_slots)``);
-    int32 where the rows fit."""
+    int32 where the rows fit. ``table``: scratch of at least ``n_slots`` entries of that type to
+    fill instead of a fresh one (the rounds of ``first_rows`` share the first round's)."""
     n = slots.size
     dtype = np.int32 if n < 2**31 else np.int64
-    table = np.full(n_slots, n, dtype=dtype)
+    if table is None or table.dtype != dtype or table.size < n_slots:
+        table = np.empty(n_slots, dtype=dtype)
+    table = table[:n_slots]
+    table.fill(n)
     np.minimum.at(table, slots, np.arange(n, dtype=dtype))
     return table[slots]
 
@@ -76,20 +89,24 @@ def first_rows(keys: np.ndarray, bound: int | None = None) -> np.ndarray:
     words = keys.view(np.uint64) if keys.dtype == np.int64 else keys.astype(np.uint64)
     first = np.arange(n, dtype=np.int64)
     rows = None  # the rows still to place (None: all of them)
+    table = None  # the slot table: made in the first round, reused by the (smaller) later ones
     for round_ in itertools.count():
         m = words.size
         bits = max((2 * m - 1).bit_length(), 1)  # at least 2m slots: about a fifth of the rows go again
-        with np.errstate(over="ignore"):
-            slots = ((words * _MULTIPLIERS[round_ % len(_MULTIPLIERS)]) >> np.uint64(64 - bits)).view(np.int64)
-        local = _first_in_slots(slots, 1 << bits)
+        slots = np.multiply(words, _MULTIPLIERS[round_ % len(_MULTIPLIERS)])  # wraps (unsigned)
+        slots >>= np.uint64(64 - bits)
+        if table is None:
+            table = np.empty(1 << bits, dtype=np.int32 if m < 2**31 else np.int64)
+        local = _first_in_slots(slots.view(np.int64), 1 << bits, table)
         del slots
         same = words[local] == words
         if rows is None:
             first[same] = local[same]
         else:
             first[rows[same]] = rows[local[same]]
+        del local
         # Rows of another key than their slot's first row: every row of that key is among them.
-        again = ~same
+        again = np.logical_not(same, out=same)
         if not again.any():
             return first
         rows = np.flatnonzero(again) if rows is None else rows[again]
@@ -183,7 +200,7 @@ def row_hashes(values: np.ndarray) -> np.ndarray:
     hashes = np.zeros(words.shape[0], np.uint64)
     with np.errstate(over="ignore"):
         for column in range(words.shape[1]):  # value width, not rows
-            hashes += mix64(words[:, column] ^ salts[column])
+            hashes += _mix_in_place(words[:, column] ^ salts[column])
     return hashes
 
 
@@ -218,11 +235,12 @@ def _multiset_hashes(labels: np.ndarray, counts: np.ndarray) -> np.ndarray:
     nonempty = counts > 0
     if labels.size:
         starts = np.cumsum(counts) - counts
-        mixed = mix64(labels.astype(np.uint64))
+        mixed = _mix_in_place(labels.astype(np.uint64))
         with np.errstate(over="ignore"):
             sums[nonempty] = np.add.reduceat(mixed, starts[nonempty])
     with np.errstate(over="ignore"):
-        return mix64(sums ^ mix64(counts.astype(np.uint64) + np.uint64(0x51ED)))
+        sums ^= _mix_in_place(counts.astype(np.uint64) + np.uint64(0x51ED))
+        return _mix_in_place(sums)
 
 
 def _sorted_segments(labels: np.ndarray, starts: np.ndarray, counts: np.ndarray, rows: np.ndarray,

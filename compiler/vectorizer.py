@@ -62,12 +62,15 @@ class _Emitter:
                         srcs[0].shape, layer)
 
 
-def _concat_index(e: _Emitter, base: str, sources: list[Node], which: np.ndarray, ordinal: np.ndarray,
+def _concat_index(e: _Emitter, base: str, sources: list[Node], which, ordinal: np.ndarray,
                   layer: str) -> Node:
-    """GATHER(CONCAT(sources), offset[which] + ordinal): rows of several tensors, in any order."""
-    offsets = np.concatenate([[0], np.cumsum([s.count for s in sources])])[:-1]
+    """GATHER(CONCAT(sources), offset[which] + ordinal): rows of several tensors, in any order.
+    ``which()`` gives each row's source; it is not called for a single source (edge-sized)."""
     joined = e.concat(f"{base}_cat", sources, layer)
-    return e.gather(base, joined, offsets[which] + ordinal, layer)
+    if len(sources) == 1:
+        return e.gather(base, joined, np.array(ordinal), layer)  # a copy: the graph's array stays its own
+    offsets = np.concatenate([[0], np.cumsum([s.count for s in sources])])[:-1]
+    return e.gather(base, joined, offsets[which()] + ordinal, layer)
 
 
 def vectorize(graph: Graph) -> Program:
@@ -121,22 +124,25 @@ def vectorize(graph: Graph) -> Program:
         order = []
         for g, key in enumerate(group_keys):
             w_cls = int(key % n_weight_cls) - 1
-            edges = np.flatnonzero(group_of_edge == g) if group_keys.size > 1 else np.arange(layer.n_edges)
-            order.append(edges)
+            if group_keys.size > 1:
+                edges = np.flatnonzero(group_of_edge == g)
+                order.append(edges)
+                g_src, g_ordinal, g_weight = src[edges], ordinal[edges], weight[edges]
+            else:  # every edge (no copies of the edge arrays)
+                g_src, g_ordinal, g_weight = src, ordinal, weight
             tag = name if group_keys.size == 1 else f"{name}_g{g}"
-            g_src = src[edges]
             used = np.flatnonzero(np.bincount(g_src, minlength=index))
             local = np.full(index, -1, dtype=np.int64)
             local[used] = np.arange(used.size)
-            x = _concat_index(e, f"{tag}_x", [values[i] for i in used], local[g_src], ordinal[edges], name)
+            x = _concat_index(e, f"{tag}_x", [values[i] for i in used], lambda: local[g_src], g_ordinal, name)
             if w_cls < 0:
                 products.append(x)
                 continue
             w_shape = shape_of_cls[w_cls]
             stack, row = weights_of_shape(w_shape)
-            w = e.gather(f"{tag}_w", stack, row[weight[edges]], name)
+            w = e.gather(f"{tag}_w", stack, row[g_weight], name)
             kind = "matmul" if len(w_shape) == 2 and x.shape != () else "mul"
-            products.append(e.add(f"{tag}_lin", Op.LINEAR, [w.name, x.name], edges.size, out_shape, name,
+            products.append(e.add(f"{tag}_lin", Op.LINEAR, [w.name, x.name], g_src.size, out_shape, name,
                                   kind=kind))
         if len(products) == 1:
             edge_values = products[0]
@@ -157,7 +163,7 @@ def vectorize(graph: Graph) -> Program:
         values.append(value)
 
     out = _concat_index(e, "output", [values[i] for i in np.unique(graph.output_layer)],
-                        _local(graph.output_layer), graph.output_ordinal, "output")
+                        lambda: _local(graph.output_layer), graph.output_ordinal, "output")
     fact_shapes = {layer.name: tuple(layer.values.shape) for layer in graph.layers if isinstance(layer, FactLayer)}
     return Program(tuple(e.nodes), e.constants, graph.weights, out.name, fact_shapes)
 

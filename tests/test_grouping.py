@@ -112,3 +112,15 @@ def test_run_block_reads_the_changes_in_chunks(monkeypatch):
         for start in np.flatnonzero(np.diff(seq)) + 1:
             expected = gcd(expected, int(start))
         assert grouping.run_block(seq[1:] != seq[:-1], seq.size) == expected, seq
+
+
+def test_mix64_is_splitmix64s_finalizer():
+    def reference(x: int) -> int:  # in plain Python, modulo 2**64
+        mask = 2**64 - 1
+        x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & mask
+        x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & mask
+        return x ^ (x >> 31)
+    values = np.array([0, 1, 2**63 + 5, 2**64 - 1, 123456789], dtype=np.uint64)
+    kept = values.copy()
+    assert grouping.mix64(values).tolist() == [reference(int(v)) for v in kept]
+    assert np.array_equal(values, kept)  # the argument is left alone

@@ -67,7 +67,9 @@ def _pair(a: np.ndarray, a_bound: int, b: np.ndarray, b_bound: int) -> tuple[np.
     if a_bound * b_bound >= _PAIR_LIMIT:
         a, a_bound = first_rows(a, a_bound), a.size
         b, b_bound = first_rows(b, b_bound), b.size
-    return a * b_bound + b, max(a_bound * b_bound, 1)
+    pairs = np.multiply(a, b_bound, dtype=np.int64)
+    pairs += b
+    return pairs, max(a_bound * b_bound, 1)
 
 
 @dataclass(frozen=True)

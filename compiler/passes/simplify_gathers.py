@@ -109,12 +109,20 @@ def _interleave_factor(index: np.ndarray, diffs: np.ndarray) -> int:
     return run_block(diffs != 0, index.size)
 
 
+_SPOT_ROWS = 1024  # _tile_factor compares this many rows of a candidate repetition first
+
+
 def _tile_factor(index: np.ndarray, n: int) -> int:
     """Largest r such that ``index`` is one sequence repeated r times (dimension-1 repetition)."""
     length = index.size
     # A repetition r divides the length and puts index[0] again at length // r: where no divisor
     # passes that spot check (the usual case), the counting below is not needed.
-    if not any(index[length // r] == index[0] for r in _divisors_descending(length) if r > 1):
+    # The repetitions r that pass it, and whose first rows then repeat too (a prefix of the
+    # comparison below), are the only candidates: the answer is the largest r with a full match.
+    prefix = min(length, _SPOT_ROWS)
+    if not any(index[length // r] == index[0]
+               and np.array_equal(index[length // r:length // r + prefix], index[:prefix][:length - length // r])
+               for r in _divisors_descending(length) if r > 1):
         return 1
     # Every value occurs a multiple of r times: r divides the gcd of the value counts.
     if n <= 4 * length:

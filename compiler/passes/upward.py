@@ -76,6 +76,7 @@ UPWARD, SHRINK = "upward", "shrink"
 MAX_CONCAT_RUNS = 16
 _ARITHMETIC = (Op.TRANSFORM, Op.ADD, Op.LINEAR, Op.REDUCE)
 _ROW_INDEXING = (Op.GATHER, Op.SLICE, Op.TILE, Op.INTERLEAVE)
+_PREFIX = 4096  # rows checked before a whole index is (see is_regular_index)
 
 
 # -- index helpers ----------------------------------------------------------------------------------
@@ -87,7 +88,10 @@ def is_regular_index(index: np.ndarray, count: int) -> bool:
     if n <= 1 or count == 1:
         return True
     step = index[1] - index[0]
-    if step >= 1 and np.all(np.diff(index) == step):
+    # (A prefix and the last row first: an irregular index usually fails them, before any
+    # edge-sized work.)
+    if step >= 1 and int(index[-1]) == int(index[0]) + int(step) * (n - 1) \
+            and np.all(np.diff(index[:_PREFIX]) == step) and np.all(np.diff(index) == step):
         return True
     if n % count == 0:
         times = n // count

@@ -214,3 +214,14 @@ def test_random_graphs_equal_reference(graph):
     assume(all_finite(graph))
     assert_equivalent(graph, neurovec.compile(graph, Settings.preset("unoptimized", simplify_gathers=True),
                                               dtype=torch.float64))
+
+
+def test_tile_found_beyond_the_compared_prefix():
+    # _tile_factor compares a prefix of each candidate repetition first: a sequence that repeats
+    # only past that prefix is no tile, and a long one that repeats throughout is.
+    rng = np.random.default_rng(3)
+    period = rng.integers(0, 50, 5000)
+    assert plan_index(np.tile(period, 4), 50)[:2] == ("tile", 4)
+    almost = np.tile(period, 4)
+    almost[-1] = (almost[-1] + 1) % 50  # the last copy differs in its last row only
+    assert plan_index(almost, 50)[0] == "gather"

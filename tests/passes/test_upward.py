@@ -268,3 +268,13 @@ def test_mutag_gcn_default_and_aggressive(tu_dir):
     assert aggressive.by_name()["f_x"].count == 18298  # as in the thesis
     for program in (default, aggressive):
         assert_equivalent(graph, CompiledModule(program, torch.float64))
+
+
+def test_regular_index_is_decided_on_the_whole_index():
+    # is_regular_index looks at a prefix and the last row first: an index regular there and
+    # irregular in between must still be irregular, and a long regular one regular.
+    index = np.arange(0, 3 * 20_000, 3)
+    assert is_regular_index(index, 60_000)
+    broken = index.copy()
+    broken[10_000], broken[10_001] = broken[10_001], broken[10_000]  # same ends, same prefix
+    assert not is_regular_index(broken, 60_000)
