@@ -229,11 +229,11 @@ class _Assembler:
             in_layer = np.stack([refs[i][0] for i in range(k)], axis=1).reshape(-1)
             in_ordinal = np.stack([refs[i][1] for i in range(k)], axis=1).reshape(-1)
             weights = [self.weight(plan.rule_weights[(rule.index, i)]) for i in range(k)]
-            in_weight = np.tile(np.asarray(weights, np.int64), n)
-            scalar = np.array([plan.shape[lit.key] == () and lit.weight is None for lit in literals])
+            in_weight = _repeated_rows(weights, n)
+            scalar = [plan.shape[lit.key] == () and lit.weight is None for lit in literals]
             index = self.neurons(name, np.full(n, k), in_layer, in_ordinal, in_weight,
                                  np.full(n, self.weight(offset_name)), plan.combination(rule), transformation,
-                                 plan.body_shape[rule.index], np.tile(scalar, n))
+                                 plan.body_shape[rule.index], _repeated_rows(scalar, n, bool) if any(scalar) else None)
             rule_layer, rule_ordinal, rule_weight = np.full(n, index), np.arange(n), np.full(n, NO_WEIGHT)
         first = np.flatnonzero(np.concatenate([[True], g.head[1:] != g.head[:-1]]))  # groundings sorted by head
         heads, counts = g.head[first], np.diff(np.append(first, n))
@@ -344,10 +344,17 @@ class _Assembler:
             ordinal.append(agg_ordinal)
             weight.append(np.full(heads.size, self.weight(plan.rule_weights[(g.rule.index, "head")])))
         owner, rank = np.concatenate(owner), np.concatenate(rank)
-        order = np.lexsort((rank, owner))
-        owner, layer, ordinal, weight = (owner[order], np.concatenate(layer)[order], np.concatenate(ordinal)[order],
-                                         np.concatenate(weight)[order])
         counts = np.bincount(owner, minlength=atoms.size)
+        if len(rules) == 1:  # one rule: its heads are sorted
+            order = None
+        elif owner.size == atoms.size and counts.max(initial=0) == 1:  # each atom derived by one rule: a permutation
+            order = np.empty_like(owner)
+            order[owner] = np.arange(owner.size)
+        else:
+            order = np.lexsort((rank, owner))
+        layer, ordinal, weight = np.concatenate(layer), np.concatenate(ordinal), np.concatenate(weight)
+        if order is not None:
+            owner, layer, ordinal, weight = owner[order], layer[order], ordinal[order], weight[order]
         weighted = np.bincount(owner, weights=(weight != NO_WEIGHT).astype(float), minlength=atoms.size) > 0
         offset = np.where(weighted, self.weight(plan.predicate_offsets.get(predicate)), NO_WEIGHT)
         transformation = plan.atom_transformation(predicate)
@@ -384,6 +391,13 @@ class _Assembler:
                       else layer for layer in layers[1:]]
             out_layer = out_layer - 1
         return Graph(layers, self.weights, out_layer, out_ordinal)
+
+
+def _repeated_rows(row: list, n: int, dtype=np.int64) -> np.ndarray:
+    """``np.tile(row, n)``: one copy of ``row`` per neuron (a broadcast copy; ``tile`` goes through ``repeat``)."""
+    out = np.empty((n, len(row)), dtype)
+    out[:] = np.asarray(row, dtype)
+    return out.reshape(-1)
 
 
 def _distinct_sorted(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -18,6 +18,7 @@ How it runs (``docs/relational.md`` has the long version):
 """
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, field
 
@@ -481,27 +482,33 @@ class NumpyGrounder(Grounder):
                 key, binding, columns = key[order], binding.take(order), [c[order] for c in columns]
             new = np.ones(key.size, bool)
             new[1:] = key[1:] != key[:-1]
+            if new.all():  # one grounding per head
+                distinct_keys.append(key)
+                distinct_columns.append(columns)
+                sorted_bodies.append((rule, binding, None))
+                continue
             distinct_keys.append(key[new])
             distinct_columns.append([c[new] for c in columns])
             sorted_bodies.append((rule, binding, np.cumsum(new) - 1))
         if facts is not None:
             distinct_keys.append(keys[0])
             distinct_columns.append(parts[0])
-        all_keys = np.concatenate(distinct_keys)
+        all_keys = distinct_keys[0] if len(distinct_keys) == 1 else np.concatenate(distinct_keys)
         if len(distinct_keys) == 1 and facts is None:  # one rule: its distinct heads are sorted already
-            first = inverse = np.arange(all_keys.size)
+            inverse = np.arange(all_keys.size)
+            columns = distinct_columns[0]
         else:
             _, first, inverse = np.unique(all_keys, return_index=True, return_inverse=True)
             inverse = inverse.reshape(-1)
-        columns = [np.concatenate([c[j] for c in distinct_columns])[first] for j in range(len(parts[0]))]
-        n = first.size
+            columns = [np.concatenate([c[j] for c in distinct_columns])[first] for j in range(len(parts[0]))]
+        n = columns[0].size
         derived, fact_row = np.zeros(n, bool), np.full(n, -1, np.int64)
         offsets = np.cumsum([0] + [k.size for k in distinct_keys])
         groundings = []
         for r, (rule, binding, group) in enumerate(sorted_bodies):
             atom = inverse[offsets[r]:offsets[r + 1]]
             derived[atom] = True
-            groundings.append(self._groundings(rule, binding, name, atom[group]))
+            groundings.append(self._groundings(rule, binding, name, atom if group is None else atom[group]))
         if facts is not None:
             fact_row[inverse[offsets[-2]:]] = np.arange(facts.size)
         return Table(name, predicate, columns[0], columns[1:], fact_row, derived), groundings
@@ -628,7 +635,10 @@ class NumpyGrounder(Grounder):
         if index is None:
             li, ri = join(left_key, right_key, order, right_unique=unique)
         atom = ri if rows is None else rows[ri]
-        joined = binding.take(li)
+        if unique and li.size == binding.size:  # every row matched once: li is 0..n-1, nothing to gather
+            joined = _Binding(binding.example, dict(binding.vars), dict(binding.ids), dict(binding.tables))
+        else:
+            joined = binding.take(li)
         for v, c in columns.items():
             if v not in joined.vars:
                 joined.vars[v] = table.args[c][atom]
@@ -660,6 +670,7 @@ class NumpyGrounder(Grounder):
         return {"neq": a != b, "eq": a == b, "lt": a < b, "leq": a <= b, "gt": a > b, "geq": a >= b}[lit.name]
 
     @staticmethod
+    @functools.lru_cache(maxsize=4096)   # rules are immutable (and hash by identity)
     def _needs_dedup(rule: Rule) -> bool:
         """Two groundings with the same head and the same input atoms are one rule neuron in NeuraLogic; that can
         only happen when some variable occurs only in hidden or special literals."""
@@ -717,7 +728,7 @@ def relation_key(name: str, arity: int) -> str:
 
 def _input_positions(rule: Rule) -> list:
     """Body positions of the rule's input literals (not hidden, not special)."""
-    return [k for k, lit in enumerate(rule.body) if not lit.hidden and not lit.special]
+    return rule.input_positions
 
 
 def _canonical_order(head_key: np.ndarray, inputs: list, bounds: list) -> np.ndarray | None:

@@ -130,8 +130,11 @@ class ColumnIndex:
     def build(cls, column: np.ndarray, example: np.ndarray, n_values: int) -> "ColumnIndex | None":
         if n_values > 8 * column.size + 4096:
             return None
-        order = np.argsort(column, kind="stable")
-        sorted_column, sorted_example = column[order], example[order]
+        if column.size < 2 or bool(np.all(column[1:] >= column[:-1])):  # often sorted already: atom ids
+            order, sorted_column, sorted_example = np.arange(column.size), column, example
+        else:
+            order = np.argsort(column, kind="stable")
+            sorted_column, sorted_example = column[order], example[order]
         same_value = sorted_column[1:] == sorted_column[:-1]
         if np.any(same_value & (sorted_example[1:] != sorted_example[:-1])):
             return None

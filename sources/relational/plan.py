@@ -85,11 +85,14 @@ class Plan:
     predicate_offsets: dict = field(default_factory=dict)  # predicate key -> weight name
     fact_weights: list = field(default_factory=list)  # per template fact: weight name or None (a unit fact)
     body_shape: dict = field(default_factory=dict)    # rule index -> value shape of its rule neurons
+    _labels: dict = field(default_factory=dict, repr=False)
 
     def label(self, key: str) -> str:
         """A predicate's name for layer names: ``name``, or ``name/arity`` when the name has several arities."""
-        name = key.rsplit("/", 1)[0]
-        return name if sum(k.rsplit("/", 1)[0] == name for k in self.arity) == 1 else key
+        if key not in self._labels:
+            name = key.rsplit("/", 1)[0]
+            self._labels[key] = name if sum(k.rsplit("/", 1)[0] == name for k in self.arity) == 1 else key
+        return self._labels[key]
 
     def combination(self, rule: Rule) -> str:
         function = rule.metadata.combination
@@ -115,7 +118,21 @@ class Plan:
 
 
 def make_plan(template: Template, schemas: dict, seed: int = 0) -> Plan:
-    """Check ``template`` against ``schemas`` (predicate key ``name/arity`` -> value shape of the data's facts)."""
+    """Check ``template`` against ``schemas`` (predicate key ``name/arity`` -> value shape of the data's facts).
+
+    The plan is kept on the template: grounding it again (new data, same schemas and seed) does not plan again.
+    Rules, facts and literals are immutable, so the template is unchanged while it holds the same ones."""
+    key = (tuple(template.rules), tuple(template.predicates.items()), tuple(template.facts),
+           tuple(sorted((k, tuple(shape)) for k, shape in schemas.items())), seed)
+    cached = getattr(template, "_plan", None)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    plan = _make_plan(template, schemas, seed)
+    template._plan = (key, plan)
+    return plan
+
+
+def _make_plan(template: Template, schemas: dict, seed: int) -> Plan:
     if not template.rules:
         raise TemplateError("the template has no rules")
     fact_shapes: dict[str, tuple] = {key: tuple(shape) for key, shape in schemas.items()}

@@ -528,10 +528,15 @@ class Rule:
                                 f"{self.head.arity} | Metadata(depth=...))")
         return replace(self, metadata=Metadata(**merged), offset=offset)
 
-    @property
+    @cached_property
     def literals(self) -> list[Literal]:
         """Body literals that are neuron inputs (neither hidden nor special), in body order."""
         return [lit for lit in self.body if not lit.hidden and not lit.special]
+
+    @cached_property
+    def input_positions(self) -> list[int]:
+        """Body positions of :attr:`literals`."""
+        return [k for k, lit in enumerate(self.body) if not lit.hidden and not lit.special]
 
     @property
     def label(self) -> str:
