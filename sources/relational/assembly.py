@@ -82,7 +82,8 @@ class _Assembler:
     def neurons(self, name: str, counts, in_layer, in_ordinal, in_weight, offset, combination: str,
                 transformation: str, shape: tuple, scalar_edges=None) -> int:
         """One layer of NeuraLogic neurons ``T(C(offset, inputs))`` (edges CSR-ordered by neuron); returns the index
-        of the layer holding their values (after follow-up steps such as signum's relu)."""
+        of the layer holding their values (after follow-up steps such as signum's relu). ``offset``: a weight index
+        per neuron, one for all, or None."""
         counts = np.asarray(counts, np.int64)
         n = counts.size
         function, fixed_bias, steps = TRANSFORMATIONS[transformation]
@@ -98,8 +99,10 @@ class _Assembler:
                 # NeuraLogic broadcasts a scalar input over the others' shape: ones * s is s in every element.
                 in_weight = np.where(scalar_edges, self.constant(np.ones(shape)), in_weight)
         bias = np.full(n, NO_WEIGHT if fixed_bias is None else self.constant(fixed_bias), np.int64)
-        has_offset = np.asarray(offset) != NO_WEIGHT if offset is not None else np.zeros(n, bool)
-        if has_offset.any():
+        if offset is not None and np.ndim(offset) == 0:  # one offset for every neuron
+            offset = None if offset == NO_WEIGHT else np.full(n, offset)
+        has_offset = np.asarray(offset) != NO_WEIGHT if offset is not None else None
+        if has_offset is not None and has_offset.any():
             if aggregation == "sum" and fixed_bias is None:
                 bias[has_offset] = np.asarray(offset)[has_offset]
             else:  # the offset is NeuraLogic's first input: the unit fact times the offset weight
@@ -229,11 +232,11 @@ class _Assembler:
             in_layer = np.stack([refs[i][0] for i in range(k)], axis=1).reshape(-1)
             in_ordinal = np.stack([refs[i][1] for i in range(k)], axis=1).reshape(-1)
             weights = [self.weight(plan.rule_weights[(rule.index, i)]) for i in range(k)]
-            in_weight = _repeated_rows(weights, n)
+            in_weight = np.tile(np.asarray(weights, np.int64), n)
             scalar = [plan.shape[lit.key] == () and lit.weight is None for lit in literals]
             index = self.neurons(name, np.full(n, k), in_layer, in_ordinal, in_weight,
-                                 np.full(n, self.weight(offset_name)), plan.combination(rule), transformation,
-                                 plan.body_shape[rule.index], _repeated_rows(scalar, n, bool) if any(scalar) else None)
+                                 self.weight(offset_name), plan.combination(rule), transformation,
+                                 plan.body_shape[rule.index], np.tile(scalar, n) if any(scalar) else None)
             rule_layer, rule_ordinal, rule_weight = np.full(n, index), np.arange(n), np.full(n, NO_WEIGHT)
         first = np.flatnonzero(np.concatenate([[True], g.head[1:] != g.head[:-1]]))  # groundings sorted by head
         heads, counts = g.head[first], np.diff(np.append(first, n))
@@ -391,13 +394,6 @@ class _Assembler:
                       else layer for layer in layers[1:]]
             out_layer = out_layer - 1
         return Graph(layers, self.weights, out_layer, out_ordinal)
-
-
-def _repeated_rows(row: list, n: int, dtype=np.int64) -> np.ndarray:
-    """``np.tile(row, n)``: one copy of ``row`` per neuron (a broadcast copy; ``tile`` goes through ``repeat``)."""
-    out = np.empty((n, len(row)), dtype)
-    out[:] = np.asarray(row, dtype)
-    return out.reshape(-1)
 
 
 def _distinct_sorted(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

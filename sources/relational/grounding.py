@@ -51,7 +51,7 @@ class Table:
     fact_row: np.ndarray
     derived: np.ndarray
     level: np.ndarray | None = None
-    order: np.ndarray | None = None   # rows sorted by (example, args), if known: sorts any prefix of them too
+    in_order: bool = False            # whether the rows are sorted by (example, args) (then by any prefix too)
     sql: object = None                # the SQL grounder's temporary table of these atoms
     _sorted: dict = field(default_factory=dict, repr=False)
 
@@ -455,7 +455,7 @@ class NumpyGrounder(Grounder):
             return Table(predicate, predicate, zero, [zero] * self.plan.arity[predicate], zero, np.zeros(0, bool))
         n = facts.size
         return Table(predicate, predicate, facts.example, facts.args, np.arange(n), np.zeros(n, bool),
-                     order=np.arange(n))
+                     in_order=True)
 
     def encoded(self, table: Table) -> Table:
         return table
@@ -511,7 +511,8 @@ class NumpyGrounder(Grounder):
             groundings.append(self._groundings(rule, binding, name, atom if group is None else atom[group]))
         if facts is not None:
             fact_row[inverse[offsets[-2]:]] = np.arange(facts.size)
-        return Table(name, predicate, columns[0], columns[1:], fact_row, derived), groundings
+        # The atoms are numbered in the order of their keys: sorted by (example, args).
+        return Table(name, predicate, columns[0], columns[1:], fact_row, derived, in_order=True), groundings
 
     def _groundings(self, rule: Rule, binding: _Binding, head_table: str, head_ids: np.ndarray) -> Groundings:
         positions = _input_positions(rule)
@@ -573,9 +574,14 @@ class NumpyGrounder(Grounder):
         head = [t.name for t in rule.head.terms if isinstance(t, Variable)]
         holding = [k for k in pending if set(head) <= set(pending[k][2])]
         k = min(holding or pending, key=lambda k: (size(k), k))
+        # Of those, rather one that binds more variables, if it is not much larger: then more of the joins that follow
+        # find one row per grounding (no rows to copy), as bond(X, Y, B) before atom(X).
+        wider = [j for j in holding if len(pending[j][2]) > len(pending[k][2]) and size(j) <= 4 * size(k)]
+        if wider:
+            k = max(wider, key=lambda j: (len(pending[j][2]), -size(j), -j))
         table, rows, columns = pending.pop(k)
-        if holding and head:
-            order = self._sorted_by(table, [columns[v] for v in head])
+        order = self._sorted_by(table, [columns[v] for v in head]) if holding and head else None
+        if order is not None:
             if rows is not None:  # the selected rows, in the sorted order
                 selected = np.zeros(table.size, bool)
                 selected[rows] = True
@@ -600,13 +606,16 @@ class NumpyGrounder(Grounder):
             binding = self._dedup(rule, binding)
         return binding
 
-    def _sorted_by(self, table: Table, columns: list) -> np.ndarray:
-        """The table's rows in the order of (example, these argument columns, the rest), cached per table."""
+    def _sorted_by(self, table: Table, columns: list) -> np.ndarray | None:
+        """The table's rows in the order of (example, these argument columns, the rest), cached per table; None when
+        they are in that order already."""
+        if table.in_order and columns == list(range(len(columns))):
+            return None
         key = ("by",) + tuple(columns)
         if key not in table._sorted:
             rest = [c for c in range(len(table.args)) if c not in columns]
             keys = row_keys([table.example] + [table.args[c] for c in columns + rest])[0]
-            table._sorted[key] = np.arange(table.size) if keys.size < 2 or bool(np.all(keys[1:] >= keys[:-1])) \
+            table._sorted[key] = None if keys.size < 2 or bool(np.all(keys[1:] >= keys[:-1])) \
                 else np.argsort(keys, kind="stable")
         return table._sorted[key]
 
@@ -623,8 +632,9 @@ class NumpyGrounder(Grounder):
             cache_key = tuple(columns[v] for v in shared)
             if cache_key not in table._sorted:
                 right_key = self._radix([table.example] + [table.args[columns[v]] for v in shared])
-                prefix = cache_key == tuple(range(len(shared))) and table.order is not None
-                table._sorted[cache_key] = (right_key, table.order if prefix else np.argsort(right_key, kind="stable"))
+                prefix = cache_key == tuple(range(len(shared))) and table.in_order
+                table._sorted[cache_key] = (right_key, np.arange(table.size) if prefix else
+                                            np.argsort(right_key, kind="stable"))
             right_key, order = table._sorted[cache_key]
             left_key = self._radix(left)
         else:
