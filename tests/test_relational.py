@@ -501,3 +501,25 @@ def test_column_index_join_equals_the_key_join(seed, n_values, n_left, unique):
         mixed = example.copy()
         mixed[:2] = [0, 1]
         assert ColumnIndex.build(shared, mixed, n_values) is None
+
+
+def test_the_plan_is_kept_on_the_template_until_it_changes():
+    """Grounding a template again (other data, same schemas and seed) reuses its plan; another seed, other value
+    shapes or a new rule plan again."""
+    t = Template()
+    t += R.h(V.X)[1, 1] <= R.a(V.X)
+    t += R.q <= R.h(V.X)
+    relations = {"a": Relation([1, 2], values=[[0.5], [1.0]])}
+    first = t.ground(relations, R.q)
+    plan = t._plan[1]
+    again = t.ground({"a": Relation([3], values=[[2.0]])}, R.q)
+    assert t._plan[1] is plan
+    assert [w.value.tolist() for w in again.weights] == [w.value.tolist() for w in first.weights]
+    t.ground(relations, R.q, seed=1)
+    assert t._plan[1] is not plan
+    plan = t._plan[1]
+    t.ground({"a": Relation([1, 2], values=[0.5, 1.0])}, R.q, seed=1)
+    assert t._plan[1] is not plan
+    t += R.q <= R.a(V.X)
+    both = t.ground(relations, R.q)
+    assert len(both.layers) > len(first.layers)
