@@ -103,14 +103,16 @@ def encode_relation(name: str, relation: Relation, constants: Vocabulary, exampl
         key = None  # check_duplicates keys the tiled rows itself
     else:
         example = examples.encode(relation.example)
-        rows = np.flatnonzero(np.isin(example, scope)) if scope.size < examples.size else np.arange(example.size)
-        (key,) = row_keys([example[rows]] + [a[rows] for a in args])
-        sorted_rows = _sorted_rows(key)
-        order = rows[sorted_rows]
-        example, args = example[order], [a[order] for a in args]
-        values = values[order] if values is not None else None
-        value_row = np.arange(order.size, dtype=np.int64)
-        key = key[sorted_rows]  # the rows' keys, sorted
+        if scope.size < examples.size:
+            rows = np.flatnonzero(np.isin(example, scope))
+            example, args = example[rows], [a[rows] for a in args]
+            values = values[rows] if values is not None else None
+        (key,) = row_keys([example] + args)
+        if not (key.size < 2 or bool(np.all(key[1:] >= key[:-1]))):  # often sorted already: then nothing to copy
+            order = np.argsort(key, kind="stable")
+            example, args, key = example[order], [a[order] for a in args], key[order]
+            values = values[order] if values is not None else None
+        value_row = np.arange(key.size, dtype=np.int64)
     table = FactTable(name, example, args, value_row, values, weights)
     check_duplicates(table, constants, examples, key)
     return table
