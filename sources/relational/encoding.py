@@ -41,6 +41,8 @@ class Vocabulary:
     def encode(self, column: np.ndarray) -> np.ndarray:
         """Ids of the values of ``column``; -1 for a value the vocabulary does not hold."""
         if column.dtype.kind == "i":
+            if column.size and self.int_min <= int(column.min()) and int(column.max()) - self.int_min < self.n_ints:
+                return column - self.int_min   # all held (as a column of the data always is): no -1 to write
             ids = column - self.int_min
             return np.where((ids >= 0) & (ids < self.n_ints), ids, -1)
         if column.dtype.kind != "U":

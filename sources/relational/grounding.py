@@ -406,15 +406,9 @@ class NumpyGrounder(Grounder):
 
     # -- encoding --------------------------------------------------------------------------------------------------
     def _encode(self, relations: dict) -> None:
-        template = self.plan.template
-        constants = [c for r in relations.values() for c in r.args]
-        literal_constants = [t.value for rule in template.rules for lit in [rule.head, *rule.body]
-                             for t in lit.terms if isinstance(t, Constant)]
-        literal_constants += [t.value for fact in template.facts for t in fact.terms]
+        constants = [c for r in relations.values() for c in r.args] + list(self.plan.constant_columns)
         for q in self.queries:
-            literal_constants += q.constants()
-            constants += [np.asarray(c) for c in (q.args or ())]
-        constants += [np.asarray([v]) for v in literal_constants]
+            constants += [np.asarray(c) for c in (q.args or ())] + [np.asarray([v]) for v in q.constants()]
         self.constants = Vocabulary.of([_as_ids(c) for c in constants])
         example_columns = [_as_ids(r.example) for r in relations.values() if r.example is not None]
         example_columns += [_as_ids(np.asarray(q.example).reshape(-1)) for q in self.queries if q.example is not None]

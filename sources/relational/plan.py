@@ -16,6 +16,7 @@ with the rule it is in:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -86,6 +87,23 @@ class Plan:
     fact_weights: list = field(default_factory=list)  # per template fact: weight name or None (a unit fact)
     body_shape: dict = field(default_factory=dict)    # rule index -> value shape of its rule neurons
     _labels: dict = field(default_factory=dict, repr=False)
+
+    @cached_property
+    def constant_columns(self) -> list:
+        """The constants written in the template (rules and facts) as a few columns for the vocabulary: the ints in
+        one, the strings in one, anything else alone (to be refused with its own message)."""
+        values = [t.value for rule in self.template.rules for lit in [rule.head, *rule.body]
+                  for t in lit.terms if isinstance(t, Constant)]
+        values += [t.value for fact in self.template.facts for t in fact.terms]
+        def is_int(v) -> bool:
+            return isinstance(v, (int, np.integer)) and not isinstance(v, bool) and -(1 << 63) <= v < (1 << 63)
+
+        ints = [v for v in values if is_int(v)]
+        strings = [v for v in values if isinstance(v, str)]
+        others = [v for v in values if not is_int(v) and not isinstance(v, str)]
+        columns = [np.asarray(ints, np.int64)] if ints else []
+        columns += [np.asarray(strings)] if strings else []
+        return columns + [np.asarray([v]) for v in others]
 
     def label(self, key: str) -> str:
         """A predicate's name for layer names: ``name``, or ``name/arity`` when the name has several arities."""
