@@ -123,8 +123,8 @@ class ColumnIndex:
     :meth:`build` returns None when some value occurs in two examples, or when ``n_values`` is large next to the
     table (the dense arrays would cost more than the binary searches they save)."""
 
-    def __init__(self, ptr: np.ndarray, order: np.ndarray, example: np.ndarray):
-        self.ptr, self.order, self.example = ptr, order, example
+    def __init__(self, ptr: np.ndarray, order: np.ndarray, example: np.ndarray, row: np.ndarray):
+        self.ptr, self.order, self.example, self.row = ptr, order, example, row
 
     @classmethod
     def build(cls, column: np.ndarray, example: np.ndarray, n_values: int) -> "ColumnIndex | None":
@@ -142,15 +142,21 @@ class ColumnIndex:
         np.cumsum(np.bincount(column, minlength=n_values), out=ptr[1:])
         value_example = np.full(n_values, -1, np.int64)
         value_example[sorted_column] = sorted_example
-        return cls(ptr, order, value_example)
+        row = np.full(n_values, -1, np.int64)   # a row of each value (its only one, for a unique join)
+        row[sorted_column] = order
+        return cls(ptr, order, value_example, row)
 
     def join(self, left_example: np.ndarray, left_value: np.ndarray, right_unique: bool = False) -> tuple:
         """All pairs ``(i, j)`` with equal example and value, ordered as :func:`join` orders them."""
+        if right_unique:  # a value's example is -1 when no row holds it (and examples are >= 0)
+            row = self.row[left_value]
+            hit = self.example[left_value] == left_example
+            if hit.all():
+                return np.arange(left_value.size), row
+            left = np.flatnonzero(hit)
+            return left, row[left]
         start = self.ptr[left_value]
         counts = self.ptr[left_value + 1] - start
         counts[self.example[left_value] != left_example] = 0
-        if right_unique:
-            left = np.flatnonzero(counts)
-            return left, self.order[start[left]]
         left = np.repeat(np.arange(left_value.size, dtype=np.int64), counts)
         return left, self.order[expand_runs(start, counts)]
