@@ -339,37 +339,44 @@ class _Assembler:
         """Atom neurons of ``atoms`` (sorted atom ids of one table): the rules that derive each, in template order."""
         predicate = self.tables[table_name].predicate
         plan = self.plan
-        owner, rank, layer, ordinal, weight = [], [], [], [], []
-        for g, (heads, agg_layer, agg_ordinal) in rules:
-            owner.append(np.searchsorted(atoms, heads))
-            rank.append(np.full(heads.size, g.rule.index))
+        owner, layer, ordinal, weight = [], [], [], []
+        for g, (heads, agg_layer, agg_ordinal) in rules:   # heads: sorted, distinct, some of the atoms
+            owner.append(np.arange(atoms.size) if heads.size == atoms.size else np.searchsorted(atoms, heads))
             layer.append(agg_layer)
             ordinal.append(agg_ordinal)
             weight.append(np.full(heads.size, self.weight(plan.rule_weights[(g.rule.index, "head")])))
-        owner, rank = np.concatenate(owner), np.concatenate(rank)
+        owner = owner[0] if len(rules) == 1 else np.concatenate(owner)
         counts = np.bincount(owner, minlength=atoms.size)
+        one_each = owner.size == atoms.size and counts.max(initial=0) == 1
         if len(rules) == 1:  # one rule: its heads are sorted
             order = None
-        elif owner.size == atoms.size and counts.max(initial=0) == 1:  # each atom derived by one rule: a permutation
+        elif one_each:  # each atom derived by one rule: owner is a permutation
             order = np.empty_like(owner)
             order[owner] = np.arange(owner.size)
         else:
+            rank = np.repeat([g.rule.index for g, _ in rules], [heads.size for _, (heads, _, _) in rules])
             order = np.lexsort((rank, owner))
-        layer, ordinal, weight = np.concatenate(layer), np.concatenate(ordinal), np.concatenate(weight)
+        layer, ordinal, weight = (parts[0] if len(parts) == 1 else np.concatenate(parts)
+                                  for parts in (layer, ordinal, weight))
         if order is not None:
             owner, layer, ordinal, weight = owner[order], layer[order], ordinal[order], weight[order]
-        weighted = np.bincount(owner, weights=(weight != NO_WEIGHT).astype(float), minlength=atoms.size) > 0
+        weighted = weight != NO_WEIGHT if one_each else \
+            np.bincount(owner, weights=(weight != NO_WEIGHT).astype(float), minlength=atoms.size) > 0
         offset = np.where(weighted, self.weight(plan.predicate_offsets.get(predicate)), NO_WEIGHT)
         transformation = plan.atom_transformation(predicate)
         ref_layer, ref_ordinal = self.ref[table_name]
-        build = np.ones(atoms.size, bool)
+        build = None   # all
         if self.prune and self.is_identity(transformation):
             single = (counts == 1) & (offset == NO_WEIGHT)
             first = np.concatenate([[0], np.cumsum(counts)[:-1]])
             single &= weight[np.minimum(first, weight.size - 1)] == NO_WEIGHT
             ref_layer[atoms[single]], ref_ordinal[atoms[single]] = layer[first[single]], ordinal[first[single]]
             build = ~single
-        if build.any():
+        if build is None or build.all():
+            index = self.neurons(f"{plan.label(predicate)}{suffix}", counts, layer, ordinal, weight, offset,
+                                 plan.atom_combination(predicate), transformation, plan.shape[predicate])
+            ref_layer[atoms], ref_ordinal[atoms] = index, np.arange(atoms.size)
+        elif build.any():
             members = np.repeat(build, counts)
             index = self.neurons(f"{plan.label(predicate)}{suffix}", counts[build], layer[members], ordinal[members],
                                  weight[members], offset[build], plan.atom_combination(predicate), transformation,
