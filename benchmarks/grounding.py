@@ -77,7 +77,7 @@ def tu_job(ds, hidden: int, repeats: int) -> dict:
     template = neuralogic_gcn_template(widths)
 
     def neuralogic_rules():
-        facts = models.tu_facts(ds, norm=True)
+        facts = models.tu_facts(ds, norm=True, edges=False)
         return ground(template, {"h0": facts["feature"], "edge": facts["norm"]}, models.tu_queries(ds))
 
     def rules():

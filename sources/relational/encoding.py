@@ -6,7 +6,7 @@ the same order whichever way the data arrived (numpy arrays, DataFrames or SQL).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -24,6 +24,7 @@ class Vocabulary:
     int_min: int
     n_ints: int
     strings: np.ndarray
+    _ids: dict = field(default_factory=dict, compare=False, repr=False)   # encode_one's answers
 
     @classmethod
     def of(cls, columns: list) -> "Vocabulary":
@@ -53,10 +54,13 @@ class Vocabulary:
         return np.where(self.strings[k] == column, self.n_ints + k, -1).astype(np.int64)
 
     def encode_one(self, value) -> int:
-        column = np.asarray([value.value if isinstance(value, Constant) else value])
-        if column.dtype.kind not in "iU":
-            return -1
-        return int(self.encode(column.astype(np.int64) if column.dtype.kind == "i" else column)[0])
+        value = value.value if isinstance(value, Constant) else value
+        key = (type(value), value)   # 1 and "1" (and True) are other constants
+        if key not in self._ids:
+            column = np.asarray([value])
+            self._ids[key] = -1 if column.dtype.kind not in "iU" else \
+                int(self.encode(column.astype(np.int64) if column.dtype.kind == "i" else column)[0])
+        return self._ids[key]
 
     def decode(self, ids) -> list:
         out = []

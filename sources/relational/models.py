@@ -25,9 +25,9 @@ __all__ = ["tu_facts", "tu_queries", "gcn", "sage", "gin", "mutagenesis", "mutag
 
 
 def tu_facts(ds, use_attributes: bool = False, norm: bool = False, zero_self_loops: bool = False,
-             loops: bool = False) -> dict:
-    """The relations of a :class:`neurovec.datasets.TUDataset`: ``feature``, ``edge``; with ``norm`` also ``norm``,
-    with ``loops`` also ``loop`` (the edges and a self-loop at every node).
+             loops: bool = False, edges: bool = True) -> dict:
+    """The relations of a :class:`neurovec.datasets.TUDataset`: ``feature``, ``edge`` (not with ``edges=False``);
+    with ``norm`` also ``norm``, with ``loops`` also ``loop`` (the edges and a self-loop at every node).
 
     ``zero_self_loops`` adds ``edge(i, i)`` with value 0 for every node without incoming edges (the hand-written
     GCN without normalization reads such a node times 0, so that it still has a value)."""
@@ -40,7 +40,7 @@ def tu_facts(ds, use_attributes: bool = False, norm: bool = False, zero_self_loo
         facts["edge"] = Relation((np.concatenate([src, isolated]), np.concatenate([dst, isolated])),
                                  values=np.concatenate([np.ones(src.size), np.zeros(isolated.size)]),
                                  example=graph[np.concatenate([src, isolated])])
-    else:
+    elif edges:
         facts["edge"] = Relation((src, dst), example=graph[src])
     if loops:
         facts["loop"] = Relation((np.concatenate([src, nodes]), np.concatenate([dst, nodes])),
@@ -102,7 +102,7 @@ def gcn(ds, hidden=16, layers: int = 2, *, normalize: bool = True, readout: str 
                                                transformation=_TRANSFORM[act])
         source, in_dim = conv, width
     _readout(template, source, in_dim, readout, output_transformation, out_dim, values)
-    facts = tu_facts(ds, use_attributes, norm=normalize, zero_self_loops=not normalize)
+    facts = tu_facts(ds, use_attributes, norm=normalize, zero_self_loops=not normalize, edges=not normalize)
     return template, facts, tu_queries(ds, samples)
 
 
