@@ -124,3 +124,13 @@ def test_mix64_is_splitmix64s_finalizer():
     kept = values.copy()
     assert grouping.mix64(values).tolist() == [reference(int(v)) for v in kept]
     assert np.array_equal(values, kept)  # the argument is left alone
+
+
+@pytest.mark.parametrize("bound", [1, 7, 2**16, 2**16 + 1, 10**6, 2**40])
+def test_stable_order_is_a_stable_argsort(bound):
+    # One 16-bit digit, or several (least significant first): both give the stable order.
+    rng = np.random.default_rng(bound)
+    for n in (0, 1, 5000):
+        keys = rng.integers(0, bound, n)
+        keys[rng.integers(0, max(n, 1), n // 2)] = keys[rng.integers(0, max(n, 1), n // 2)] if n else keys[:0]
+        assert np.array_equal(grouping.stable_order(keys, bound), np.argsort(keys, kind="stable"))

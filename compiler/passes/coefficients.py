@@ -59,11 +59,12 @@ def reduce_coefficients(program: Program, settings: Settings) -> Program:
             rw.keep(node)
             continue
         facts_used |= origins.facts_used
-        offsets = np.cumsum([0] + [b.count for b in bases])[:-1]
-        index = offsets[origins.which] + origins.row
         if len(bases) == 1:
             root = bases[0]
+            index = origins.row.astype(np.int64)  # (no offsets to add: edge-sized)
         else:
+            offsets = np.cumsum([0] + [b.count for b in bases])[:-1]
+            index = offsets[origins.which] + origins.row
             root = rw.emit(rw.fresh(f"{node.name}_sources"), Op.CONCAT, [b.name for b in bases],
                            sum(b.count for b in bases), source.shape, node.layer)
         src = rw.emit_plan(rw.fresh(f"{node.name}_x"), plan_index(index, root.count), root, node.layer)

@@ -99,6 +99,10 @@ def _grouped(groups: _Groups, other: np.ndarray, subsequence: bool, max_rows: in
         return None
     start = np.cumsum(span) - span
     order = groups.order
+    if rows == group.size:  # every group fills its blocks exactly: no padding, just the group order
+        position = np.empty(group.size, dtype=np.int64)
+        position[order] = np.arange(group.size)
+        return position, rows, np.repeat(values, counts), other[order]
     first = np.cumsum(counts) - counts  # where each group starts in `order`
     # The k-th row in group order is row k - first[g] of its group g: at start[g] + k - first[g].
     position = np.empty(group.size, dtype=np.int64)

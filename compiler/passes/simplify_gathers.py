@@ -82,9 +82,9 @@ def plan_index(index: np.ndarray, n: int) -> Plan:
     if length == 1:
         start = int(index[0])
         return ("id",) if n == 1 else ("slice", start, start + 1, 1)
-    diffs = np.diff(index)
-    step = int(diffs[0])
-    if np.all(diffs == step):
+    step = int(index[1]) - int(index[0])
+    # (A prefix first: most indices are no arithmetic sequence, and fail it without an edge-sized diff.)
+    if np.all(np.diff(index[:_SPOT_ROWS]) == step) and np.all(np.diff(index) == step):
         start = int(index[0])
         if step == 1 and start == 0 and length == n:
             return ("id",)
@@ -92,7 +92,7 @@ def plan_index(index: np.ndarray, n: int) -> Plan:
             return ("slice", start, int(index[-1]) + 1, step)
         if step == 0:  # one row, repeated: a tile of that row (cheaper than repeat_interleave)
             return ("tile", length, plan_index(index[:1], n))
-    times = _interleave_factor(index, diffs)
+    times = _interleave_factor(index)
     if times > 1:
         return ("interleave", times, plan_index(index[::times], n))
     times = _tile_factor(index, n)
@@ -101,12 +101,12 @@ def plan_index(index: np.ndarray, n: int) -> Plan:
     return ("gather", index)
 
 
-def _interleave_factor(index: np.ndarray, diffs: np.ndarray) -> int:
+def _interleave_factor(index: np.ndarray) -> int:
     """Largest k such that every row of ``index.reshape(-1, k)`` is constant.
 
     Runs of equal values must start at multiples of k (and k must divide the length).
     """
-    return run_block(diffs != 0, index.size)
+    return run_block(index[1:] != index[:-1], index.size)
 
 
 _SPOT_ROWS = 1024  # _tile_factor compares this many rows of a candidate repetition first
