@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["TRANSFORM_FUNCTIONS", "transform", "apply_weight"]
+__all__ = ["TRANSFORM_FUNCTIONS", "transform", "apply_weight", "preferred_zeros", "order_signed_zeros"]
 
 
 def _softmax(x: torch.Tensor) -> torch.Tensor:
@@ -49,3 +49,33 @@ def apply_weight(w: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
     if w.dim() == 2:
         return w @ x
     return w * x
+
+
+# NOTE: [signed zeros in max and min] A max or min over both 0.0 and -0.0 is one of them, and
+# which one torch returns depends on the kernel and even on the shape: ``amax(0)`` over the rows
+# [-0.0, 0.0] gives -0.0 (the first) for rows of 2 elements and 0.0 (the last) for rows of 16
+# (torch 2.13, CPU), and the scatter and segment kernels disagree likewise. The sign is seen only
+# through ``inverse`` (1 / -0.0 = -inf), and there it decides between inf and -inf. Every engine
+# here orders the zeros as IEEE 754-2019's maximum and minimum do: -0.0 < 0.0, so
+# max{0.0, -0.0} = 0.0 and min{0.0, -0.0} = -0.0, whatever the order of the inputs. That also
+# makes max and min truly commutative, which the passes that merge neurons with the same inputs
+# in another order (``dedup.RowIds``) rely on. The generated code does it only where the sign
+# can reach an ``inverse`` (``compiler.rewrite.zero_sign_matters``): elsewhere it costs a second
+# reduction for nothing.
+
+
+def preferred_zeros(x: torch.Tensor, reduce: str) -> torch.Tensor:
+    """The inputs that are the zero a ``reduce`` ("max" or "min") over ties of 0.0 and -0.0 must
+    return: 1.0 where ``x`` is 0.0 (max), -1.0 where it is -0.0 (min), else 0. Reduced with
+    ``reduce`` itself, a segment's value is nonzero iff the segment has such a zero."""
+    zeros = (x == 0) & (torch.signbit(x) == (reduce == "min"))
+    return zeros.to(x.dtype) if reduce == "max" else -zeros.to(x.dtype)
+
+
+def order_signed_zeros(value: torch.Tensor, preferred: torch.Tensor, reduce: str) -> torch.Tensor:
+    """A max or min ``value`` with its zeros given the sign of the preferred zero where
+    ``preferred`` (the reduction of :func:`preferred_zeros`) says the inputs had one. The
+    gradient passes unchanged (``x + 0.0`` and ``-(-x + 0.0)`` have derivative 1)."""
+    at_tie = (value == 0) & (preferred != 0)
+    signed = value + 0.0 if reduce == "max" else -((-value) + 0.0)  # -0.0 -> 0.0, or 0.0 -> -0.0
+    return torch.where(at_tie, signed, value)

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from ..sources.graph import FactLayer, Graph
-from .functions import apply_weight, transform
+from .functions import apply_weight, order_signed_zeros, preferred_zeros, transform
 from .weights import WeightStore
 
 __all__ = ["ReferenceModule", "evaluate"]
@@ -18,8 +18,9 @@ __all__ = ["ReferenceModule", "evaluate"]
 _AGGREGATE = {
     "sum": lambda xs: xs.sum(0),
     "mean": lambda xs: xs.mean(0),
-    "max": lambda xs: xs.amax(0),  # gradient split evenly among ties, like scatter_reduce
-    "min": lambda xs: xs.amin(0),
+    # Gradient split evenly among ties, like scatter_reduce; 0.0 > -0.0 (NOTE: [signed zeros in max and min]).
+    "max": lambda xs: order_signed_zeros(xs.amax(0), preferred_zeros(xs, "max").amax(0), "max"),
+    "min": lambda xs: order_signed_zeros(xs.amin(0), preferred_zeros(xs, "min").amin(0), "min"),
     "prod": lambda xs: xs.prod(0),
 }
 

@@ -25,9 +25,10 @@ import torch
 from torch import nn
 
 from ..compiler.ir import Node, Op, Program, compact_index, linear_grid
+from ..compiler.rewrite import zero_sign_matters
 from ..sources.graph import GraphError
 from . import kernels, runtime
-from .functions import TRANSFORM_FUNCTIONS
+from .functions import TRANSFORM_FUNCTIONS, order_signed_zeros, preferred_zeros
 from .weights import WeightStore
 
 __all__ = ["CompiledModule", "generate_source"]
@@ -318,6 +319,9 @@ def generate_source(program: Program) -> str:
     for node in reversed(program.nodes):
         if readers[node.name] and all(r in left_out for r in readers[node.name]) and node.name != program.output:
             left_out.add(node.name)
+    matters = zero_sign_matters(program)
+    signed_zeros = {node.name for node in program.nodes if node.op is Op.REDUCE and node.name in matters
+                    and node.attrs["aggregation"] in ("max", "min")}
     for node in program.nodes:
         if node.name in left_out:
             continue
@@ -327,8 +331,23 @@ def generate_source(program: Program) -> str:
             code = f"    {node.name} = {_expression(node, nodes, rows, in_place)}"
         shape = ", ".join(map(str, node.shape if node.name in rows else (node.count,) + node.shape))
         lines.append(f"{code:<72}  # ({shape}{',' if len(node.shape) == 1 and node.name in rows else ''})")
+        if node.name in signed_zeros:
+            lines.extend(_order_signed_zeros(node, nodes, rows))
     lines.append(f"    return {program.output}")
     return "\n".join(lines) + "\n"
+
+
+def _order_signed_zeros(node: Node, nodes: dict[str, Node], rows: dict[str, str]) -> list[str]:
+    """Statements that give the ties of 0.0 and -0.0 in max or min ``node`` the zero IEEE 754
+    chooses (NOTE: [signed zeros in max and min]): the same reduction of the indicator of that
+    zero among the inputs says which segments have it."""
+    agg, x = node.attrs["aggregation"], nodes[node.srcs[0]]
+    zeros = x.with_(name=f"{node.name}_zeros")
+    while zeros.name in nodes:
+        zeros = zeros.with_(name=f"{zeros.name}_")
+    reduced = _expression(node.with_(srcs=(zeros.name,) + node.srcs[1:]), {**nodes, zeros.name: zeros}, rows)
+    return [f"    {zeros.name} = preferred_zeros({x.name}, {agg!r})",
+            f"    {node.name} = order_signed_zeros({node.name}, {reduced}, {agg!r})"]
 
 
 class CompiledModule(nn.Module):
@@ -474,7 +493,8 @@ def _load(source: str):
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     namespace = {"torch": torch, "T": TRANSFORM_FUNCTIONS, "segment_reduce": kernels.segment_reduce,
                  "scatter_reduce": kernels.scatter_reduce_native, "dense_reduce": kernels.dense_reduce,
-                 "strided_reduce": runtime.strided_reduce, "gather_sum": runtime.gather_sum}
+                 "strided_reduce": runtime.strided_reduce, "gather_sum": runtime.gather_sum,
+                 "preferred_zeros": preferred_zeros, "order_signed_zeros": order_signed_zeros}
     exec(compile(source, filename, "exec"), namespace)
     return namespace["forward"]
 

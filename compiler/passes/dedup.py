@@ -113,7 +113,8 @@ class RowIds:
     name; a FACT row its own row, or with ``fact_values`` (isomorphic compression) the row's bytes
     (static facts only); an indexing op selects its source's labels; a LINEAR or ADD row is the
     pair of its inputs' labels; a TRANSFORM row its input's label; a REDUCE row the multiset of
-    its inputs' labels (every aggregation is commutative; for a mean, up to a common factor of the
+    its inputs' labels (every aggregation is commutative -- max and min on signed zeros too, NOTE:
+    [signed zeros in max and min]; for a mean, up to a common factor of the
     multiplicities: mean{a, a, b, b} = mean{a, b} for every value of a and b, gradients included).
     Rows of different CONCAT parts never share a label. Two weights are never equal because their values are: a learnable weight is
     itself only; a fixed weight, with ``fact_values``, equals the fixed weights with the same bytes.

@@ -26,7 +26,7 @@ import torch
 
 from ...engines.torch_module import CompiledModule
 from ..ir import INDEXING, Node, Op, Program
-from ..rewrite import eliminate_dead_code
+from ..rewrite import eliminate_dead_code, zero_sign_matters
 from ..settings import Settings
 from .rows import freeze_facts, is_constant
 from .simplify_gathers import Rewriter
@@ -89,6 +89,14 @@ def _expands(node: Node, nodes: dict[str, Node]) -> bool:
 def evaluate(program: Program, name: str):
     """The float64 value of node ``name`` (a numpy array), computed by the generated module."""
     sub = eliminate_dead_code(program.replace(output=name))
+    if name in zero_sign_matters(program):
+        # The sign of its zeros reaches an inverse in ``program``: an (unused) inverse reader makes
+        # the generated code give them as the whole program would (NOTE: [signed zeros in max and min]).
+        node = sub.node(name)
+        reader = Node(f"{name}_inverse", Op.TRANSFORM, (name,), node.count, node.shape, {"fn": "inverse"})
+        while any(n.name == reader.name for n in sub.nodes):
+            reader = reader.with_(name=f"{reader.name}_")
+        sub = sub.replace(nodes=sub.nodes + (reader,))
     with torch.no_grad():
         return CompiledModule(sub, torch.float64)().numpy()
 

@@ -72,6 +72,23 @@ def gcn_graph():
     return b.build()
 
 
+def test_a_folded_max_orders_its_zeros_as_the_program_would():
+    # max{-0.0, 0.0} of facts is folded; an inverse later tells its zero's sign (1 / it = inf).
+    # Evaluated alone, its zero's sign reached no inverse and the kernel returned the first zero.
+    b = neurovec.GraphBuilder()
+    x = b.facts("x", np.array([-0.0, 0.0, 3.0]))
+    h = b.layer("h", aggregation="max")
+    ties, other = h.neuron([x[0], x[1]]), h.neuron([x[0], x[2]])
+    v = b.weight("v", np.array(1.5))
+    inverse = b.layer("inverse", aggregation="max", transformation="inverse")
+    b.output(inverse.neuron([(ties, v)]), inverse.neuron([(other, v)]))
+    graph = b.build()
+    program = build_program(graph, "default")
+    assert program.node("h_agg").op is Op.FACT  # folded
+    assert neurovec.compile(graph, "default", dtype=torch.float64)().tolist() == [np.inf, 1 / 4.5]
+    assert_equivalent(graph, neurovec.compile(graph, "default", dtype=torch.float64))
+
+
 def test_first_aggregation_of_a_gcn_is_folded_and_its_facts_frozen():
     graph = gcn_graph()
     module = neurovec.compile(graph, dtype=torch.float64)
