@@ -11,7 +11,7 @@ With ``tricky_values`` the fact and fixed weight values come from ``TRICKY_VALUE
 signed zeros, values that differ in their last bits, and terms so large that the
 small ones vanish in a 32-bit mantissa -- the values on which a merge by numeric
 comparison goes wrong; and neurons are often near twins of the one before them
-(the same inputs in another order, one of them, its row or its weight redrawn).
+(the same inputs in another order, and one of them, its row or its weight redrawn, or none).
 """
 from __future__ import annotations
 
@@ -107,21 +107,30 @@ def graphs(draw, max_layers: int = 4, max_neurons: int = 4, max_inputs: int = 4,
 
         for j in range(size):
             if tricky_values and j and draw(st.booleans()):
-                # A near twin of the previous neuron: its inputs, in another order, one redrawn.
+                # A near twin of the previous neuron: its inputs, in another order, one redrawn (or none).
                 twin = list(zip(src, ordinal, wts))[-counts[j - 1]:]
                 twin = [twin[i] for i in draw(st.permutations(range(len(twin))))]
                 pick = draw(st.integers(0, len(twin) - 1))
                 s, o, w = twin[pick]
-                change = draw(st.sampled_from(["ordinal", "weight", "input"]))
+                change = draw(st.sampled_from(["ordinal", "weight", "input", "none"]))
                 if change == "ordinal":
                     twin[pick] = s, draw(st.integers(0, layers[s].size - 1)), w
                 elif change == "weight" and w >= 0:
                     twin[pick] = s, o, weight_of(weights[w].shape)
-                else:
+                elif change != "none":  # else the same inputs in another order: an exact twin
                     twin[pick] = draw_input()
                 counts[j] = len(twin)
             else:
                 twin = [draw_input() for _ in range(counts[j])]
+            if tricky_values and aggregation in ("sum", "mean", "prod"):
+                # Inputs in one canonical order. A sum of the same terms in another order can round
+                # differently, and tricky values make that visible: 1e12 - 1e12 + 1e-6 is 1e-6 but
+                # 1e12 + 1e-6 - 1e12 is 0 (then ``inverse``: 1e6 against inf). The compiler merges
+                # neurons whose inputs are the same multiset (thesis 5.2.6: a sum is commutative in
+                # real arithmetic) and computes one of them, in its order: no engine that merges
+                # can match the reference on the other. Max and min are commutative exactly (NOTE:
+                # [signed zeros in max and min]): their twins keep their shuffled order.
+                twin.sort()
             for s, o, w in twin:
                 src.append(s)
                 ordinal.append(o)

@@ -1,4 +1,7 @@
 """Upward gather propagation (thesis 5.2.7): gathers move into the nodes that produce their input."""
+import sys
+from unittest import mock
+
 import numpy as np
 import pytest
 import torch
@@ -7,6 +10,7 @@ from hypothesis import strategies as st
 
 import neurovec
 from neurovec.compiler.ir import Op, Program
+from neurovec.compiler.passes import upward
 from neurovec.compiler.passes.upward import MAX_CONCAT_RUNS, is_regular_index, propagate_gathers_up
 from neurovec.compiler.pipeline import build_program
 from neurovec.compiler.rewrite import eliminate_dead_code
@@ -239,14 +243,43 @@ def test_random_graphs_equal_reference(graph, options):
     assert_equivalent(graph, neurovec.compile(graph, options, dtype=torch.float64))
 
 
+def unlimited_growth(before_linear: bool = False) -> Settings:
+    return Settings.preset("unoptimized", upward=True, upward_growth_abs=None, iso_compression=True,
+                           dedup_facts=True, dedup_linear=True, dedup_aggregations=True,
+                           linear_broadcasting=True, upward_before_linear=before_linear)
+
+
+def test_a_gather_that_would_read_a_concat_in_many_runs_stays_where_it_is():
+    # The output repeats neuron 0 four times; neuron 0 sums rows of four different CONCAT parts
+    # (the vectorizer's input groups), so computing its rows in place of the output gather
+    # would read the CONCAT in 17 runs, over MAX_CONCAT_RUNS. The gather does not move at all:
+    # moved up to the CONCAT it would stay irregular there and the layer would grow. (Found by
+    # test_unlimited_growth_leaves_no_irregular_gather, whose premise missed this case.)
+    b = neurovec.GraphBuilder()
+    x, y = b.facts("x", np.array([[0.125, -0.25]])), b.facts("y", np.array([0.5]))
+    w0, w1 = (b.weight(f"w{k}", np.array(v), learnable=False) for k, v in enumerate([0.75, -0.5]))
+    w2 = b.weight("w2", np.array([0.25, 1.5]), learnable=False)
+    h = b.layer("h")
+    n0 = h.neuron([(x[0], w0), x[0], (x[0], w1), x[0]])
+    n1, n2 = h.neuron([x[0]]), h.neuron([x[0], (y[0], w2)])
+    b.output(n0, n0, n0, n0, n1, n2, b.layer("g").neuron([n0]))
+    graph = b.build()
+    program = build_program(graph, unlimited_growth())
+    assert irregular_gathers(program) == [program.output]
+    with mock.patch.object(upward, "MAX_CONCAT_RUNS", 17):
+        assert irregular_gathers(build_program(graph, unlimited_growth())) == []
+    assert_equivalent(graph, CompiledModule(program, torch.float64))
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(graph=graphs(), before_linear=st.booleans())
 def test_unlimited_growth_leaves_no_irregular_gather(graph, before_linear):
+    """Unlimited growth, and no limit on the runs through a CONCAT, fold every gather away. (With
+    the limit, a gather stays wherever moving it would need too many runs further up: see
+    test_a_gather_that_would_read_a_concat_in_many_runs_stays_where_it_is.)"""
     assume(all_finite(graph))
-    options = Settings.preset("unoptimized", upward=True, upward_growth_abs=None, iso_compression=True,
-                              dedup_facts=True, dedup_linear=True, dedup_aggregations=True,
-                              linear_broadcasting=True, upward_before_linear=before_linear)
-    program = build_program(graph, options)
+    with mock.patch.object(upward, "MAX_CONCAT_RUNS", sys.maxsize):
+        program = build_program(graph, unlimited_growth(before_linear))
     assert irregular_gathers(program) == []
     assert_equivalent(graph, CompiledModule(program, torch.float64))
 
