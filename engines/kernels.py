@@ -812,11 +812,14 @@ def choose_kernel(n_edges: int, n_segments: int, counts, feature_size: int, devi
 
 #: A gather whose source needs a gradient is worth the fused kernel from this many values
 #: (rows * F) and this width: its backward is then a sorted sum over the prebuilt transpose
-#: instead of index_select's backward, an ``index_add`` (1 thread, 43k rows from 43k
-#: sources: F=16 0.7 vs 2.1 ms, F=8 0.7 vs 4.3 ms; F=4 about even, F<=2 and small
-#: layers (400 rows) index_add is faster, or the per-call overhead dominates).
-_GATHER_MIN_ELEMENTS = 65536
-_GATHER_MIN_FEATURES = 8
+#: instead of index_select's backward, an ``index_add`` with the gather's int64 index
+#: (``CompiledModule`` keeps those indices int64). Forward + backward, 1 thread, µs,
+#: index_select vs fused: 43k rows from 43k sources F=16 3300 vs 1530, F=8 1950 vs 1060,
+#: F=4 920 vs 670, F=2 417 vs 468; 43k from 7k F=4 670 vs 270; 10k from 10k F=4 154 vs
+#: 113, F=2 109 vs 98; 3371 from 3371 F=8 104 vs 92, F=4 73 vs 73; 400 rows: index_select
+#: by 13-28 µs at every width (the fused call's fixed cost).
+_GATHER_MIN_ELEMENTS = 16384
+_GATHER_MIN_FEATURES = 4
 
 
 def choose_gather_kernel(count: int, feature_size: int, needs_grad: bool, device: torch.device | str = "cpu", *,

@@ -36,7 +36,7 @@ def test_one_product_over_the_facts_side_by_side():
     key = after.node("s").attrs["hcat"]
     np.testing.assert_array_equal(after.constants[key], np.hstack([before.constants["c_x"], before.constants["c_m"]]))
     code = CompiledModule(after, torch.float64).code
-    assert f"s = self.{key} @ torch.cat([w['A0'], w['B0']], 1).T" in code and "ax =" not in code
+    assert f"s = self.{key} @ torch.cat([w['A0'].T, w['B0'].T])" in code and "ax =" not in code
     assert_same_function(before, after)
 
 
