@@ -47,7 +47,7 @@ def test_generated_code_uses_weights_in_place(tu_dir):
     graph = gcn(load_tu("MUTAG", tu_dir), hidden=4)
     module = neurovec.compile(graph, dtype=torch.float64)
     assert "torch.stack" not in module.code and ".repeat(" not in module.code
-    assert "+ w['conv1.bias']" in module.code and "@ w['conv1.lin.weight'].T" in module.code
+    assert "torch.addmm(w['conv1.bias'], " in module.code and "w['conv1.lin.weight'].T" in module.code
     assert_equivalent(graph, module)
 
 

@@ -1,5 +1,7 @@
-"""Narrow weights are multiplied as a row-major copy of their transpose (NOTE: [weight
-gradient layout] in engines/torch_module.py): the same function, a faster weight gradient."""
+"""How the code generator writes shared-weight GEMMs (engines/torch_module.py): narrow
+weights as a row-major copy of their transpose (NOTE: [weight gradient layout]) and a
+shared bias inside the GEMM (NOTE: [bias in the GEMM]). The same function, fewer and
+faster ops."""
 import numpy as np
 import pytest
 import torch
@@ -46,9 +48,36 @@ def test_narrow_weight_products_equal_the_reference(graph_and_reference, preset)
 def test_narrow_weight_is_copied_transposed_where_rows_are_many(graph_and_reference):
     graph, _ = graph_and_reference
     code = neurovec.compile(graph).code
-    assert "@ w['W'].T.contiguous()" in code, code
+    assert "w['W'].T.contiguous()" in code, code
 
 
 def test_no_copy_for_few_rows_or_wide_weights():
     assert ".contiguous()" not in neurovec.compile(narrow_gnn(200)).code  # few rows: both products cost µs
     assert ".contiguous()" not in neurovec.compile(narrow_gnn(1200, features=16)).code  # as fast either way
+
+
+def test_bias_is_added_by_the_gemm(graph_and_reference):
+    graph, _ = graph_and_reference
+    code = neurovec.compile(graph).code
+    assert "torch.addmm(w['b'], " in code and "+ w['b']" not in code, code
+
+
+def one_neuron(transformation: str) -> neurovec.Graph:
+    """``T(W . 0 + b)`` with ``W < 0`` and ``b = -0.0``: every product is -0.0."""
+    b = neurovec.GraphBuilder()
+    x = b.facts("x", np.zeros((2, 3)))
+    W = b.weight("W", -np.ones((4, 3)))
+    bias = b.weight("b", np.full(4, -0.0))
+    h = b.layer("h", transformation=transformation)
+    b.output(h.neuron([(x[0], W)], bias=bias))
+    return b.build()
+
+
+def test_no_addmm_where_a_division_could_see_the_sign_of_a_zero():
+    """addmm may start its sum from b = -0.0 and give -0.0 where the neuron's sum gives +0.0
+    (float32, one row): equal values, but 1/x is then -inf instead of +inf."""
+    graph = one_neuron("inverse")
+    module = neurovec.compile(graph)
+    assert "addmm" not in module.code
+    assert torch.equal(module().detach(), ReferenceModule(graph, torch.float32)().detach())  # +inf, +inf
+    assert "addmm" in neurovec.compile(one_neuron("relu")).code
