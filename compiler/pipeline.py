@@ -18,7 +18,7 @@ from ..engines.torch_module import CompiledModule
 from ..progress import Progress
 from ..sources.graph import FactLayer, Graph
 from .ir import IRError, Program
-from .passes import (broadcast_adds, cleanup, coefficients, compose_gathers, dedup, dedup_facts, fold_constants,
+from .passes import (broadcast_adds, cleanup, coefficients, compose_gathers, compose_sums, dedup, dedup_facts, fold_constants,
                      fuse_fact_products, iso_compression, kernels, linear_broadcast, padding, reorder_linear, segments,
                      simplify_gathers, split_products, sum_parts, unit_facts, unstack_weights, upward)
 from .settings import Settings
@@ -89,6 +89,8 @@ PIPELINE: list[tuple[str, Callable[[Settings], bool], Pass]] = [
     ("choose_kernels", lambda s: True, kernels.choose_kernels),
     # Needs the kernels: a gather of a fused sum's rows becomes part of the sparse matrix.
     ("compose_gathers", lambda s: s.compose_gathers, compose_gathers.compose_gathers),
+    # Then a sum of a fused sum's rows is one sparse sum over the product of the matrices.
+    ("compose_sums", lambda s: s.compose_sums, compose_sums.compose_sums),
     # Last: a hint for the code generator on the final products.
     ("fuse_fact_products", lambda s: s.fuse_fact_products, fuse_fact_products.fuse_fact_products),
 ]

@@ -105,6 +105,10 @@ class Settings(BaseModel):
         True, description="A gather of a fused sparse sum's rows picks the sparse matrix's rows instead, where "
                           "that adds fewer edges than the gather has rows (undoes a deduplication that saved little).")
 
+    compose_sums: bool = Field(
+        True, description="A sum or mean of a fused sparse sum's rows (GCN's readout of its last layer) as one "
+                          "sparse sum over the product of both matrices, where that has no more entries than the two.")
+
     fuse_fact_products: bool = Field(
         True, description="A sum of two shared-weight products of static facts (GraphSAGE's first layer) as one "
                           "GEMM over the facts side by side.")
@@ -127,7 +131,7 @@ _ALL_OFF = dict(
     transposed_reductions=False, remove_identity=False, preconcatenate=False, remove_unused=False,
     reduce_coefficients=False, unstack_weights=False, split_products=False, sum_parts=False,
     reorder_linear=False, fold_constants=False, broadcast_adds=False, compose_gathers=False,
-    fuse_fact_products=False,
+    compose_sums=False, fuse_fact_products=False,
     reduce_kernel="scatter",
 )
 
