@@ -11,7 +11,8 @@ The second form compiles a TU dataset replicated ``k`` times (distinct copies: c
 features, so nothing merges; ``benchmarks.tasks.replicate_tu``) with one template, and prints
 one table per scale: every pass's wall and CPU seconds and the process's peak RSS during it
 (Linux: the peak is reset before each pass through ``/proc/self/clear_refs``; elsewhere it is
-the peak so far), then edges per second for the vectorizer and passes, and for the whole
+the peak so far; inside ``reusing_freed_memory``, as in ``build_program``, freed blocks stay in
+malloc's heap, so a pass's peak includes what earlier passes freed), then edges per second for the vectorizer and passes, and for the whole
 compile with module construction. Time a quiet machine: wall seconds are only as good as the
 machine is idle (CPU seconds are less sensitive to other processes, not insensitive).
 """
@@ -28,6 +29,7 @@ import numpy as np
 
 from neurovec import datasets
 from neurovec.compiler import Settings, build_program, vectorize
+from neurovec.compiler.allocation import reusing_freed_memory
 from neurovec.compiler.pipeline import PIPELINE
 from neurovec.engines.torch_module import CompiledModule
 from neurovec.sources.graph import FactLayer, Graph, NeuronLayer, Weight
@@ -94,12 +96,13 @@ def timed_pipeline(graph: Graph, settings: Settings) -> tuple[list[tuple], objec
     """Vectorize and run every enabled pass; per step: (name, wall s, CPU s, peak RSS bytes)."""
     rows: list[tuple] = []
     gc.collect()
-    with Step("vectorize", rows):
-        program = vectorize(graph).replace(dynamic_facts=tuple(settings.dynamic_facts))
-    for name, enabled, run in PIPELINE:
-        if enabled(settings):
-            with Step(name, rows):
-                program = run(program, settings)
+    with reusing_freed_memory():  # as build_program does
+        with Step("vectorize", rows):
+            program = vectorize(graph).replace(dynamic_facts=tuple(settings.dynamic_facts))
+        for name, enabled, run in PIPELINE:
+            if enabled(settings):
+                with Step(name, rows):
+                    program = run(program, settings)
     return rows, program
 
 

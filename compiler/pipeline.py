@@ -17,6 +17,7 @@ import torch
 from ..engines.torch_module import CompiledModule
 from ..progress import Progress
 from ..sources.graph import FactLayer, Graph
+from .allocation import reusing_freed_memory
 from .ir import IRError, Program
 from .passes import (broadcast_adds, cleanup, coefficients, compose_gathers, compose_sums, dedup, dedup_facts, fold_constants,
                      fuse_fact_products, iso_compression, kernels, linear_broadcast, padding, reorder_linear, segments,
@@ -114,6 +115,13 @@ def build_program(graph: Graph, settings: Settings | str | dict | None = None, t
         raise ValueError(f"Settings.dynamic_facts names {sorted(unknown)}, which are not fact layers of the graph")
     bar = Progress("neurovec compile", 1 + len(enabled_passes(settings)), "passes", PROGRESS_DELAY_S, leave=False)
     bar.update(0, "vectorize")
+    with reusing_freed_memory():  # the passes' edge-sized temporaries reuse each other's pages
+        program = _run_passes(graph, settings, timings, start, bar)
+    bar.close()
+    return program
+
+
+def _run_passes(graph: Graph, settings: Settings, timings: dict | None, start: float, bar) -> Program:
     program = vectorize(graph).replace(dynamic_facts=tuple(settings.dynamic_facts))
     if timings is not None:
         timings["vectorize"] = time.perf_counter() - start
@@ -133,7 +141,6 @@ def build_program(graph: Graph, settings: Settings | str | dict | None = None, t
                 program.verify()
             except IRError as error:
                 raise IRError(f"after pass {name!r} (ran: {', '.join(ran)}): {error}\n{program}") from error
-    bar.close()
     return program
 
 

@@ -1,0 +1,76 @@
+"""Compiling reuses freed memory instead of asking the kernel for fresh pages (glibc only).
+
+The passes work on whole edge-sized arrays: at 100x PROTEINS (54M edges) each one makes and drops
+a few hundred-megabyte temporaries. glibc's malloc serves every block above its mmap threshold
+(at most 32 MB) with a fresh ``mmap`` and returns it with ``munmap`` when freed, so every
+temporary is new memory whose every page faults on first touch. Measured on the 2-core VM of
+the committed runs: writing a fresh 512 MB array took 0.3-1.5 s, writing it again 0.04 s; the
+100x compile spent 21 s of its 45 s in the kernel (1.2M page faults).
+
+:func:`reusing_freed_memory` tells malloc, for the duration of a compile, to take large blocks
+from its heap and keep what is freed there (``mallopt(M_MMAP_MAX, 0)``, and
+``M_TRIM_THRESHOLD`` -1: never trim), so the next temporary of a pass reuses the pages of the last one; at the end it restores
+glibc's defaults and hands the free memory back (``malloc_trim``). The 100x compile's time in
+the kernel fell from 21.6 s to 8.4 s (peak RSS 5.6 -> 5.9 GB). Elsewhere (macOS, musl, Windows)
+it does nothing. Setting these options also ends glibc's dynamic mmap threshold for the rest of
+the process (it stays where it was), and a process that set ``MALLOC_MMAP_MAX_`` or
+``MALLOC_TRIM_THRESHOLD_`` gets glibc's defaults back after a compile.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import sys
+import threading
+
+__all__ = ["reusing_freed_memory"]
+
+# mallopt's parameters and glibc's defaults (malloc.h, mallopt(3)).
+_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4
+_DEFAULT_TRIM_THRESHOLD, _DEFAULT_MMAP_MAX = 128 * 1024, 65536
+_KEEP = -1  # as M_TRIM_THRESHOLD: never give the heap's free top back (mallopt(3))
+
+_lock = threading.Lock()
+_depth = 0  # compiles in progress (threads may compile at once: the outermost restores)
+
+
+def _glibc():
+    """The C library if it is glibc (it has mallopt and malloc_trim), else None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.mallopt.argtypes, libc.mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+        libc.malloc_trim.argtypes, libc.malloc_trim.restype = [ctypes.c_size_t], ctypes.c_int
+        libc.gnu_get_libc_version  # only glibc has it
+    except (OSError, AttributeError):
+        return None
+    return libc
+
+
+_LIBC = _glibc()
+
+
+@contextlib.contextmanager
+def reusing_freed_memory():
+    """Within: large blocks come from malloc's heap, and freed ones stay there to be reused."""
+    global _depth
+    libc = _LIBC
+    if libc is None:
+        yield
+        return
+    with _lock:
+        _depth += 1
+        if _depth == 1:
+            libc.mallopt(_M_MMAP_MAX, 0)
+            libc.mallopt(_M_TRIM_THRESHOLD, _KEEP)
+    try:
+        yield
+    finally:
+        with _lock:
+            _depth -= 1
+            if _depth == 0:
+                libc.mallopt(_M_MMAP_MAX, _DEFAULT_MMAP_MAX)
+                libc.mallopt(_M_TRIM_THRESHOLD, _DEFAULT_TRIM_THRESHOLD)
+                libc.malloc_trim(0)

@@ -1,0 +1,69 @@
+"""compiler/allocation.py: during a compile, freed large blocks stay in malloc's heap (glibc)."""
+import ctypes
+
+import numpy as np
+import pytest
+
+from neurovec.compiler import allocation
+from neurovec.compiler.allocation import reusing_freed_memory
+
+glibc_only = pytest.mark.skipif(allocation._LIBC is None, reason="needs glibc's mallopt")
+
+
+class _MallInfo2(ctypes.Structure):  # glibc >= 2.33
+    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                     "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+def _mapped_bytes() -> int:
+    """Bytes malloc holds in blocks of their own mapping (``mallinfo2().hblkhd``)."""
+    allocation._LIBC.mallinfo2.restype = _MallInfo2
+    return allocation._LIBC.mallinfo2().hblkhd
+
+
+@glibc_only
+def test_large_blocks_come_from_the_heap_inside():
+    # 64 MB is above every mmap threshold of glibc: outside, a mapping of its own (fresh pages
+    # each time); inside, a block of the heap, where a freed one is reused.
+    if not hasattr(allocation._LIBC, "mallinfo2"):
+        pytest.skip("glibc before 2.33 has no mallinfo2")
+    before = _mapped_bytes()
+    outside = np.ones(2**23)
+    assert _mapped_bytes() >= before + outside.nbytes
+    del outside
+    with reusing_freed_memory():
+        before = _mapped_bytes()
+        inside = np.ones(2**23)
+        assert _mapped_bytes() < before + inside.nbytes
+        del inside
+    assert allocation._depth == 0
+
+
+def test_nested_and_failing_blocks_restore_the_defaults(monkeypatch):
+    calls = []
+
+    class FakeLibc:
+        def mallopt(self, option, value):
+            calls.append((option, value))
+            return 1
+
+        def malloc_trim(self, pad):
+            calls.append(("trim", pad))
+            return 1
+
+    monkeypatch.setattr(allocation, "_LIBC", FakeLibc())
+    with pytest.raises(RuntimeError):
+        with reusing_freed_memory():
+            with reusing_freed_memory():  # a second compile at once (another thread)
+                pass
+            assert calls == [(allocation._M_MMAP_MAX, 0), (allocation._M_TRIM_THRESHOLD, allocation._KEEP)]
+            raise RuntimeError("a pass failed")
+    assert calls[2:] == [(allocation._M_MMAP_MAX, allocation._DEFAULT_MMAP_MAX),
+                         (allocation._M_TRIM_THRESHOLD, allocation._DEFAULT_TRIM_THRESHOLD), ("trim", 0)]
+    assert allocation._depth == 0
+
+
+def test_without_glibc_nothing_happens(monkeypatch):
+    monkeypatch.setattr(allocation, "_LIBC", None)
+    with reusing_freed_memory():
+        assert allocation._depth == 0
