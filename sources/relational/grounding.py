@@ -481,8 +481,9 @@ class NumpyGrounder(Grounder):
                 distinct_columns.append(columns)
                 sorted_bodies.append((rule, binding, None))
                 continue
-            distinct_keys.append(key[new])
-            distinct_columns.append([c[new] for c in columns])
+            starts = np.flatnonzero(new)   # integer gathers: faster than three boolean masks
+            distinct_keys.append(key[starts])
+            distinct_columns.append([c[starts] for c in columns])
             sorted_bodies.append((rule, binding, np.cumsum(new) - 1))
         if facts is not None:
             distinct_keys.append(keys[0])
@@ -534,7 +535,8 @@ class NumpyGrounder(Grounder):
     def _radix(self, columns: list) -> np.ndarray:
         key = np.asarray(columns[0], np.int64)
         for column in columns[1:]:
-            key = key * self.n_constants + column
+            key = key * self.n_constants if key is columns[0] else np.multiply(key, self.n_constants, out=key)
+            key += column   # in place (key is a fresh array here)
         return key
 
     def _selection(self, table: Table, lit) -> tuple[np.ndarray | None, dict]:
@@ -746,7 +748,8 @@ def _canonical_order(head_key: np.ndarray, inputs: list, bounds: list) -> np.nda
     if width < _LIMIT:
         key = head_key
         for ids, bound in zip(inputs, bounds):
-            key = key * max(bound, 1) + ids
+            key = key * max(bound, 1) if key is head_key else np.multiply(key, max(bound, 1), out=key)
+            key += ids   # in place: one array, not two per input
         if bool(np.all(key[1:] >= key[:-1])):
             return None
         return np.argsort(key)
