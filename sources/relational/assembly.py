@@ -193,7 +193,7 @@ class _Assembler:
             return False
         if sum(other.head_table == g.head_table for other in stage.groundings) != 1:
             return False
-        return g.size > 0 and int(np.count_nonzero(g.head[1:] != g.head[:-1])) + 1 == atoms.size
+        return g.size > 0 and g.head_starts.size == atoms.size
 
     def input_refs(self, g, i: int, name: str) -> tuple[np.ndarray, np.ndarray]:
         lit = g.rule.literals[i]
@@ -238,7 +238,7 @@ class _Assembler:
                                  self.weight(offset_name), plan.combination(rule), transformation,
                                  plan.body_shape[rule.index], np.tile(scalar, n) if any(scalar) else None)
             rule_layer, rule_ordinal, rule_weight = np.full(n, index), np.arange(n), np.full(n, NO_WEIGHT)
-        first = np.flatnonzero(np.concatenate([[True], g.head[1:] != g.head[:-1]]))  # groundings sorted by head
+        first = g.head_starts
         heads, counts = g.head[first], np.diff(np.append(first, n))
         aggregation = plan.aggregation(rule)
         if atoms is not None:  # the atoms' neurons: T_p(A_r(rule neurons))

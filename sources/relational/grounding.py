@@ -74,6 +74,13 @@ class Groundings:
     def size(self) -> int:
         return int(self.head.size)
 
+    @functools.cached_property
+    def head_starts(self) -> np.ndarray:
+        """The first grounding of each head (groundings are sorted by head)."""
+        new = np.ones(self.head.size, bool)
+        new[1:] = self.head[1:] != self.head[:-1]
+        return np.flatnonzero(new)
+
     def take(self, rows: np.ndarray) -> "Groundings":
         return Groundings(self.rule, self.head_table, self.head[rows], self.input_tables,
                           [ids[rows] for ids in self.inputs])
