@@ -511,15 +511,24 @@ def test_the_plan_is_kept_on_the_template_until_it_changes():
     t += R.q <= R.h(V.X)
     relations = {"a": Relation([1, 2], values=[[0.5], [1.0]])}
     first = t.ground(relations, R.q)
-    plan = t._plan[1]
+    plan = t._plan[-1]
     again = t.ground({"a": Relation([3], values=[[2.0]])}, R.q)
-    assert t._plan[1] is plan
+    assert t._plan[-1] is plan
     assert [w.value.tolist() for w in again.weights] == [w.value.tolist() for w in first.weights]
     t.ground(relations, R.q, seed=1)
-    assert t._plan[1] is not plan
-    plan = t._plan[1]
+    assert t._plan[-1] is not plan
+    plan = t._plan[-1]
     t.ground({"a": Relation([1, 2], values=[0.5, 1.0])}, R.q, seed=1)
-    assert t._plan[1] is not plan
+    assert t._plan[-1] is not plan
     t += R.q <= R.a(V.X)
     both = t.ground(relations, R.q)
     assert len(both.layers) > len(first.layers)
+    wide = Template()
+    wide += R.g(V.X) <= R.a(V.X)
+    relations = {"a": Relation([1, 2], values=[[0.5, 1.0], [1.0, 2.0]])}
+    for bias in ([0.5, 1.0], [0.25, 2.0]):  # settings holding arrays: a new one is a new plan (== gives no bool)
+        wide += R.g / 1 | Metadata(offset=slice("g.bias", np.asarray(bias)))
+        plan = getattr(wide, "_plan", (None,))[-1]
+        graph = wide.ground(relations, R.g(V.X))
+        assert wide._plan[-1] is not plan
+        assert [w.value.tolist() for w in graph.weights if w.name == "g.bias"] == [bias]

@@ -140,13 +140,15 @@ def make_plan(template: Template, schemas: dict, seed: int = 0) -> Plan:
 
     The plan is kept on the template: grounding it again (new data, same schemas and seed) does not plan again.
     Rules, facts and literals are immutable, so the template is unchanged while it holds the same ones."""
-    key = (tuple(template.rules), tuple(template.predicates.items()), tuple(template.facts),
-           tuple(sorted((k, tuple(shape)) for k, shape in schemas.items())), seed)
+    # The same objects, compared by identity (settings may hold arrays, which == does not compare to one bool).
+    objects = (*template.rules, *template.predicates.values(), *template.facts)
+    layout = (len(template.rules), tuple(template.predicates), len(template.facts),
+              tuple(sorted((k, tuple(shape)) for k, shape in schemas.items())), seed)
     cached = getattr(template, "_plan", None)
-    if cached is not None and cached[0] == key:
-        return cached[1]
+    if cached is not None and cached[1] == layout and all(a is b for a, b in zip(cached[0], objects)):
+        return cached[2]
     plan = _make_plan(template, schemas, seed)
-    template._plan = (key, plan)
+    template._plan = (objects, layout, plan)
     return plan
 
 
