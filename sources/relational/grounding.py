@@ -497,7 +497,7 @@ class NumpyGrounder(Grounder):
             distinct_columns.append(parts[0])
         all_keys = distinct_keys[0] if len(distinct_keys) == 1 else np.concatenate(distinct_keys)
         if len(distinct_keys) == 1 and facts is None:  # one rule: its distinct heads are sorted already
-            inverse = np.arange(all_keys.size)
+            inverse = None   # the identity
             columns = distinct_columns[0]
         else:
             _, first, inverse = np.unique(all_keys, return_index=True, return_inverse=True)
@@ -508,9 +508,14 @@ class NumpyGrounder(Grounder):
         offsets = np.cumsum([0] + [k.size for k in distinct_keys])
         groundings = []
         for r, (rule, binding, group) in enumerate(sorted_bodies):
-            atom = inverse[offsets[r]:offsets[r + 1]]
-            derived[atom] = True
-            groundings.append(self._groundings(rule, binding, name, atom if group is None else atom[group]))
+            if inverse is None:  # one rule: its distinct heads are the atoms
+                derived[:] = True
+                head = np.arange(n) if group is None else group
+            else:
+                atom = inverse[offsets[r]:offsets[r + 1]]
+                derived[atom] = True
+                head = atom if group is None else atom[group]
+            groundings.append(self._groundings(rule, binding, name, head))
         if facts is not None:
             fact_row[inverse[offsets[-2]:]] = np.arange(facts.size)
         # The atoms are numbered in the order of their keys: sorted by (example, args).
