@@ -39,7 +39,24 @@ def test_large_blocks_come_from_the_heap_inside():
     assert allocation._depth == 0
 
 
-def test_nested_and_failing_blocks_restore_the_defaults(monkeypatch):
+@glibc_only
+def test_after_a_compile_blocks_of_a_few_megabytes_still_come_from_the_heap():
+    # Setting mallopt options ends glibc's dynamic mmap threshold: with the defaults put back,
+    # every tensor of a few MB a training step allocates would be a fresh mapping, every step.
+    if not hasattr(allocation._LIBC, "mallinfo2"):
+        pytest.skip("glibc before 2.33 has no mallinfo2")
+    with reusing_freed_memory():
+        np.ones(2**20)
+    before = _mapped_bytes()
+    block = np.ones(2**19)  # 4 MB: above glibc's default threshold, below 32 MB
+    assert _mapped_bytes() < before + block.nbytes
+    del block
+    before = _mapped_bytes()
+    big = np.ones(2**23)  # 64 MB: still a mapping of its own
+    assert _mapped_bytes() >= before + big.nbytes
+
+
+def test_nested_and_failing_blocks_end_the_reuse_once(monkeypatch):
     calls = []
 
     class FakeLibc:
@@ -58,8 +75,9 @@ def test_nested_and_failing_blocks_restore_the_defaults(monkeypatch):
                 pass
             assert calls == [(allocation._M_MMAP_MAX, 0), (allocation._M_TRIM_THRESHOLD, allocation._KEEP)]
             raise RuntimeError("a pass failed")
-    assert calls[2:] == [(allocation._M_MMAP_MAX, allocation._DEFAULT_MMAP_MAX),
-                         (allocation._M_TRIM_THRESHOLD, allocation._DEFAULT_TRIM_THRESHOLD), ("trim", 0)]
+    assert calls[2:] == [("trim", 0), (allocation._M_MMAP_MAX, allocation._AFTER_MMAP_MAX),
+                         (allocation._M_MMAP_THRESHOLD, allocation._AFTER_MMAP_THRESHOLD),
+                         (allocation._M_TRIM_THRESHOLD, allocation._AFTER_TRIM_THRESHOLD)]
     assert allocation._depth == 0
 
 
