@@ -38,7 +38,7 @@ from typing import Iterable
 import numpy as np
 
 from ..grouping import run_block
-from ..ir import INDEXING, Node, Op, Program, stored
+from ..ir import Node, Op, Program, stored
 from ..settings import Settings
 
 __all__ = ["simplify_gathers", "plan_index", "plan_cost", "node_cost", "index_of", "chain_candidates",

@@ -28,7 +28,7 @@ from dataclasses import replace
 import numpy as np
 
 from ..graph import NO_WEIGHT, FactLayer, Graph, NeuronLayer, Weight
-from .joins import row_keys, unique_keys
+from .joins import unique_keys
 from .plan import TRANSFORMATIONS, Plan
 
 __all__ = ["assemble"]

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .data import Query, Relation
-from .encoding import FactTable, Vocabulary, encode_relation
+from .encoding import Vocabulary, encode_relation
 from .joins import ColumnIndex, distinct, join, lookup, row_keys
 from .plan import Plan, Stratum, make_plan
 from .template import Constant, Rule, Template, TemplateError, Variable

@@ -21,7 +21,7 @@ from functools import cached_property
 import numpy as np
 
 from ..graph import product_shape
-from .template import Constant, Function, Literal, Rule, Template, TemplateError, Variable, WeightSpec
+from .template import Constant, Function, Rule, Template, TemplateError, WeightSpec
 
 __all__ = ["Plan", "Stratum", "WeightPlan", "make_plan", "TRANSFORMATIONS"]
 
