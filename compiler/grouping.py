@@ -21,7 +21,8 @@ compared with its group's first row: bytes for facts, the sorted label sequences
 rows apart, never merge different ones.
 
 Nothing sorts all ``n`` keys. Keys are spread over a table of 2n to 4n slots (the key itself
-when keys are small, else its top bits after a multiplicative hash), each slot's smallest row is
+when keys are small, else first its low bits xor its high bits, which keeps nearby keys in nearby
+slots, and in later rounds the top bits after a multiplicative hash), each slot's smallest row is
 found with ``np.minimum.at``, and the rows whose key differs from their slot's first row try again
 among themselves with other hash bits (about a fifth of the rows, then a fifth of those, ...).
 On 5M keys one round costs a fraction of one sort.
@@ -93,8 +94,11 @@ def first_rows(keys: np.ndarray, bound: int | None = None) -> np.ndarray:
     for round_ in itertools.count():
         m = words.size
         bits = max((2 * m - 1).bit_length(), 1)  # at least 2m slots: about a fifth of the rows go again
-        slots = np.multiply(words, _MULTIPLIERS[round_ % len(_MULTIPLIERS)])  # wraps (unsigned)
-        slots >>= np.uint64(64 - bits)
+        if round_ == 0:
+            slots = _folded_slots(words, bits)
+        else:
+            slots = np.multiply(words, _MULTIPLIERS[round_ % len(_MULTIPLIERS)])  # wraps (unsigned)
+            slots >>= np.uint64(64 - bits)
         if table is None:
             table = np.empty(1 << bits, dtype=np.int32 if m < 2**31 else np.int64)
         local = _first_in_slots(slots.view(np.int64), 1 << bits, table)
@@ -111,6 +115,21 @@ def first_rows(keys: np.ndarray, bound: int | None = None) -> np.ndarray:
             return first
         rows = np.flatnonzero(again) if rows is None else rows[again]
         words = words[again]
+
+
+def _folded_slots(words: np.ndarray, bits: int) -> np.ndarray:
+    """The first round's slots: the key's low ``bits`` bits, xor its higher bits shifted down.
+
+    Keys in a program are row labels and pairs of them (``a * bound_b + b``), which follow the
+    graph's order: neighbouring rows have nearby keys. Unlike a multiplicative hash, folding keeps
+    nearby keys in nearby slots, so the table is read and written almost in order instead of at
+    random (at 100x PROTEINS, 19M keys into a 256 MB table: 0.27 s instead of 0.53 s); and such
+    keys collide less than hashed ones (2% against a fifth go again). Keys that fold badly
+    (multiples of the table size, say) only pass to the hashed rounds."""
+    slots = words >> np.uint64(bits)
+    slots ^= words
+    slots &= np.uint64((1 << bits) - 1)
+    return slots
 
 
 def representatives(first: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -29,6 +29,18 @@ def test_first_rows_structured_keys_need_several_rounds():
     assert first_rows(keys).tolist() == python_first(keys.tolist())
 
 
+def test_first_rows_pair_keys_in_graph_order():
+    # Pairs of labels a * bound_b + b as the passes make them: nearby rows, nearby keys (the first
+    # round folds them into slots without hashing), many repeats, a bound far above 4n.
+    rng = np.random.default_rng(5)
+    n, b_bound = 20000, 4_347_101
+    a = rng.integers(0, 61, n)
+    b = np.arange(n) // 3 + rng.integers(0, 5, n)
+    keys = a * b_bound + b
+    assert first_rows(keys, 61 * b_bound).tolist() == python_first(keys.tolist())
+    assert first_rows(keys * 2**20, 61 * b_bound * 2**20).tolist() == python_first(keys.tolist())
+
+
 def test_representatives_first_occurrence_order():
     first = first_rows(np.array([5, 3, 5, 9, 3]))
     reps, inverse = representatives(first)
