@@ -85,3 +85,22 @@ def test_without_glibc_nothing_happens(monkeypatch):
     monkeypatch.setattr(allocation, "_LIBC", None)
     with reusing_freed_memory():
         assert allocation._depth == 0
+
+
+@glibc_only
+def test_compile_builds_the_module_while_reusing_freed_memory(monkeypatch, tu_dir):
+    # The module's tensors are as large as the program's constants: they too reuse freed pages.
+    from neurovec import datasets
+    from neurovec.compiler import pipeline
+
+    depths = []
+
+    class Recording(pipeline.CompiledModule):
+        def __init__(self, *args, **kwargs):
+            depths.append(allocation._depth)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "CompiledModule", Recording)
+    graph = datasets.gcn(datasets.load_tu("MUTAG", tu_dir, download=False), samples=[0, 1])
+    pipeline.compile(graph)
+    assert depths == [1]
