@@ -28,6 +28,7 @@ from dataclasses import replace
 import numpy as np
 
 from ..graph import NO_WEIGHT, FactLayer, Graph, NeuronLayer, Weight
+from .grounding import Stage
 from .joins import unique_keys
 from .plan import TRANSFORMATIONS, Plan
 
@@ -41,7 +42,7 @@ _MAX_CONSTANTS = 4096   # a product's scalar fact becomes a fixed edge weight wh
 def assemble(plan: Plan, tables: dict, fact_tables: dict, stages: list, targets: dict, needed: dict,
              prune: bool = True) -> Graph:
     builder = _Assembler(plan, tables, fact_tables, needed, prune)
-    builder.plan_inlining(stages, targets)
+    stages = builder.plan_inlining(stages, targets)
     builder.facts()
     for stage in stages:
         builder.stage(stage)
@@ -169,7 +170,10 @@ class _Assembler:
         aggregated, merged = [], set()
         for g in stage.groundings:
             atoms = stage.atoms.get(g.head_table)
-            if self.merges_atoms(g, stage, atoms):
+            if g.family:  # a family kept whole (see plan_inlining): each grounding is its input, unchanged
+                layer, ordinal = self.ref[g.input_tables[0]]
+                aggregated.append((g.head, layer[g.inputs[0]], ordinal[g.inputs[0]]))
+            elif self.merges_atoms(g, stage, atoms):
                 merged.add(g.head_table)
                 self.rule(g, suffix, atoms)
                 aggregated.append(None)
@@ -185,7 +189,7 @@ class _Assembler:
         the only one deriving these atoms here, has no head weight and the atoms no combination that changes one
         input (then there is no predicate offset either: it counts only in weighted atoms). The atom neuron is then
         ``T_p(A_r(...))``, the same floating-point numbers as ``T_p(C_p(A_r(...)))`` of one input."""
-        if not self.prune or atoms is None or not atoms.size:
+        if not self.prune or atoms is None or not atoms.size or g.family:
             return False
         rule, predicate = g.rule, self.tables[g.head_table].predicate
         if self.plan.rule_weights[(rule.index, "head")] is not None or \
@@ -259,13 +263,17 @@ class _Assembler:
             agg_layer[build], agg_ordinal[build] = index, np.arange(int(build.sum()))
         return heads, agg_layer, agg_ordinal
 
-    def plan_inlining(self, stages: list, targets: dict) -> None:
-        """Decide per rule which neurons are inlined (see :meth:`inlining_mode`), and so which atoms are read."""
+    def plan_inlining(self, stages: list, targets: dict) -> list:
+        """Decide per rule which neurons are inlined (see :meth:`inlining_mode`), and so which atoms are read.
+        Returns the stages with each family of rules (see :meth:`keeps_family`) kept whole or taken apart."""
         self.inlining, self._constants = {}, {}
         self.used = {name: np.zeros(t.size, bool) for name, t in self.tables.items()}
         for name in set(targets["table"]):
             rows = np.flatnonzero(np.asarray(targets["table"], dtype=object) == name)
             self.used[name][targets["atom"][rows]] = True
+        stages = [Stage(stage.atoms, [part for g in stage.groundings
+                                      for part in ([g] if self.keeps_family(g) else g.split()) if part.size],
+                        stage.label) if any(g.family for g in stage.groundings) else stage for stage in stages]
         for stage in stages:
             for g in stage.groundings:
                 mode = self.inlining_mode(g) if self.prune else None
@@ -273,6 +281,27 @@ class _Assembler:
                 read = range(len(g.inputs)) if mode is None else [mode[1]]
                 for i in read:
                     self.used[g.input_tables[i]][g.inputs[i]] = True
+        return stages
+
+    def keeps_family(self, g) -> bool:
+        """Whether a family of rules grounded together (``h(X..) <= p(.., c_r, ..)``, one constant per rule) is
+        assembled whole: with ``prune``, when each of its rule neurons is its input unchanged (no literal weight,
+        no rule offset, the identity) and its heads are aggregated by anything but ``count`` (a rule of this shape
+        grounds each head once: the aggregation of one input is left out), and at least two of its rules are left
+        (one alone might make its aggregation the atom's neuron, see :meth:`merges_atoms`). Then the rules' only
+        neurons are the head atoms': their inputs are the facts with each rule's head weight, as one rule at a
+        time would give them. Otherwise the family is taken apart into its rules."""
+        if not g.family:
+            return True
+        if not self.prune or g.size == 0:
+            return False
+        plan = self.plan
+        for rule in g.family:
+            if rule.body[0].weight is not None or plan.rule_weights[(rule.index, "offset")] is not None or \
+                    not self.is_identity(plan.rule_transformation(rule)) or plan.aggregation(rule) == "count":
+                return False
+        present = np.bincount(g.member, minlength=len(g.family)) > 0
+        return int(present.sum()) >= 2
 
     def inlining_mode(self, g):
         """``("input", i)`` when each rule neuron is its input ``i`` unchanged; ``("product", i, j)`` when it is input
@@ -339,23 +368,30 @@ class _Assembler:
         """Atom neurons of ``atoms`` (sorted atom ids of one table): the rules that derive each, in template order."""
         predicate = self.tables[table_name].predicate
         plan = self.plan
-        owner, layer, ordinal, weight = [], [], [], []
-        for g, (heads, agg_layer, agg_ordinal) in rules:   # heads: sorted, distinct, some of the atoms
-            owner.append(np.arange(atoms.size) if heads.size == atoms.size else np.searchsorted(atoms, heads))
+        owner, layer, ordinal, weight, rank = [], [], [], [], []
+        for g, (heads, agg_layer, agg_ordinal) in rules:   # heads: sorted, some of the atoms; distinct but a family's
+            if g.family:  # sorted by head, then rule: per grounding its rule's head weight and template position
+                owner.append(np.searchsorted(atoms, heads))
+                weight.append(np.asarray([self.weight(plan.rule_weights[(r.index, "head")]) for r in g.family],
+                                         np.int64)[g.member])
+                rank.append(np.asarray([r.index for r in g.family], np.int64)[g.member])
+            else:
+                owner.append(np.arange(atoms.size) if heads.size == atoms.size else np.searchsorted(atoms, heads))
+                weight.append(np.full(heads.size, self.weight(plan.rule_weights[(g.rule.index, "head")])))
+                rank.append((g.rule.index, heads.size))   # made an array only if needed (below)
             layer.append(agg_layer)
             ordinal.append(agg_ordinal)
-            weight.append(np.full(heads.size, self.weight(plan.rule_weights[(g.rule.index, "head")])))
         owner = owner[0] if len(rules) == 1 else np.concatenate(owner)
         counts = np.bincount(owner, minlength=atoms.size)
         one_each = owner.size == atoms.size and counts.max(initial=0) == 1
-        if len(rules) == 1:  # one rule: its heads are sorted
+        if len(rules) == 1:  # one rule (or family): sorted by head (then rule)
             order = None
         elif one_each:  # each atom derived by one rule: owner is a permutation
             order = np.empty_like(owner)
             order[owner] = np.arange(owner.size)
         else:
-            rank = np.repeat([g.rule.index for g, _ in rules], [heads.size for _, (heads, _, _) in rules])
-            order = np.lexsort((rank, owner))
+            rank = [np.full(r[1], r[0]) if isinstance(r, tuple) else r for r in rank]
+            order = np.lexsort((np.concatenate(rank), owner))
         layer, ordinal, weight = (parts[0] if len(parts) == 1 else np.concatenate(parts)
                                   for parts in (layer, ordinal, weight))
         if order is not None:

@@ -1,0 +1,116 @@
+"""Families of one-constant rules (``W_e emb(A) :- type(A, e)`` for every ``e``) are grounded in one pass and
+assembled whole; the graph must be the one that grounding the rules one at a time gives, array for array."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from neurovec.sources.relational import Metadata, Query, R, Relation, Template, V, ground
+from neurovec.sources.relational.grounding import NumpyGrounder
+from neurovec.sources.relational.template import Aggregation, Transformation
+
+from .test_relational import assert_same_graph, brute_force, outputs
+
+KINDS = ["k0", "k1", "k2", "k3"]
+
+
+def _facts(rng, n_examples: int, n_nodes: int, repeated: bool) -> tuple[dict, dict]:
+    """``a(X)`` with values; ``t(X, K)`` (or ``t(X, X, K)``) unit facts, a node may have several kinds or none;
+    returns the relations and the same facts per example for the brute-force oracle."""
+    worlds, a, t = {}, [], []
+    for e in range(n_examples):
+        world = {}
+        for x in range(n_nodes):
+            world[("a", (x,))] = round(float(rng.normal()), 3)
+            a.append((e, x, world[("a", (x,))]))
+            for k in KINDS[:3]:   # k3 never occurs in the data
+                if x == 0 or rng.random() < 0.45:
+                    args = (x, x, k) if repeated else (x, k)
+                    world[("t", args)] = 1.0
+                    t.append((e, args))
+            if repeated and rng.random() < 0.3:   # t(X, Y, K) with Y != X: no grounding of t(X, X, K)
+                world[("t", (x, x + 1, "k0"))] = 1.0
+                t.append((e, (x, x + 1, "k0")))
+        worlds[e] = world
+    arity = 3 if repeated else 2
+    relations = {"a": Relation(np.array([r[1] for r in a]), values=[r[2] for r in a], example=[r[0] for r in a]),
+                 "t": Relation(tuple(np.array([r[1][c] for r in t]) for c in range(arity)),
+                               example=[r[0] for r in t])}
+    return relations, worlds
+
+
+def _template(draw, repeated: bool) -> Template:
+    """A family over ``t`` and its variations (another rule of the head, weights, offsets, aggregations)."""
+    w = lambda: round(draw(st.floats(-1.5, 1.5)), 2)  # noqa: E731
+    # The first two differ (a family), the first occurs at node 0 of every example (q is derived); a repeat ends
+    # a family, k3 has no facts.
+    first = draw(st.sampled_from(KINDS[:3]))
+    kinds = [first, draw(st.sampled_from([k for k in KINDS if k != first]))]
+    kinds += draw(st.lists(st.sampled_from(KINDS), max_size=4))
+    head_weights = draw(st.booleans())
+    literal_weight = draw(st.sampled_from([None] + list(range(len(kinds)))))
+    offset = draw(st.sampled_from([None] + list(range(len(kinds)))))
+    aggregation = draw(st.sampled_from([Aggregation.AVG, Aggregation.SUM, Aggregation.MAX, Aggregation.COUNT]))
+    t = Template()
+    if draw(st.booleans()):   # another rule of the head before the family
+        t += R.h(V.X)[w()] <= R.a(V.X)
+    for r, k in enumerate(kinds):
+        literal = R.t(V.X, V.X, k) if repeated else R.t(V.X, k)
+        if r == literal_weight:
+            literal = literal[w()]
+        head = R.h(V.X)[w()] if head_weights else R.h(V.X)
+        body = (literal, w()) if r == offset else literal
+        t += (head <= body) | Metadata(aggregation=aggregation)
+    if draw(st.booleans()):   # and one after it
+        t += R.h(V.X) <= R.a(V.X)[w()]
+    t += R.h / 1 | Metadata(transformation=draw(st.sampled_from([Transformation.TANH, Transformation.IDENTITY])))
+    t += (R.q <= R.h(V.X)) | Metadata(aggregation=Aggregation.SUM)
+    return t
+
+
+def _one_rule_at_a_time(monkeypatch):
+    monkeypatch.setattr(NumpyGrounder, "_families", lambda self, rules: [[r] for r in rules])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data(), st.integers(0, 2 ** 31), st.integers(1, 3), st.integers(1, 5), st.booleans())
+def test_families_give_the_graph_of_one_rule_at_a_time(data, seed, n_examples, n_nodes, repeated):
+    template = _template(data.draw, repeated)
+    relations, worlds = _facts(np.random.default_rng(seed), n_examples, n_nodes, repeated)
+    examples = sorted({int(e) for e in relations["a"].example})
+    queries = [R.q, Query("q", example=examples[-1:])]
+    with pytest.MonkeyPatch.context() as patch:
+        _one_rule_at_a_time(patch)
+        expected = {(q_i, prune): ground(template, relations, q, prune=prune).graph
+                    for q_i, q in enumerate(queries) for prune in (True, False)}
+    for (q_i, prune), graph in expected.items():
+        found = ground(template, relations, queries[q_i], prune=prune)
+        assert_same_graph(found.graph, graph)
+        families = [g for stage in found.stages for g in stage.groundings if g.family]
+        assert families, "the family was not grounded as one"
+    # and the numbers are NeuraLogic's (the brute-force oracle of test_relational)
+    values = brute_force(template, worlds, [(e, "q", ()) for e in examples])
+    np.testing.assert_allclose(outputs(ground(template, relations, R.q).graph).reshape(-1), values, rtol=0,
+                               atol=1e-9)
+
+
+def test_an_embedding_family_is_one_atom_layer():
+    """An embedding family: one atom layer whose inputs are the unit fact with each rule's head weight, no other
+    neurons."""
+    relations = {"t": Relation((np.array([0, 0, 1, 2, 2, 3]), np.array(["c", "h", "c", "o", "h", "n"])),
+                               example=[0, 0, 0, 1, 1, 1])}
+    t = Template()
+    for k in "chon":
+        t += R.emb(V.A)[f"W_{k}": (2,)] <= R.t(V.A, k)
+    t += R.emb / 1 | Metadata(transformation=Transformation.TANH)
+    t += R.q[1, 2] <= R.emb(V.A)
+    grounding = ground(t, relations, R.q)
+    (family,) = [g for stage in grounding.stages for g in stage.groundings if g.family]
+    assert [r.index for r in family.family] == [0, 1, 2, 3] and family.size == 6
+    emb = grounding.graph.layer("emb")
+    names = [grounding.graph.weights[w].name for w in emb.input_weight]
+    assert emb.counts.tolist() == [2, 1, 2, 1] and names == ["W_c", "W_h", "W_c", "W_h", "W_o", "W_n"]
+    assert set(emb.input_layer.tolist()) == {0}   # the unit fact (rules in template order within an atom)
+    assert [layer.name for layer in grounding.graph.layers] == ["unit", "emb", "rule4:q:avg", "q"]
