@@ -82,7 +82,21 @@ class _Known:
     ids: np.ndarray | None  # None: an edge-sized intermediate, recomputed when needed
     bound: int
     first: np.ndarray | None
+    # Its rows are pairwise distinct under the labeling of the pass that found it, which labelled
+    # facts by value (``fact_values``) but for ``dynamic`` (NOTE: [distinct rows]); or None.
+    distinct: tuple | None = None
 
+
+# NOTE: [distinct rows] A labeling that merges more (iso_compression's: facts equal by value,
+# fixed weights by bytes) than another (dedup's: facts by row, weights by name) is coarser: rows
+# equal under the finer one are equal under the coarser one. So rows that the coarser labeling
+# finds pairwise distinct are distinct under the finer one too, and their finer labels are just
+# ``arange(count)``, with nothing computed upstream. iso_compression leaves every layer end it
+# compressed (or found distinct) and every node whose labels increase strictly marked so; dedup's
+# passes take the mark while the node and everything it reads are the very same nodes and constant
+# arrays (a FACT only re-marked as no longer replaceable counts as the same), and pass it on.
+# At 100x PROTEINS this spares dedup_linear the labels of both convolutions' aggregations and of
+# the readout (three hashings of up to 20M labels).
 
 # NOTE: [label hand-over] iso_compression, dedup_linear and dedup_aggregations run back to back
 # and label the same nodes. The first two leave their labels to the next pass, keyed to the
@@ -131,6 +145,10 @@ class RowIds:
         self.firsts: dict[str, np.ndarray] = {}
         self.known = _handed_over(editor.program)  # labels an earlier labeling pass left
         self._unchanged: dict[str, tuple] = {}  # name -> (node, its inputs, unchanged?) as checked
+        self._initial = editor.program.by_name()  # the nodes as this pass found them
+        self._carried: dict[str, Node] = {}  # name -> its redefinition with the same values (carry)
+        self._same: dict[str, bool] = {}  # name -> same_values(name), as checked
+        self._distinct: dict[str, dict] = {}  # name -> what it read when found distinct (mark_distinct)
         editor.row_listeners.append(self._moved)
 
     def _moved(self, name: str, rows: np.ndarray) -> None:
@@ -147,6 +165,10 @@ class RowIds:
                 self.memo[name] = known.ids, known.bound
                 if known.first is not None:
                     self.firsts[name] = known.first
+            elif self.known_distinct(name):
+                every_row_its_own = np.arange(node.count, dtype=np.int64)
+                self.memo[name] = every_row_its_own, max(node.count, 1)
+                self.firsts[name] = every_row_its_own
             else:
                 self.memo[name] = self._compute(node)
             for s in set(node.srcs):
@@ -154,8 +176,11 @@ class RowIds:
                     self.memo.pop(s, None)
         return self.memo[name]
 
-    def carry(self, name: str) -> None:
-        """Keep an earlier pass's labels of node ``name`` across a redefinition that keeps its values."""
+    def carry(self, name: str, redefined: Node) -> None:
+        """Keep an earlier pass's labels of node ``name`` across its redefinition as ``redefined``,
+        which keeps its values."""
+        if self.known_distinct(name):
+            self._carried[name] = redefined
         known = self.known.get(name)
         if name not in self.memo and known is not None and known.ids is not None and self.unchanged(name):
             self.memo[name] = known.ids, known.bound
@@ -183,10 +208,43 @@ class RowIds:
         self._unchanged[name] = (node, inputs, same)
         return same
 
+    def known_distinct(self, name: str) -> bool:
+        """Whether an earlier pass found node ``name``'s rows pairwise distinct under a labeling at
+        least as coarse as this one, and the node still holds those values (NOTE: [distinct rows])."""
+        known = self.known.get(name)
+        if known is None or known.distinct is None:
+            return False
+        by_values, dynamic = known.distinct
+        coarser = not self.fact_values or (by_values and dynamic <= self.dynamic)
+        # Not redefined by this pass (its rewrites keep every value but of the rows they move, and
+        # then redefine the readers): the values this pass found.
+        now = self.editor.nodes.get(name)
+        untouched = now is self._initial.get(name) or now is self._carried.get(name)
+        return coarser and untouched and self.same_values(name)
+
+    def same_values(self, name: str) -> bool:
+        """Whether node ``name`` and everything it reads were, when this pass started, the nodes
+        and constant arrays that an earlier pass handed over (a FACT may have been re-marked as no
+        longer replaceable)."""
+        if name not in self._same:
+            node, known = self._initial[name], self.known.get(name)
+            constants = self.editor.program.constants
+            self._same[name] = (known is not None and _same_node(known.node, node)
+                                and all(a is constants.get(k) for k, a in known.arrays)
+                                and all(_same_node(a, self._initial[s]) for a, s in zip(known.inputs, node.srcs))
+                                and all(self.same_values(s) for s in set(node.srcs)))
+        return self._same[name]
+
+    def mark_distinct(self, name: str) -> None:
+        """Node ``name``'s rows are pairwise distinct now (under this labeling): tell the next pass,
+        unless what it reads changes before then."""
+        self._distinct[name] = _reads(self.editor.nodes, self.editor.constants, name)
+
     def hand_over(self, program: Program) -> None:
         """Leave this pass's labels to the next labeling pass, for the nodes of ``program``."""
         constants, nodes = program.constants, program.by_name()
         known = {}
+        mode = (self.fact_values, frozenset(self.dynamic))
         for name, node in nodes.items():
             if node is not self.editor.nodes.get(name):
                 continue
@@ -195,8 +253,15 @@ class RowIds:
                 continue
             ids, bound = self.memo.get(name, (None, 0))
             arrays = tuple((v, constants[v]) for v in node.attrs.values() if isinstance(v, str) and v in constants)
+            if ids is None and self.known_distinct(name):  # not needed here, still distinct: passed on
+                known[name] = _Known(node, tuple(nodes[s] for s in node.srcs), arrays, None, 0, None,
+                                     self.known[name].distinct)
+                continue
+            marked = self._distinct.get(name)
+            distinct = ((marked is not None and _still_reads(nodes, constants, marked))
+                        or (ids is not None and ids.size > 0 and bool(np.all(ids[1:] > ids[:-1]))))
             known[name] = _Known(node, tuple(nodes[s] for s in node.srcs), arrays, ids, bound,
-                                 self.firsts.get(name) if ids is not None else None)
+                                 self.firsts.get(name) if ids is not None else None, mode if distinct else None)
         _hand_over(program, known)
 
     def of(self, name: str) -> np.ndarray:
@@ -262,6 +327,32 @@ class RowIds:
                 key = ("fixed", value.shape, value.dtype.str, value.tobytes())
             ids[row] = seen.setdefault(key, row)
         return ids, max(node.count, 1)
+
+
+def _same_node(before: Node, now: Node) -> bool:
+    """The same node, or the same FACT with only its attributes changed (same constant key)."""
+    return before is now or (before.op is Op.FACT and now.op is Op.FACT and before.name == now.name
+                             and before.count == now.count and before.attrs["const"] == now.attrs["const"])
+
+
+def _reads(nodes: dict, constants: dict, name: str) -> dict:
+    """Node ``name`` and every node it reads, directly or not: name -> (node, its constant arrays)."""
+    seen: dict = {}
+    stack = [name]
+    while stack:
+        n = stack.pop()
+        if n not in seen:
+            node = nodes[n]
+            seen[n] = (node, tuple((v, constants[v]) for v in node.attrs.values()
+                                   if isinstance(v, str) and v in constants))
+            stack.extend(node.srcs)
+    return seen
+
+
+def _still_reads(nodes: dict, constants: dict, reads: dict) -> bool:
+    """Whether every node of ``reads`` (``_reads``) is still there, the same, with the same arrays."""
+    return all(n in nodes and _same_node(node, nodes[n]) and all(constants.get(k) is a for k, a in arrays)
+               for n, (node, arrays) in reads.items())
 
 
 def _side(ids: np.ndarray, layout: str, count: int, g2: int) -> np.ndarray:
@@ -347,9 +438,10 @@ def _reindex(editor: Editor, planner: RowPlanner, old: str, new: str, reps: np.n
             editor.define(node.with_(srcs=srcs, count=int(sum(new_counts))), rows=concat_reps)
             _reindex(editor, planner, name, name, concat_reps, concat_inverse, after, after_output, ids)
             continue
+        redefined = node.with_(srcs=tuple(restored() if s == old else s for s in node.srcs))
         if ids is not None:
-            ids.carry(name)  # the same values from a reindexed input: its labels still hold
-        editor.define(node.with_(srcs=tuple(restored() if s == old else s for s in node.srcs)))
+            ids.carry(name, redefined)  # the same values from a reindexed input: its labels still hold
+        editor.define(redefined)
     if was_output:
         editor.output = restored()
         editor._users = None

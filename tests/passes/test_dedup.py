@@ -290,3 +290,46 @@ def test_labels_pass_from_iso_to_the_dedup_passes(monkeypatch):
     assert calls == []  # the aggregations' labels came from iso_compression
     dedup_aggregations(program.replace(), SETTINGS)  # another program object: labelled afresh
     assert calls
+
+
+def _same_program(a: Program, b: Program) -> bool:
+    return str(a) == str(b) and a.constants.keys() == b.constants.keys() and all(
+        np.array_equal(a.constants[k], b.constants[k]) for k in a.constants)
+
+
+def test_rows_iso_found_distinct_are_not_labelled_again(monkeypatch, tu_dir):
+    # PROTEINS with continuous features: iso_compression merges a few neighbourhoods (and so re-marks
+    # the facts as constants); every layer end it leaves has distinct rows, and dedup's finer labels
+    # of them are every row its own, without hashing the aggregations' inputs again.
+    from neurovec import datasets
+    from neurovec.benchmarks.tasks import replicate_tu
+    from neurovec.compiler import vectorize
+    from neurovec.compiler.passes import dedup
+    from neurovec.compiler.passes.iso_compression import iso_compress
+    data = replicate_tu(datasets.load_tu("PROTEINS", tu_dir), 1, first_copy=True)
+    program = vectorize(datasets.gcn(data, samples=np.arange(40)))
+    labelled = iso_compress(program, SETTINGS)
+    assert labelled is not program and labelled.node("f_x").attrs["fact_layer"] is None
+    calls = []
+    original = dedup.first_equal_multisets
+    monkeypatch.setattr(dedup, "first_equal_multisets", lambda *a, **k: calls.append(1) or original(*a, **k))
+    handed = dedup_aggregations(dedup_linear(labelled, SETTINGS), SETTINGS)
+    assert calls == []
+    dedup._handover.clear()
+    afresh = dedup_aggregations(dedup_linear(labelled, SETTINGS), SETTINGS)
+    assert calls  # labelled afresh, the aggregations are hashed ...
+    assert _same_program(handed, afresh)  # ... to the same end
+
+
+def test_distinct_rows_of_a_finer_labeling_do_not_keep_iso_from_merging():
+    # Rows 0 and 1 of the facts are equal by value, not by row: dedup_linear finds every row of
+    # lin_agg distinct and hands that over; iso_compression, which compares facts by value, must
+    # not take it (its labeling is coarser), and merges conv's rows 0 and 1 as it does afresh.
+    b = gcn_layer(x_index=[0, 1, 2], edge_index=[0, 1, 2], counts=[1, 1, 1])
+    b.constants["c_x"] = np.array([[1.0, 0.0, 0.0], [1.0, 0.0, 0.0], [0.0, 1.0, 0.0]])
+    from neurovec.compiler.passes.iso_compression import iso_compress
+    deduped = dedup_linear(b.build("conv"), SETTINGS)
+    handed = iso_compress(deduped, SETTINGS)
+    afresh = iso_compress(deduped.replace(), SETTINGS)  # another program object: nothing handed over
+    assert handed.node("conv").count == afresh.node("conv").count == 2
+    assert _same_program(handed, afresh)
