@@ -383,9 +383,10 @@ def _shallow_ids(editor: Editor, name: str) -> np.ndarray:
 # -- compress: compute a node on some of its rows, reindex its readers ---------------------------
 
 def compress(editor: Editor, planner: RowPlanner, name: str, reps: np.ndarray, inverse: np.ndarray,
-             ids: RowIds | None = None) -> None:
+             ids: RowIds | None = None) -> str:
     """Make node ``name`` compute only its rows ``reps``; its old row ``i`` is new row
-    ``inverse[i]`` (rows that nothing reads may map anywhere). Readers are rewritten."""
+    ``inverse[i]`` (rows that nothing reads may map anywhere). Readers are rewritten. Returns the
+    node with the rows ``reps``: ``name`` redefined, or a new one where it could not be."""
     node = editor.nodes[name]
     readers = editor.readers(name)
     was_output = editor.output == name
@@ -394,6 +395,7 @@ def compress(editor: Editor, planner: RowPlanner, name: str, reps: np.ndarray, i
     else:
         new = planner.rows(name, reps, None, exclusive=True).build()
     _reindex(editor, planner, name, new, reps, inverse, readers, was_output, ids)
+    return new
 
 
 def _reindex(editor: Editor, planner: RowPlanner, old: str, new: str, reps: np.ndarray, inverse: np.ndarray,

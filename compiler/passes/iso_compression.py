@@ -52,7 +52,7 @@ def iso_compress(program: Program, settings: Settings) -> Program:
             continue
         reps, inverse = representatives(ids.first(name))
         if reps.size < editor.nodes[name].count:
-            compress(editor, planner, name, reps, inverse, ids)  # in place: `name` computes the rows `reps`
+            name = compress(editor, planner, name, reps, inverse, ids)  # the node with the rows `reps`
         ids.mark_distinct(name)  # for dedup, which need not label it again (NOTE: [distinct rows])
     if editor.changed:
         # The merges hold for these fact values only: the facts stop being replaceable inputs.
