@@ -114,3 +114,40 @@ def test_an_embedding_family_is_one_atom_layer():
     assert emb.counts.tolist() == [2, 1, 2, 1] and names == ["W_c", "W_h", "W_c", "W_h", "W_o", "W_n"]
     assert set(emb.input_layer.tolist()) == {0}   # the unit fact (rules in template order within an atom)
     assert [layer.name for layer in grounding.graph.layers] == ["unit", "emb", "rule4:q:avg", "q"]
+
+
+def test_families_in_sql_give_the_arrays_graph(tmp_path):
+    """The SQL grounder joins a family once too (its rows say whose they are): the same graph as from arrays, for a
+    family kept whole, one taken apart (a literal weight), and without pruning."""
+    import sqlite3
+
+    from neurovec.sources.relational import Database, SQLRelation
+
+    rng = np.random.default_rng(7)
+    relations, _ = _facts(rng, 3, 5, repeated=False)
+    path = tmp_path / "kinds.db"
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE a (x INTEGER, v REAL, ex INTEGER)")
+    con.executemany("INSERT INTO a VALUES (?, ?, ?)", zip(relations["a"].args[0].tolist(),
+                                                          relations["a"].values.tolist(),
+                                                          relations["a"].example.tolist()))
+    con.execute("CREATE TABLE t (x INTEGER, k TEXT, ex INTEGER)")
+    con.executemany("INSERT INTO t VALUES (?, ?, ?)", zip(relations["t"].args[0].tolist(),
+                                                          relations["t"].args[1].tolist(),
+                                                          relations["t"].example.tolist()))
+    con.commit()
+    con.close()
+    database = Database(path, {"a": SQLRelation("a", args="x", values="v", example="ex"),
+                               "t": SQLRelation("t", args=("x", "k"), example="ex")})
+    for literal_weight in (False, True):
+        t = Template()
+        t += R.h(V.X)[0.5] <= R.a(V.X)
+        for k in ("k2", "k0", "k3", "k1"):
+            literal = R.t(V.X, k)[1.5] if literal_weight and k == "k0" else R.t(V.X, k)
+            t += R.h(V.X)[f"W_{k}": 2.0] <= literal
+        t += R.h / 1 | Metadata(transformation=Transformation.TANH)
+        t += (R.q <= R.h(V.X)) | Metadata(aggregation=Aggregation.SUM)
+        for prune in (True, False):
+            in_sql = ground(t, database, R.q, prune=prune)
+            assert any(g.family for stage in in_sql.stages for g in stage.groundings)
+            assert_same_graph(in_sql.graph, ground(t, relations, R.q, prune=prune).graph)

@@ -233,6 +233,52 @@ class Grounder:
         self.current[predicate] = predicate
         return Stage({predicate: np.flatnonzero(table.derived)}, groundings, predicate)
 
+    # -- families of one-constant rules ----------------------------------------------------------------------------
+    @functools.cached_property
+    def plan_recursive(self) -> set:
+        """The predicates of recursive strata."""
+        return {p for stratum in self.plan.strata if stratum.recursive for p in stratum.predicates}
+
+    @staticmethod
+    def _family_signature(rule: Rule):
+        """What rules of one family share: ``h(X..) <= p(.., c, ..)`` with one input literal holding exactly the
+        head's variables and one constant ``c``, at the same place (then each atom of ``p`` grounds a rule at most
+        once); the rules differ in the constant (and in weights and settings, which grounding does not read)."""
+        if len(rule.body) != 1:
+            return None
+        lit = rule.body[0]
+        if lit.special or lit.hidden or lit.function is not None:
+            return None
+        constants = [c for c, t in enumerate(lit.terms) if isinstance(t, Constant)]
+        if len(constants) != 1 or not all(isinstance(t, Variable) for t in rule.head.terms) or \
+                set(lit.variables) != set(rule.head.variables):
+            return None
+        pattern = tuple(None if c == constants[0] else t for c, t in enumerate(lit.terms))
+        return rule.head.key, rule.head.terms, lit.key, pattern
+
+    def _families(self, rules: list) -> list:
+        """``rules`` in runs of consecutive rules with one :meth:`_family_signature` and distinct constants (a
+        rule without a signature is a run of its own), e.g. ``W_e emb(A) :- type(A, e)`` for every element ``e``:
+        one family is one selection over ``type`` instead of one per rule."""
+        groups, signature, constants = [], None, set()
+        for rule in rules:
+            sig = self._family_signature(rule)
+            if sig is not None and groups and sig == signature:
+                lit = rule.body[0]
+                value = next(t for t in lit.terms if isinstance(t, Constant))
+                key = (type(value.value), value.value)
+                if key not in constants:
+                    groups[-1].append(rule)
+                    constants.add(key)
+                    continue
+            groups.append([rule])
+            signature = sig
+            constants = set()
+            if sig is not None:
+                value = next(t for t in rule.body[0].terms if isinstance(t, Constant))
+                constants.add((type(value.value), value.value))
+        return groups
+
     # -- recursion -------------------------------------------------------------------------------------------------
     def _fixed_point(self, stratum: Stratum) -> list:
         """Derive the atoms of a recursive component until nothing new appears; then each atom's level is its
@@ -493,51 +539,6 @@ class NumpyGrounder(Grounder):
             else:
                 bodies.append((tuple(group), self._ground_family(group)))
         return self._derive(predicate, name, bodies)
-
-    @functools.cached_property
-    def plan_recursive(self) -> set:
-        """The predicates of recursive strata."""
-        return {p for stratum in self.plan.strata if stratum.recursive for p in stratum.predicates}
-
-    @staticmethod
-    def _family_signature(rule: Rule):
-        """What rules of one family share: ``h(X..) <= p(.., c, ..)`` with one input literal holding exactly the
-        head's variables and one constant ``c``, at the same place (then each atom of ``p`` grounds a rule at most
-        once); the rules differ in the constant (and in weights and settings, which grounding does not read)."""
-        if len(rule.body) != 1:
-            return None
-        lit = rule.body[0]
-        if lit.special or lit.hidden or lit.function is not None:
-            return None
-        constants = [c for c, t in enumerate(lit.terms) if isinstance(t, Constant)]
-        if len(constants) != 1 or not all(isinstance(t, Variable) for t in rule.head.terms) or \
-                set(lit.variables) != set(rule.head.variables):
-            return None
-        pattern = tuple(None if c == constants[0] else t for c, t in enumerate(lit.terms))
-        return rule.head.key, rule.head.terms, lit.key, pattern
-
-    def _families(self, rules: list) -> list:
-        """``rules`` in runs of consecutive rules with one :meth:`_family_signature` and distinct constants (a
-        rule without a signature is a run of its own), e.g. ``W_e emb(A) :- type(A, e)`` for every element ``e``:
-        one family is one selection over ``type`` instead of one per rule."""
-        groups, signature, constants = [], None, set()
-        for rule in rules:
-            sig = self._family_signature(rule)
-            if sig is not None and groups and sig == signature:
-                lit = rule.body[0]
-                value = next(t for t in lit.terms if isinstance(t, Constant))
-                key = (type(value.value), value.value)
-                if key not in constants:
-                    groups[-1].append(rule)
-                    constants.add(key)
-                    continue
-            groups.append([rule])
-            signature = sig
-            constants = set()
-            if sig is not None:
-                value = next(t for t in rule.body[0].terms if isinstance(t, Constant))
-                constants.add((type(value.value), value.value))
-        return groups
 
     def _ground_family(self, rules: list) -> _Binding:
         """The groundings of a family of rules (:meth:`_families`) at once: the rows of the literal's table whose

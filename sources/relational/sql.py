@@ -117,8 +117,12 @@ class SQLGrounder(Grounder):
                     self.fact_tables[key] = self._facts(key, relation)
             for key, indices in template_facts(self.plan).items():
                 self.fact_tables[key] = self._template_facts(key, indices)
-            result = super().run()
-            self.conn.rollback()   # the temporary tables go with the transaction
+            try:
+                result = super().run()
+            finally:
+                self.conn.rollback()   # the temporary tables go with the transaction (PostgreSQL) ...
+                if self.conn.dialect.name == "sqlite":   # ... or with the connection: sqlite3 commits DDL at once
+                    self.conn.invalidate()
         return result
 
     # -- helpers ---------------------------------------------------------------------------------------------------
@@ -240,12 +244,14 @@ class SQLGrounder(Grounder):
     def derive(self, predicate: str, name: str, rules: list, reads: dict | None) -> tuple[Table, list]:
         """Each rule's groundings into a temporary table; the heads' union (and the predicate's facts) numbered
         into the atoms' table; then every grounding's head atom, sorted by head and inputs."""
+        groups = [[r] for r in rules] if reads or predicate in self.plan_recursive else self._families(rules)
         reads = reads or {}
         arity = self.plan.arity[predicate]
         keys = ["ex"] + [f"h{c}" for c in range(arity)]
         groundings = []
-        for rule in rules:
-            select, params = self._body(rule, reads.get(rule.index) or {})
+        for group in groups:   # a family of one-constant rules is one join (its rows say whose they are)
+            rule = group[0] if len(group) == 1 else tuple(group)
+            select, params = self._body(group[0], reads.get(group[0].index) or {}, group if len(group) > 1 else None)
             table = self._name()
             self._execute(f"CREATE TEMP TABLE {table} AS {select}", params)
             groundings.append((rule, table))
@@ -264,14 +270,18 @@ class SQLGrounder(Grounder):
         result = []
         join = " AND ".join(["a.ex = g.ex"] + [f"a.a{c} = g.h{c}" for c in range(arity)])
         for rule, table in groundings:
+            family = rule if isinstance(rule, tuple) else ()
+            rule = family[0] if family else rule
             positions = _input_positions(rule)
-            inputs = [f"g.i{k}" for k in positions]
+            inputs = [f"g.i{k}" for k in positions] + (["g.member"] if family else [])
             rows = self._ints(f"SELECT {', '.join(['a.nv_id'] + inputs)} FROM {table} g JOIN {atoms} a ON {join} "
-                              f"ORDER BY {', '.join(['a.nv_id'] + inputs)}", width=1 + len(positions))
+                              f"ORDER BY {', '.join(['a.nv_id'] + (['g.member'] if family else inputs))}",
+                              width=1 + len(inputs))
             derived[rows[:, 0]] = True
             tables = [(reads.get(rule.index) or {}).get(k) or self.current[rule.body[k].key] for k in positions]
             result.append(Groundings(rule, name, rows[:, 0].copy(), tables,
-                                     [rows[:, 1 + j].copy() for j in range(len(positions))]))
+                                     [rows[:, 1 + j].copy() for j in range(len(positions))], family,
+                                     rows[:, -1].copy() if family else None))
         fact_row = np.full(n, -1, np.int64)
         if facts is not None:
             on = " AND ".join(["a.ex = f.ex"] + [f"a.a{c} = f.a{c}" for c in range(arity)])
@@ -279,10 +289,20 @@ class SQLGrounder(Grounder):
             fact_row[pairs[:, 0]] = pairs[:, 1]
         return Table(name, predicate, None, None, fact_row, derived, sql=atoms), result
 
-    def _body(self, rule, reads: dict) -> tuple[str, dict]:
-        """``SELECT ex, h0.., i<k>.. FROM <the body's tables> WHERE <joins, constants, comparisons>``."""
+    def _body(self, rule, reads: dict, family: list | None = None) -> tuple[str, dict]:
+        """``SELECT ex, h0.., i<k>.. FROM <the body's tables> WHERE <joins, constants, comparisons>``; for a
+        ``family`` of one-constant rules (``rule`` is the first), the constant is one of the family's, and the
+        ``member`` column says whose."""
         sources, where, params, first = [], [], {}, {}
         example = None
+        members = None
+        if family is not None:   # the family's constants, each with its rule's position in the family
+            selects = []
+            for r, member in enumerate(family):
+                value = next(t for t in member.body[0].terms if isinstance(t, Constant)).value
+                params[f"f{r}"] = value
+                selects.append(f"SELECT :f{r} AS c, {r} AS member")
+            members = f"({' UNION ALL '.join(selects)}) nv_f"
 
         def constant(value) -> str:
             params[f"c{len(params)}"] = value
@@ -300,7 +320,10 @@ class SQLGrounder(Grounder):
                 where.append(f"{alias}.ex = {example}")
             for c, term in enumerate(lit.terms):
                 column = f"{alias}.a{c}"
-                if isinstance(term, Constant):
+                if isinstance(term, Constant) and members is not None:
+                    sources.append(members)
+                    where.append(f"{column} = nv_f.c")
+                elif isinstance(term, Constant):
                     where.append(f"{column} = {constant(term.value)}")
                 elif term.name in first:
                     where.append(f"{column} = {first[term.name]}")
@@ -316,7 +339,7 @@ class SQLGrounder(Grounder):
                     where.append(f"{cols[0]} {operator} {cols[1]}")
         head = [first[t.name] if isinstance(t, Variable) else constant(t.value) for t in rule.head.terms]
         columns = [f"{example} AS ex"] + [f"{h} AS h{c}" for c, h in enumerate(head)] + \
-            [f"t{k}.nv_id AS i{k}" for k in _input_positions(rule)]
+            [f"t{k}.nv_id AS i{k}" for k in _input_positions(rule)] + (["nv_f.member"] if members else [])
         distinct = "DISTINCT " if self._needs_dedup(rule) else ""
         # CROSS JOIN keeps SQLite to the order above (each step looks up an index on the example and a variable)
         sql = f"SELECT {distinct}{', '.join(columns)} FROM {' CROSS JOIN '.join(sources)}"
@@ -350,8 +373,10 @@ class SQLGrounder(Grounder):
 
 
 def _join_order(rule, sizes: dict) -> list:
-    """The numpy grounder's order: the smallest literal first, then always the literal sharing most variables with
-    those joined so far (the smaller one on ties)."""
+    """The order SQLite is held to (by CROSS JOIN): the smallest literal first, then always the literal sharing most
+    variables with those joined so far (the smaller one on ties), so that each step looks up the index on the
+    example and a bound variable. The numpy grounder starts elsewhere (from a literal holding the head's variables,
+    so that its groundings come out sorted by head); here ``ORDER BY`` sorts them, and the graphs are the same."""
     variables = {k: set(rule.body[k].variables) for k in sizes}
     order = [min(sizes, key=lambda k: (sizes[k], k))]
     bound = set(variables[order[0]])
