@@ -92,6 +92,9 @@ PIPELINE: list[tuple[str, Callable[[Settings], bool], Pass]] = [
     ("compose_gathers", lambda s: s.compose_gathers, compose_gathers.compose_gathers),
     # Then a sum of a fused sum's rows is one sparse sum over the product of the matrices.
     ("compose_sums", lambda s: s.compose_sums, compose_sums.compose_sums),
+    # A composed sum is smaller: a gather after it (the outputs) may now join it too.
+    ("compose_gathers (after compose_sums)", lambda s: s.compose_gathers and s.compose_sums,
+     compose_gathers.compose_gathers),
     # Last: a hint for the code generator on the final products.
     ("fuse_fact_products", lambda s: s.fuse_fact_products, fuse_fact_products.fuse_fact_products),
 ]

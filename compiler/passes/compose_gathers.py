@@ -16,13 +16,20 @@ reader, so the rewrite is made only where it costs fewer row operations: the
 edges added, ``nnz' - nnz``, must not exceed the gather's rows. Deduplication
 that saved little (PROTEINS' SAGE: 42,815 distinct means for 43,471 neurons)
 is undone this way; one that saved much is kept.
+
+Row-wise ops between the sum and the gather (functions of one row, additions of one
+row to every row) do not stop it: a gather of ``sigmoid(s + b)`` is ``sigmoid(s' + b)``
+over the picked rows ``s'``, bit for bit, so the readout of deduplicated samples picks
+its outputs inside the readout's matrix instead of gathering them at the end. Those
+ops then run on the gather's rows: made only where the rows they gain, times their
+number, are no more than the gather's rows.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from ..grouping import expand_segments
-from ..ir import Node, Op, Program
+from ..ir import Node, Op, Program, unique_name
 from ..rewrite import eliminate_dead_code, fresh_const, single_use
 from ..settings import Settings
 
@@ -36,7 +43,10 @@ def compose_gathers(program: Program, settings: Settings) -> Program:
     result: list[Node] = []
     changed = False
     for node in program.nodes:
-        reduce = nodes[node.srcs[0]] if _is_gather(node, program) else None
+        chain, reduce = [], None
+        if _is_gather(node, program):
+            chain = _row_wise_chain(nodes[node.srcs[0]], nodes, once)
+            reduce = nodes[(chain[-1] if chain else node).srcs[0]]
         if reduce is None or reduce.op is not Op.REDUCE or reduce.attrs.get("kernel") != "sparse_mm" \
                 or reduce.name not in once:
             result.append(node)
@@ -45,7 +55,8 @@ def compose_gathers(program: Program, settings: Settings) -> Program:
         counts = program.constants[reduce.attrs["counts"]].astype(np.int64)
         picked = counts[rows]
         added = int(picked.sum()) - int(counts.sum())
-        if added > node.count:
+        # Row-wise ops in between then run on the gather's rows instead of the sum's.
+        if added > node.count or (node.count - reduce.count) * len(chain) > node.count:
             result.append(node)
             continue
         # Position of every edge of the new matrix in the old one: segment idx[r]'s edges in order.
@@ -57,11 +68,32 @@ def compose_gathers(program: Program, settings: Settings) -> Program:
         if "coef" in attrs:
             attrs["coef"] = fresh_const(program, constants, f"coef_{node.name}",
                                         program.constants[reduce.attrs["coef"]][edges])
-        result.append(node.with_(op=Op.REDUCE, srcs=reduce.srcs, attrs=attrs))
+        if not chain:
+            result.append(node.with_(op=Op.REDUCE, srcs=reduce.srcs, attrs=attrs))
+        else:  # the sum's rows picked, then the same row-wise ops on them, the last one named as the gather
+            taken = {n.name for n in program.nodes} | {n.name for n in result}
+            value = unique_name(f"{reduce.name}_rows", taken)
+            result.append(reduce.with_(name=value, count=node.count, attrs=attrs))
+            for k, op in enumerate(reversed(chain)):
+                name = node.name if k == len(chain) - 1 else unique_name(f"{op.name}_rows", taken)
+                result.append(op.with_(name=name, count=node.count, srcs=(value,) + op.srcs[1:]))
+                value = name
         changed = True
     if not changed:
         return program
     return eliminate_dead_code(program.replace(nodes=tuple(result), constants=constants))
+
+
+def _row_wise_chain(node: Node, nodes: dict[str, Node], once: set[str]) -> list[Node]:
+    """The single-use row-wise ops from ``node`` down to what they read: functions of one
+    row (TRANSFORM) and additions of one row to every row. A gather of their result is the
+    same ops on the gathered rows, bit for bit; listed from ``node`` down."""
+    chain = []
+    while node.name in once and (node.op is Op.TRANSFORM or (
+            node.op is Op.ADD and nodes[node.srcs[1]].count == 1 and node.srcs[0] != node.srcs[1])):
+        chain.append(node)
+        node = nodes[node.srcs[0]]
+    return chain
 
 
 def _is_gather(node: Node, program: Program) -> bool:

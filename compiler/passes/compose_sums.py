@@ -9,12 +9,20 @@ sum ``R1`` that nothing else reads is the product of their matrices, ``(P A) x``
     %p = REDUCE(%a; aggregation='mean', counts=k)          ->           index=i', counts=k', coef=d')
 
 Row ``j`` of ``P A`` lists, for each row ``r`` of ``R2``'s segment ``j``, the edges of
-``R1``'s segment ``r`` with the product of both coefficients (``1/count`` for a mean);
-a column repeated within a row is simply listed twice (the kernel sums both). A bias
+``R1``'s segment ``r`` with the product of both coefficients (``1/count`` for a mean).
+
+NOTE: [repeated columns] A readout reads many rows that share their neighbours (and
+deduplication makes that common: MUTAG's 188 samples read 81 distinct node values over
+10,813 edges), so a column of ``P A`` comes up again and again within one row. Those
+entries are merged into one whose coefficient is their sum, ``a x + b x = (a + b) x``
+(MUTAG GCN's readout: 1,618 entries instead of 10,813, summed forward and backward every
+step). The coefficients are exact float64 sums; the row's terms are summed in another
+order, like every other composition here. A bias
 added to ``R1`` (``%b = ADD(%a, %c)``, ``%c`` one row) passes through a mean, whose
 segments are never empty, as ``mean(a + c) = mean(a) + c``. The sums are the same real
 numbers summed in another order, so outputs agree to rounding; no value is merged.
-Made where the new matrix has no more entries than the two had together.
+Made where the new matrix (repeated columns merged) has no more entries than the two
+had together.
 """
 from __future__ import annotations
 
@@ -97,11 +105,21 @@ def _composed_matrix(program: Program, outer: Node, inner: Node) -> tuple | None
     if inner.attrs["aggregation"] == "mean":
         inner_coef = inner_coef / np.repeat(inner_counts, inner_counts)
     picked = inner_counts[rows]  # edges each outer entry brings
-    if int(picked.sum()) > inner_index.shape[0] + n_outer:
-        return None
     edges = expand_segments((np.cumsum(inner_counts) - inner_counts)[rows], picked)
-    ends = np.concatenate([[0], np.cumsum(picked)])[np.cumsum(outer_counts)]  # edges up to each segment's end
-    counts = np.diff(ends, prepend=0)
-    coef = inner_coef[edges] * np.repeat(outer_coef, picked)
-    return inner_index[edges], counts, coef
+    segment = np.repeat(np.repeat(np.arange(outer.count), outer_counts), picked)  # each new entry's row
+    index, counts, coef = _merge_repeated_columns(segment, inner_index[edges].astype(np.int64),
+                                                  inner_coef[edges] * np.repeat(outer_coef, picked), outer.count)
+    if index.size > inner_index.shape[0] + n_outer:
+        return None
+    return index, counts, coef
+
+
+def _merge_repeated_columns(segment: np.ndarray, column: np.ndarray, coef: np.ndarray, n_rows: int) -> tuple:
+    """``(index, counts, coef)`` of a sparse matrix given entry by entry, with the entries of
+    one row that read the same column merged into one whose coefficient is their sum
+    (``a x + b x = (a + b) x``; NOTE: [repeated columns]); each row's columns ascending."""
+    n_columns = int(column.max(initial=0)) + 1
+    unique, position = np.unique(segment * n_columns + column, return_inverse=True)
+    coef = np.bincount(position, weights=coef, minlength=unique.size)
+    return unique % n_columns, np.bincount(unique // n_columns, minlength=n_rows), coef
 

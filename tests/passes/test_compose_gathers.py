@@ -1,7 +1,9 @@
 """A gather of a fused sum's rows becomes rows of its sparse matrix (compiler/passes/compose_gathers.py)."""
 import numpy as np
 import torch
+import pytest
 from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 
 import neurovec
 from neurovec import datasets
@@ -71,6 +73,94 @@ def test_per_edge_coefficients_follow_their_edges():
     assert after.constants[y.attrs["coef"]].tolist() == [2.0, -1.0, 3.0, 0.5]
     assert torch.equal(evaluate(after)[0], evaluate(before)[0])
     assert_same_function(before, after)
+
+
+def gathered_through(index, n_ops=2):
+    """s = sums of tanh(x W) over 3 segments (fused); t = sigmoid(s + c) (n_ops row-wise ops); y = t[index]."""
+    b = Builder()
+    b.fact("x", np.linspace(-1, 1, 10).reshape(5, 2))
+    b.weights("W", (2, 2))
+    b.linear("hw", "W", "x", w_layout="tile")
+    b.transform("h", "hw", "tanh")
+    b.gather("edges", "h", [4, 0, 1, 2, 2, 3])
+    b.reduce("s", "edges", [2, 3, 1])
+    value = "s"
+    if n_ops >= 1:
+        b.weights("c", (2,))
+        value = b.add("sc", "s", "c")
+    if n_ops >= 2:
+        value = b.transform("t", value, "sigmoid")
+    b.gather("y", value, index)
+    b.transform("out", "y", "tanh")
+    return choose_kernels(b.build("out"), Settings(reduce_kernel="sparse_mm"))
+
+
+def test_a_gather_after_row_wise_ops_picks_the_sums_rows_before_them():
+    """The outputs of a deduplicated readout: sigmoid(sum + bias) of the distinct samples, then a gather."""
+    before = gathered_through([0, 1, 2, 1])
+    after = compose_gathers(before, SETTINGS)
+    assert [n.op for n in after.nodes[-4:]] == [Op.REDUCE, Op.ADD, Op.TRANSFORM, Op.TRANSFORM]
+    y = after.node("y")
+    assert y.op is Op.TRANSFORM and y.attrs["fn"] == "sigmoid" and y.count == 4
+    biased = after.node(y.srcs[0])
+    assert biased.op is Op.ADD and biased.srcs[1] == "c"
+    summed = after.node(biased.srcs[0])
+    assert summed.op is Op.REDUCE and summed.srcs == ("h",)
+    assert after.constants[summed.attrs["counts"]].tolist() == [2, 3, 1, 3]
+    assert not {"s", "sc", "t"} & set(after.by_name())
+    assert torch.equal(evaluate(after)[0], evaluate(before)[0])  # the same ops on the same rows
+    assert_same_function(before, after)
+
+
+def test_row_wise_ops_on_many_more_rows_stay_before_the_gather():
+    """Eight rows from three: two ops on five rows more cost more than the gather of eight."""
+    before = gathered_through([0, 1, 2, 0, 1, 2, 2, 2][:8], n_ops=2)
+    before_one = gathered_through([2, 0, 1, 2, 2, 2, 2, 2], n_ops=1)
+    assert compose_gathers(before, SETTINGS) is before
+    assert compose_gathers(before_one, SETTINGS) is not before_one  # one op: 5 <= 8
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(n_ops=st.integers(0, 2), index=st.lists(st.integers(0, 2), min_size=1, max_size=8))
+def test_gathers_through_row_wise_ops_keep_every_bit(n_ops, index):
+    before = gathered_through(index, n_ops)
+    after = compose_gathers(before, SETTINGS)
+    assert torch.equal(evaluate(after)[0], evaluate(before)[0])
+    assert_same_function(before, after, tol=1e-12)
+
+
+def duplicated_samples() -> neurovec.Graph:
+    """A GCN-like model over samples of which some are equal: deduplication computes each distinct
+    output once and gathers them into the declared order (sigmoid(mean + bias) first)."""
+    rng = np.random.default_rng(1)
+    b = neurovec.GraphBuilder()
+    x = b.facts("x", rng.normal(size=(4, 3)))
+    W, bias = b.weight("W", rng.normal(size=(2, 3))), b.weight("b", rng.normal(size=2))
+    V, c = b.weight("V", rng.normal(size=(1, 2))), b.weight("c", rng.normal(size=1))
+    h = b.layer("h", transformation="relu")
+    g = b.layer("g", aggregation="sum")
+    out = b.layer("out", aggregation="mean", transformation="sigmoid")
+    hs = [h.neuron([(x[i], W)], bias=bias) for i in range(4)]
+    samples = [[0, 1], [2, 3], [1, 2, 3], [0, 1], [2, 3], [0, 1]]
+    outputs = []
+    for nodes in samples:
+        gs = [g.neuron([(hs[j], V) for j in nodes], bias=c) for _ in nodes]
+        outputs.append(out.neuron(gs))
+    b.output(*outputs)
+    return b.build()
+
+
+def test_fires_on_the_outputs_of_duplicated_samples():
+    graph = duplicated_samples()
+    without = build_program(graph, Settings(compose_gathers=False))
+    program = build_program(graph, Settings())
+    assert without.node(without.output).op is Op.GATHER
+    assert program.node(program.output).op is not Op.GATHER
+
+
+@pytest.mark.parametrize("preset", neurovec.list_presets())
+def test_duplicated_samples_equal_the_reference_under_every_preset(preset):
+    assert_equivalent(duplicated_samples(), neurovec.compile(duplicated_samples(), preset, dtype=torch.float64))
 
 
 def test_fires_on_sage(tu_dir):

@@ -49,10 +49,11 @@ def test_mean_of_a_biased_sum_is_one_sparse_sum_then_the_bias():
     assert summed.op is Op.REDUCE and summed.attrs["kernel"] == "sparse_mm" and summed.srcs == ("h",)
     assert after.node("p").op is Op.ADD and after.node("p").srcs == ("p_sum", "c")
     assert "a" not in after.by_name() and "ab" not in after.by_name()
-    # Segment 0 averages rows 0 and 1 of a: their 2 + 3 edges, each with 1/2.
-    assert after.constants[summed.attrs["counts"]].tolist() == [5, 1, 1]
-    assert after.constants[summed.attrs["index"]].tolist() == [4, 0, 1, 2, 2, 3, 0]
-    assert after.constants[summed.attrs["coef"]].tolist() == [0.5] * 5 + [1.0, 1.0]
+    # Segment 0 averages rows 0 and 1 of a: their 2 + 3 edges (to h rows 4 0 and 1 2 2), each
+    # with 1/2; the two edges to row 2 are one entry with 1/2 + 1/2.
+    assert after.constants[summed.attrs["counts"]].tolist() == [4, 1, 1]
+    assert after.constants[summed.attrs["index"]].tolist() == [0, 1, 2, 4, 3, 0]
+    assert after.constants[summed.attrs["coef"]].tolist() == [0.5, 0.5, 1.0, 0.5, 1.0, 1.0]
     assert_same_function(before, after)
 
 
@@ -61,21 +62,45 @@ def test_inner_mean_and_outer_sum():
     after = compose_sums(before, SETTINGS)
     p = after.node("p")
     assert p.op is Op.REDUCE and p.srcs == ("h",)
-    assert after.constants[p.attrs["coef"]].tolist() == [0.5, 0.5, 1 / 3, 1 / 3, 1 / 3, 1.0, 1.0]
+    assert after.constants[p.attrs["index"]].tolist() == [0, 1, 2, 4, 3, 0]
+    assert after.constants[p.attrs["coef"]].tolist() == [0.5, 1 / 3, 2 / 3, 0.5, 1.0, 1.0]
     assert_same_function(before, after)
 
 
 def test_not_through_a_bias_under_a_sum_nor_where_it_adds_entries():
     assert compose_sums(summed_twice(outer="sum"), SETTINGS).node("p").srcs == ("ab",)  # sum(a + c) != sum(a) + c
-    # Each row of a read by many outer entries: the product would have more entries than both.
+    # Every row of p reads both rows of a: 4 x 10 distinct entries, more than the 10 + 8 of the two.
+    b = Builder()
+    b.fact("x", np.linspace(-1, 1, 20).reshape(10, 2))
+    b.gather("edges", "x", list(range(10)))
+    b.reduce("a", "edges", [5, 5], "sum")
+    b.gather("many", "a", [0, 1] * 4)
+    b.reduce("p", "many", [2, 2, 2, 2], "sum")
+    before = choose_kernels(b.build("p"), Settings(reduce_kernel="sparse_mm"))
+    assert compose_sums(before, SETTINGS) is before
+
+
+def test_entries_of_one_row_that_read_the_same_column_are_merged():
+    """p's row reads a's row 0 six times (edges to x rows 0 1 2 3 4 0 1 2): one entry per
+    column x of the product, its coefficient the sum of the merged ones (3 x 2 for rows 0-2)."""
     b = Builder()
     b.fact("x", np.linspace(-1, 1, 10).reshape(5, 2))
-    b.gather("edges", "x", [0, 1, 2, 3, 4, 0, 1, 2])
+    b.weights("W", (2, 2))
+    b.linear("hw", "W", "x", w_layout="tile")
+    b.transform("h", "hw", "tanh")
+    b.gather("edges", "h", [0, 1, 2, 3, 4, 0, 1, 2])
     b.reduce("a", "edges", [8], "sum")
     b.gather("many", "a", [0] * 6)
     b.reduce("p", "many", [3, 3], "sum")
-    before = choose_kernels(b.build("p"), Settings(reduce_kernel="sparse_mm"))
-    assert compose_sums(before, SETTINGS) is before
+    b.transform("out", "p", "sigmoid")
+    before = choose_kernels(b.build("out"), Settings(reduce_kernel="sparse_mm"))
+    after = compose_sums(before, SETTINGS)
+    p = after.node("p")
+    assert p.op is Op.REDUCE and p.srcs == ("h",)
+    assert after.constants[p.attrs["counts"]].tolist() == [5, 5]  # 3 x 8 entries before merging
+    assert after.constants[p.attrs["index"]].tolist() == [0, 1, 2, 3, 4] * 2
+    assert after.constants[p.attrs["coef"]].tolist() == [6.0, 6.0, 6.0, 3.0, 3.0] * 2
+    assert_same_function(before, after, tol=1e-12)
 
 
 def test_not_over_a_strided_reduction():
