@@ -20,7 +20,7 @@ from ..sources.graph import FactLayer, Graph
 from .allocation import reusing_freed_memory
 from .ir import IRError, Program
 from .passes import (broadcast_adds, cleanup, coefficients, compose_gathers, compose_sums, dedup, dedup_facts, fold_constants,
-                     fuse_fact_products, iso_compression, kernels, linear_broadcast, padding, reorder_linear, segments,
+                     fuse_fact_products, iso_compression, join_sums, kernels, linear_broadcast, padding, reorder_linear, segments,
                      simplify_gathers, split_products, sum_parts, unit_facts, unstack_weights, upward)
 from .settings import Settings
 from .vectorizer import vectorize
@@ -90,6 +90,9 @@ PIPELINE: list[tuple[str, Callable[[Settings], bool], Pass]] = [
     ("choose_kernels", lambda s: True, kernels.choose_kernels),
     # Needs the kernels: a gather of a fused sum's rows becomes part of the sparse matrix.
     ("compose_gathers", lambda s: s.compose_gathers, compose_gathers.compose_gathers),
+    # A fused sum plus another term of its rows (SAGE's mean plus the node's own) is one fused sum,
+    # which compose_sums may then compose with a readout.
+    ("join_sums", lambda s: s.join_sums, join_sums.join_sums),
     # Then a sum of a fused sum's rows is one sparse sum over the product of the matrices.
     ("compose_sums", lambda s: s.compose_sums, compose_sums.compose_sums),
     # A composed sum is smaller: a gather after it (the outputs) may now join it too.

@@ -105,6 +105,11 @@ class Settings(BaseModel):
         True, description="A gather of a fused sparse sum's rows picks the sparse matrix's rows instead, where "
                           "that adds fewer edges than the gather has rows (undoes a deduplication that saved little).")
 
+    join_sums: bool = Field(
+        True, description="An addition of a fused sparse sum and another sum, gather or value of its rows "
+                          "(GraphSAGE's neighbour mean plus the node's own term) as one sparse sum over both "
+                          "sources side by side.")
+
     compose_sums: bool = Field(
         True, description="A sum or mean of a fused sparse sum's rows (GCN's readout of its last layer) as one "
                           "sparse sum over the product of both matrices, where that has no more entries than the two.")
@@ -131,7 +136,7 @@ _ALL_OFF = dict(
     transposed_reductions=False, remove_identity=False, preconcatenate=False, remove_unused=False,
     reduce_coefficients=False, unstack_weights=False, split_products=False, sum_parts=False,
     reorder_linear=False, fold_constants=False, broadcast_adds=False, compose_gathers=False,
-    compose_sums=False, fuse_fact_products=False,
+    join_sums=False, compose_sums=False, fuse_fact_products=False,
     reduce_kernel="scatter",
 )
 

@@ -12,8 +12,10 @@ old matrix, summed over the same edges in the same order::
 with ``i'`` the concatenation of the segments ``idx[0], idx[1], ...`` of ``i``
 (and their ``coef``). The values are bitwise the same; the gather and its
 backward (an ``index_add_``) disappear. Repeated segments are summed once per
-reader, so the rewrite is made only where it costs fewer row operations: the
-edges added, ``nnz' - nnz``, must not exceed the gather's rows. Deduplication
+reader, so the rewrite is made only where it costs less: the edges added,
+``nnz' - nnz``, must not exceed the gather's rows plus what the gather op itself
+costs (``GATHER_OP_ENTRIES`` one-wide entries, a few µs: small graphs are all op
+overhead). Deduplication
 that saved little (PROTEINS' SAGE: 42,815 distinct means for 43,471 neurons)
 is undone this way; one that saved much is kept.
 
@@ -33,7 +35,12 @@ from ..ir import Node, Op, Program, unique_name
 from ..rewrite import eliminate_dead_code, fresh_const, single_use
 from ..settings import Settings
 
-__all__ = ["compose_gathers"]
+__all__ = ["compose_gathers", "GATHER_OP_ENTRIES"]
+
+#: What a gather costs besides its rows: an op and its backward (index_add_) of a few µs
+#: each, about as long as the sparse sum takes for this many more one-wide entries
+#: (MUTAG, 1 thread: a 188-row gather and its backward ~8 µs, 10,000 entries ~8 µs).
+GATHER_OP_ENTRIES = 2048
 
 
 def compose_gathers(program: Program, settings: Settings) -> Program:
@@ -56,7 +63,8 @@ def compose_gathers(program: Program, settings: Settings) -> Program:
         picked = counts[rows]
         added = int(picked.sum()) - int(counts.sum())
         # Row-wise ops in between then run on the gather's rows instead of the sum's.
-        if added > node.count or (node.count - reduce.count) * len(chain) > node.count:
+        saved = node.count + GATHER_OP_ENTRIES // max(1, int(np.prod(node.shape)))
+        if added > saved or (node.count - reduce.count) * len(chain) > node.count:
             result.append(node)
             continue
         # Position of every edge of the new matrix in the old one: segment idx[r]'s edges in order.

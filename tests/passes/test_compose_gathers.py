@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 import neurovec
 from neurovec import datasets
 from neurovec.compiler.ir import Op
+from neurovec.compiler.passes import compose_gathers as compose_gathers_pass
 from neurovec.compiler.passes.compose_gathers import compose_gathers
 from neurovec.compiler.passes.kernels import choose_kernels
 from neurovec.compiler.pipeline import build_program
@@ -48,9 +49,12 @@ def test_gather_of_a_fused_sum_becomes_its_rows():
     assert_same_function(before, after)
 
 
-def test_a_gather_that_saves_work_stays():
-    """Six readers of the 3-edge segment: composing would add 12 edges for a 6-row gather."""
+def test_a_gather_that_saves_work_stays(monkeypatch):
+    """Six readers of the 3-edge segment: composing would add 12 edges for a 6-row gather,
+    which is worth it only for the cost of the gather op itself (GATHER_OP_ENTRIES)."""
     before = aggregated_then_gathered([1] * 6)
+    assert compose_gathers(before, SETTINGS) is not before
+    monkeypatch.setattr(compose_gathers_pass, "GATHER_OP_ENTRIES", 10)  # 12 > 6 + 10 // 2
     assert compose_gathers(before, SETTINGS) is before
 
 

@@ -1,0 +1,98 @@
+"""An addition of a fused sparse sum and another sum or value is one sparse sum over both sources.
+
+GraphSAGE's layer adds a mean over each node's neighbours to the node's own value
+(``mean_j(x W_l) + x W_r``); after deduplication the second term is often a gather of
+the distinct rows. That is a sparse sum, a gather (or a plain value), an addition, and
+their three backwards. A sparse sum reads any rows of one source, so both terms are
+one sparse sum over the two sources side by side::
+
+    %a = REDUCE(%p; kernel='sparse_mm', index=i, counts=c)       %pq = CONCAT(%p, %q)
+    %b = GATHER(%q; index=k)                               ->     %s = REDUCE(%pq; kernel='sparse_mm',
+    %s = ADD(%a, %b)                                                  index=i' , counts=c + 1, coef=...)
+
+Row ``j`` of the new matrix lists the entries of ``a``'s row ``j`` (a mean's as
+``1/count``), then those of ``b``'s row ``j`` (its columns shifted past ``%p``'s rows).
+A term may be a fused sum or mean, a gather, or a value of the addition's rows (one
+entry per row: itself); at least one is a fused sum. Both sources are the same value
+when both terms read it (then nothing is concatenated). The same real numbers are
+summed, in another order (a mean's division becomes a factor per entry); no value is
+merged or dropped. The new matrix has the entries of both, and ``compose_sums`` can then
+compose a readout over it (GraphSAGE's last layer and its mean per sample are then one
+sparse sum).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..ir import Node, Op, Program, unique_name
+from ..rewrite import eliminate_dead_code, fresh_const, single_use
+from ..settings import Settings
+
+__all__ = ["join_sums"]
+
+
+def join_sums(program: Program, settings: Settings) -> Program:
+    nodes = program.by_name()
+    once = single_use(program)
+    constants = dict(program.constants)
+    taken = {n.name for n in program.nodes} | set(program.constants)
+    result: list[Node] = []
+    changed = False
+    for node in program.nodes:
+        terms = _terms(node, nodes, once, program) if node.op is Op.ADD else None
+        if terms is None:
+            result.append(node)
+            continue
+        (p, index_p, counts_p, coef_p), (q, index_q, counts_q, coef_q) = terms
+        source = p.name
+        if q.name != p.name:
+            source = unique_name(f"{node.name}_sources", taken)
+            result.append(Node(source, Op.CONCAT, (p.name, q.name), p.count + q.count, p.shape, {}, node.layer))
+            index_q = index_q + p.count
+        # Each row's entries: p's, then q's (a stable sort of the two runs by row is a merge).
+        rows = np.concatenate([np.repeat(np.arange(node.count), counts_p), np.repeat(np.arange(node.count), counts_q)])
+        order = np.argsort(rows, kind="stable")
+        index, coef = np.concatenate([index_p, index_q])[order], np.concatenate([coef_p, coef_q])[order]
+        attrs = {"aggregation": "sum", "kernel": "sparse_mm",
+                 "counts": fresh_const(program, constants, f"counts_{node.name}", counts_p + counts_q),
+                 "index": fresh_const(program, constants, f"idx_{node.name}", index)}
+        if not np.all(coef == 1.0):
+            attrs["coef"] = fresh_const(program, constants, f"coef_{node.name}", coef)
+        result.append(node.with_(op=Op.REDUCE, srcs=(source,), attrs=attrs))
+        changed = True
+    if not changed:
+        return program
+    return eliminate_dead_code(program.replace(nodes=tuple(result), constants=constants))
+
+
+def _terms(node: Node, nodes: dict[str, Node], once: set[str], program: Program) -> tuple | None:
+    """Both terms of addition ``node`` as ``(source, index, counts, coef)``, or None where it
+    is not an addition of a fused sum and another term of its rows."""
+    a, b = (nodes[s] for s in node.srcs)
+    if a.name == b.name or a.count != node.count or b.count != node.count or not a.shape == b.shape == node.shape:
+        return None
+    terms = [_term(a, nodes, once, program), _term(b, nodes, once, program)]
+    if any(t is None for t in terms) or not any(t[1] for t in terms):
+        return None
+    return tuple(t[0] for t in terms)
+
+
+def _term(node: Node, nodes: dict[str, Node], once: set[str], program: Program) -> tuple | None:
+    """``((source, index, counts, coef), fused)`` of one term: a fused sum or mean, a gather
+    (both read by the addition only), or else the value itself (``fused`` False but for
+    a fused sum); None for a mean with an empty segment."""
+    c = program.constants
+    if node.name in once and node.op is Op.REDUCE and node.attrs.get("kernel") == "sparse_mm" \
+            and node.attrs["aggregation"] in ("sum", "mean"):
+        counts = c[node.attrs["counts"]].astype(np.int64)
+        index = c[node.attrs["index"]].astype(np.int64)
+        coef = c[node.attrs["coef"]].astype(np.float64) if "coef" in node.attrs else np.ones(index.size)
+        if node.attrs["aggregation"] == "mean":
+            if not np.all(counts > 0):
+                return None
+            coef = coef / np.repeat(counts, counts)
+        return (nodes[node.srcs[0]], index, counts, coef), True
+    if node.name in once and node.op is Op.GATHER:
+        index = c[node.attrs["index"]].astype(np.int64)
+        return (nodes[node.srcs[0]], index, np.ones(node.count, np.int64), np.ones(node.count)), False
+    return (node, np.arange(node.count), np.ones(node.count, np.int64), np.ones(node.count)), False
