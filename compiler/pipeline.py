@@ -98,6 +98,8 @@ PIPELINE: list[tuple[str, Callable[[Settings], bool], Pass]] = [
     # A composed sum is smaller: a gather after it (the outputs) may now join it too.
     ("compose_gathers (after compose_sums)", lambda s: s.compose_gathers and s.compose_sums,
      compose_gathers.compose_gathers),
+    # The compositions move biases past sums: two one-row additions in a row become one.
+    ("merge_row_adds", lambda s: s.broadcast_adds, broadcast_adds.merge_row_adds),
     # Last: a hint for the code generator on the final products.
     ("fuse_fact_products", lambda s: s.fuse_fact_products, fuse_fact_products.fuse_fact_products),
 ]

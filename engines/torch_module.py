@@ -59,6 +59,9 @@ def _expression(node: Node, nodes: dict[str, Node], rows: dict[str, str] | None 
     srcs = [nodes[s] for s in node.srcs]
     if biased and node.name in biased:  # NOTE: [bias in the GEMM]
         product, bias = nodes[biased[node.name]], rows[node.srcs[1]]
+        if node.name in rows:  # two rows: a matrix times a vector, plus a vector
+            m, v = (rows[s] for s in product.srcs)
+            return f"torch.addmv({bias}, {m}, {v})"
         if product.op is Op.ADD:  # a side-by-side product
             return f"torch.addmm({bias}, self.{product.attrs['hcat']}, {_side_by_side_weight(product, rows)})"
         w, x = (nodes[s] for s in product.srcs)
@@ -245,6 +248,8 @@ def _row_values(program: Program, nodes: dict[str, Node]) -> dict[str, str]:
             rows[node.name] = f"w[{nodes[node.srcs[0]].attrs['names'][node.attrs['start']]!r}]"
         elif node.op is Op.LINEAR and all(s in rows for s in node.srcs) and _row_product(node, nodes) is not None:
             rows[node.name] = node.name  # computed by its own statement
+        elif node.op is Op.ADD and all(s in rows for s in node.srcs) and nodes[node.srcs[0]].shape == node.shape:
+            rows[node.name] = node.name  # two biases added (compiler/passes/broadcast_adds.merge_row_adds)
     # Keep only values every reader takes as a row; dropping one may disqualify others.
     while True:
         bad = {name for name in rows
@@ -281,6 +286,8 @@ def _takes_row(reader: Node, value: Node, rows: dict[str, str]) -> bool:
 
 def _row_expression(node: Node, srcs: list[Node], rows: dict[str, str]) -> str:
     w, x = srcs
+    if node.op is Op.ADD:
+        return f"{rows[w.name]} + {rows[x.name]}"
     return f"{rows[w.name]} {_row_product(node, {w.name: w, x.name: x})} {rows[x.name]}"
 
 
@@ -325,7 +332,8 @@ def _in_place(program: Program, nodes: dict[str, Node], rows: dict[str, str]) ->
 # sign of an exact zero (``b = -0.0`` and a sum of ``-0.0`` products: ``-0.0`` instead of
 # ``+0.0``). Only a division by the value can tell those apart, so this is done only in
 # programs without an ``inverse`` function; every other function, aggregation and
-# gradient gives equal numbers for both zeros.
+# gradient gives equal numbers for both zeros. Likewise a row product plus a row (two
+# biases, one moved past a linear map: ``lin.W @ conv2.b + lin.b``) is one ``torch.addmv``.
 
 _ZERO_SIGN_SENSITIVE = {"inverse"}
 
@@ -338,6 +346,13 @@ def _biased_products(program: Program, nodes: dict[str, Node], rows: dict[str, s
     readers = program.users()
     result = {}
     for node in program.nodes:
+        if node.op is Op.ADD and rows.get(node.name) == node.name:  # a row: M @ v + b as torch.addmv(b, M, v)
+            product = nodes[node.srcs[0]]
+            if product.op is Op.LINEAR and rows.get(product.name) == product.name and readers[product.name] == [node.name] \
+                    and product.attrs["kind"] == "matmul" and _row_product(product, nodes) == "@" \
+                    and [len(nodes[s].shape) for s in product.srcs] == [2, 1] and product.shape == node.shape:
+                result[node.name] = product.name
+            continue
         if node.op is not Op.ADD or "hcat" in node.attrs or node.name in rows:
             continue
         product, bias = (nodes[s] for s in node.srcs)

@@ -9,14 +9,21 @@ again in the backward) every step only to be added. An ADD may read a one-row
     %y = ADD(x, b)                        : (n, 16)
   becomes
     %y = ADD(x, w_bias)                   : (n, 16)      x + w['conv1.bias']
+
+``merge_row_adds`` (after the algebra and the compositions, which move biases past
+sums and products) adds two one-row additions in a row as one: ``(x + a) + b`` is
+``x + (a + b)``, one addition over all rows less, forward and backward (MUTAG GCN's
+readout: the last layer's bias, moved past the mean, then the output bias). The
+same numbers summed in another order; a sum of zeros keeps its sign in either.
 """
 from __future__ import annotations
 
-from ..ir import Op, Program
+from ..ir import Node, Op, Program, unique_name
+from ..rewrite import eliminate_dead_code, single_use
 from ..settings import Settings
 from .simplify_gathers import Rewriter
 
-__all__ = ["broadcast_adds"]
+__all__ = ["broadcast_adds", "merge_row_adds"]
 
 
 def broadcast_adds(program: Program, settings: Settings) -> Program:
@@ -39,3 +46,26 @@ def _one_row(rw: Rewriter, name: str) -> str | None:
     while node.op in (Op.TILE, Op.INTERLEAVE) and node.count > 1:
         node = rw.nodes[node.srcs[0]]
     return node.name if node.count == 1 else None
+
+
+def merge_row_adds(program: Program, settings: Settings) -> Program:
+    nodes = program.by_name()
+    once = single_use(program)
+    taken = {n.name for n in program.nodes}
+    result: list[Node] = []
+    merged: set[str] = set()
+    for node in program.nodes:
+        inner = nodes[node.srcs[0]] if node.op is Op.ADD else None
+        if inner is None or inner.op is not Op.ADD or inner.name not in once or inner.name in merged:
+            result.append(node)
+            continue
+        a, b = nodes[inner.srcs[1]], nodes[node.srcs[1]]
+        if a.count != 1 or b.count != 1 or a.shape != b.shape or a.name == node.srcs[0]:
+            result.append(node)
+            continue
+        row = Node(unique_name(f"{node.name}_row", taken), Op.ADD, (a.name, b.name), 1, a.shape, {}, node.layer)
+        result += [row, node.with_(srcs=(inner.srcs[0], row.name))]
+        merged.add(node.name)  # its new first operand is not an addition of a row any more
+    if not merged:
+        return program
+    return eliminate_dead_code(program.replace(nodes=tuple(result)))

@@ -5,7 +5,7 @@ import torch
 
 import neurovec
 from neurovec.compiler.ir import Op
-from neurovec.compiler.passes.broadcast_adds import broadcast_adds
+from neurovec.compiler.passes.broadcast_adds import broadcast_adds, merge_row_adds
 from neurovec.compiler.passes.unstack_weights import unstack_weights
 from neurovec.compiler.settings import Settings
 from neurovec.engines.torch_module import CompiledModule
@@ -64,3 +64,53 @@ def test_single_weight_read_by_an_op_that_needs_its_axis():
     module = CompiledModule(program, torch.float64)
     assert "torch.stack([w['A0']])" in module.code
     assert_same_function(program, program)
+
+
+def two_row_additions(inverse=False):
+    """y = tanh(x) + V c + d (V a (2, 3) weight, c (3,), d (2,): a bias moved past a linear map,
+    then another bias), read by a sigmoid (or an inverse)."""
+    b = Builder()
+    b.fact("x", np.linspace(-1, 1, 8).reshape(4, 2))
+    b.transform("h", "x", "tanh")
+    b.weights("V", (2, 3))
+    b.weights("c", (3,))
+    b.weights("d", (2,))
+    b.linear("Vc", "V", "c")
+    b.add("hv", "h", "Vc")
+    b.add("y", "hv", "d")
+    b.transform("out", "y", "inverse" if inverse else "sigmoid")
+    return b.build("out")
+
+
+def test_two_row_additions_are_one():
+    before = two_row_additions()
+    after = merge_row_adds(before, SETTINGS)
+    y = after.node("y")
+    row = after.node(y.srcs[1])
+    assert y.srcs[0] == "h" and row.op is Op.ADD and row.count == 1 and row.srcs == ("Vc", "d")
+    assert "hv" not in after.by_name()
+    assert_same_function(before, after)
+    code = CompiledModule(after).code
+    assert "torch.addmv(w['d0'], w['V0'], w['c0'])" in code and code.count(" + ") == 1
+    # An inverse can tell the zero addmv may give from the sum's (NOTE: [bias in the GEMM]).
+    assert "addmv" not in CompiledModule(merge_row_adds(two_row_additions(inverse=True), SETTINGS)).code
+
+
+def test_merged_row_additions_equal_the_reference_under_every_preset():
+    """Sums of relu(x W + b) V over two nodes, plus c, averaged per sample, plus d: the sum and
+    the mean are composed, c moves past the mean and then meets d."""
+    rng = np.random.default_rng(0)
+    b = neurovec.GraphBuilder()
+    x = b.facts("x", rng.normal(size=(6, 3)))
+    W, bias = b.weight("W", rng.normal(size=(2, 3))), b.weight("b", rng.normal(size=2))
+    V, c = b.weight("V", rng.normal(size=(1, 2))), b.weight("c", rng.normal(size=1))
+    h, mid = b.layer("h", transformation="relu"), b.layer("mid")
+    out = b.layer("out", aggregation="mean", transformation="sigmoid")
+    hs = [h.neuron([(x[i], W)], bias=bias) for i in range(6)]
+    mids = [mid.neuron([(hs[(i + k) % 6], V) for k in range(1 + i % 3)], bias=c) for i in range(6)]
+    d = b.weight("d", rng.normal(size=1))
+    b.output(out.neuron(mids[:2], bias=d), out.neuron(mids[2:], bias=d), out.neuron(mids[:2], bias=d))
+    graph = b.build()
+    assert "w['c'] + w['d']" in neurovec.compile(graph).code
+    for preset in neurovec.list_presets():
+        assert_equivalent(graph, neurovec.compile(graph, preset, dtype=torch.float64))
