@@ -84,17 +84,18 @@ def evaluate(program: Program):
 
 
 def assert_same_function(before: Program, after: Program, tol=1e-12):
-    """Outputs and gradients w.r.t. every learnable weight agree."""
+    """Outputs and gradients w.r.t. every learnable weight agree (a NaN where the other has a NaN:
+    finite outputs can still have NaN gradients, e.g. sqrt at 0 times 0)."""
     after.verify()
     out_a, grads_a = evaluate(before)
     out_b, grads_b = evaluate(after)
-    torch.testing.assert_close(out_b, out_a, rtol=tol, atol=tol)
+    torch.testing.assert_close(out_b, out_a, rtol=tol, atol=tol, equal_nan=True)
     for name in grads_a:
         if grads_a[name] is None or grads_b[name] is None:
             assert grads_a[name] is None or torch.all(grads_a[name] == 0)
             assert grads_b[name] is None or torch.all(grads_b[name] == 0)
         else:
-            torch.testing.assert_close(grads_b[name], grads_a[name], rtol=tol, atol=tol)
+            torch.testing.assert_close(grads_b[name], grads_a[name], rtol=tol, atol=tol, equal_nan=True)
 
 
 def ops(program: Program) -> list[str]:
