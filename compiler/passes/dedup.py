@@ -264,6 +264,14 @@ class RowIds:
                                  self.firsts.get(name) if ids is not None else None, mode if distinct else None)
         _hand_over(program, known)
 
+    def close(self) -> None:
+        """Stop following the editor and drop every label: the editor and these labels refer to each
+        other, and as a cycle they (edge-sized arrays, at 100x PROTEINS hundreds of MB) would wait
+        for the garbage collector instead of being freed when the pass returns."""
+        self.editor.row_listeners.remove(self._moved)
+        for table in (self.memo, self.firsts, self.known, self._unchanged, self._same, self._distinct):
+            table.clear()
+
     def of(self, name: str) -> np.ndarray:
         return self.labels(name)[0]
 
@@ -336,14 +344,15 @@ def _same_node(before: Node, now: Node) -> bool:
 
 
 def _reads(nodes: dict, constants: dict, name: str) -> dict:
-    """Node ``name`` and every node it reads, directly or not: name -> (node, its constant arrays)."""
+    """Node ``name`` and every node it reads, directly or not: name -> (node, its constant arrays,
+    held weakly: an array the pass replaces is freed, not kept for this check)."""
     seen: dict = {}
     stack = [name]
     while stack:
         n = stack.pop()
         if n not in seen:
             node = nodes[n]
-            seen[n] = (node, tuple((v, constants[v]) for v in node.attrs.values()
+            seen[n] = (node, tuple((v, weakref.ref(constants[v])) for v in node.attrs.values()
                                    if isinstance(v, str) and v in constants))
             stack.extend(node.srcs)
     return seen
@@ -351,7 +360,7 @@ def _reads(nodes: dict, constants: dict, name: str) -> dict:
 
 def _still_reads(nodes: dict, constants: dict, reads: dict) -> bool:
     """Whether every node of ``reads`` (``_reads``) is still there, the same, with the same arrays."""
-    return all(n in nodes and _same_node(node, nodes[n]) and all(constants.get(k) is a for k, a in arrays)
+    return all(n in nodes and _same_node(node, nodes[n]) and all(constants.get(k) is a() for k, a in arrays)
                for n, (node, arrays) in reads.items())
 
 
@@ -479,6 +488,7 @@ def _dedup(program: Program, settings: Settings, ops: tuple[Op, ...], drop_unuse
     result = editor.finish()
     if hand_over:
         ids.hand_over(result)
+    ids.close()
     return result
 
 

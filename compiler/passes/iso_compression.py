@@ -63,6 +63,7 @@ def iso_compress(program: Program, settings: Settings) -> Program:
                                                                    "fact_layer": None}))
     result = editor.finish()
     ids.hand_over(result)
+    ids.close()
     return result
 
 

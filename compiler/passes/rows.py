@@ -147,6 +147,9 @@ def trace_rows(program: Program, nodes: dict[str, Node], name: str, rows: np.nda
         return None
 
     walk(name, None, None if rows is None else np.asarray(rows), None)
+    # A recursive closure refers to itself (through its cell): without this, it and the edge-sized
+    # pieces it saw would wait for the garbage collector (at 100x PROTEINS, over 500 MB).
+    del walk
     bases = list(dict.fromkeys(p[0] for p in pieces))
     if len(pieces) == 1 and pieces[0][1] is None:  # one base, rows in order: nothing to scatter
         _, _, row, coef = pieces[0]

@@ -60,3 +60,21 @@ def test_constant_values_of_facts_and_fixed_weights_only():
     assert values.tolist() == [[2.0]] and facts == {"x"}
     dynamic = program.replace(dynamic_facts=("x",))
     assert constant_values(dynamic, nodes, "x", np.array([1])) is None
+
+
+def test_tracing_leaves_no_garbage_cycle():
+    # The recursive walk must not keep itself and the edge-sized pieces it saw alive until the
+    # garbage collector runs.
+    import gc
+    b = Builder()
+    b.fact("a", np.arange(6.0).reshape(3, 2))
+    b.transform("h", "a", "tanh")
+    b.gather("g", "h", [2, 0, 1, 1])
+    program = b.build("g")
+    gc.collect()
+    gc.disable()
+    try:
+        trace_rows(program, program.by_name(), "g")
+        assert gc.collect() == 0
+    finally:
+        gc.enable()
