@@ -348,7 +348,8 @@ def _biased_products(program: Program, nodes: dict[str, Node], rows: dict[str, s
     for node in program.nodes:
         if node.op is Op.ADD and rows.get(node.name) == node.name:  # a row: M @ v + b as torch.addmv(b, M, v)
             product = nodes[node.srcs[0]]
-            if product.op is Op.LINEAR and rows.get(product.name) == product.name and readers[product.name] == [node.name] \
+            if product.op is Op.LINEAR and rows.get(product.name) == product.name \
+                    and readers[product.name] == [node.name] \
                     and product.attrs["kind"] == "matmul" and _row_product(product, nodes) == "@" \
                     and [len(nodes[s].shape) for s in product.srcs] == [2, 1] and product.shape == node.shape:
                 result[node.name] = product.name
