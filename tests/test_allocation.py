@@ -104,3 +104,25 @@ def test_compile_builds_the_module_while_reusing_freed_memory(monkeypatch, tu_di
     graph = datasets.gcn(datasets.load_tu("MUTAG", tu_dir, download=False), samples=[0, 1])
     pipeline.compile(graph)
     assert depths == [1]
+
+
+@pytest.mark.parametrize("free_bytes, trimmed", [(1 << 20, False), (allocation._AFTER_TRIM_THRESHOLD + 1, True)])
+def test_the_heap_is_trimmed_only_when_it_holds_more_than_the_process_keeps(monkeypatch, free_bytes, trimmed):
+    # Trimming a small heap gives little back, and the next grounding faults in every page again.
+    calls = []
+
+    class FakeLibc:
+        def mallopt(self, option, value):
+            return 1
+
+        def malloc_trim(self, pad):
+            calls.append("trim")
+            return 1
+
+        def mallinfo2(self):
+            return _MallInfo2(fordblks=free_bytes)
+
+    monkeypatch.setattr(allocation, "_LIBC", FakeLibc())
+    with reusing_freed_memory():
+        pass
+    assert calls == (["trim"] if trimmed else [])
