@@ -219,6 +219,8 @@ def report(results: dict) -> str:
                   "ratio of medians (of minima) |", "|---|---|---|---|---|"]
     for name, row in results["jobs"].items():
         rules = row.get("rules", row.get("arrays"))
+        if "rules" not in row and "arrays" in row:  # grounded from arrays here, not from SQL
+            name = name.replace("(SQLite)", "(from arrays)")
         paired = f"{row['ratio']:.2f}x" if "ratio" in row else ""
         lines.append(f"| {name} | {_seconds(row['hand'])} | {_seconds(rules)} | {paired} | "
                      f"{rules[0] / row['hand'][0]:.2f}x ({rules[1] / row['hand'][1]:.2f}x) |")
