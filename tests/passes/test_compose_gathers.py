@@ -22,8 +22,8 @@ from .test_dedup import Builder, assert_same_function, evaluate
 SETTINGS = Settings()
 
 
-def aggregated_then_gathered(index, aggregation="sum"):
-    """h = tanh(x); s = sums of h over 3 segments (as a fused sparse sum); y = s[index]."""
+def summed(aggregation="sum") -> Builder:
+    """A program up to s = sums of tanh(x W) over 3 segments (``aggregation``; a fused sparse sum)."""
     b = Builder()
     b.fact("x", np.linspace(-1, 1, 10).reshape(5, 2))
     b.weights("W", (2, 2))
@@ -31,6 +31,12 @@ def aggregated_then_gathered(index, aggregation="sum"):
     b.transform("h", "hw", "tanh")
     b.gather("edges", "h", [4, 0, 1, 2, 2, 3])
     b.reduce("s", "edges", [2, 3, 1], aggregation)
+    return b
+
+
+def aggregated_then_gathered(index, aggregation="sum"):
+    """h = tanh(x); s = sums of h over 3 segments (as a fused sparse sum); y = s[index]."""
+    b = summed(aggregation)
     b.gather("y", "s", index)
     b.transform("out", "y", "sigmoid")
     return choose_kernels(b.build("out"), Settings(reduce_kernel="sparse_mm"))
@@ -81,13 +87,7 @@ def test_per_edge_coefficients_follow_their_edges():
 
 def gathered_through(index, n_ops=2):
     """s = sums of tanh(x W) over 3 segments (fused); t = sigmoid(s + c) (n_ops row-wise ops); y = t[index]."""
-    b = Builder()
-    b.fact("x", np.linspace(-1, 1, 10).reshape(5, 2))
-    b.weights("W", (2, 2))
-    b.linear("hw", "W", "x", w_layout="tile")
-    b.transform("h", "hw", "tanh")
-    b.gather("edges", "h", [4, 0, 1, 2, 2, 3])
-    b.reduce("s", "edges", [2, 3, 1])
+    b = summed()
     value = "s"
     if n_ops >= 1:
         b.weights("c", (2,))
