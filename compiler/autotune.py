@@ -27,12 +27,23 @@ is also timed under ``torch.compile`` (label ``+compile``; its compile time incl
 inductor's). On PROTEINS (1 thread) compiling the module helped GraphSAGE (~20%),
 hardly changed GCN and slowed GIN down (~25%): worth a try, not a default.
 
-A playoff decides: the :data:`PLAYOFF` fastest distinct candidates are timed again,
-*interleaved* step by step (``repeat`` rounds), and the lowest median of those wins
-(ties: the earlier candidate). Timed one after another, a candidate that happened to
-run while another process was busy would lose (or win) by chance; interleaved,
-load falls on all finalists alike. The playoff runs while the budget allows
-(at least one round).
+A playoff decides, and ``default`` is its incumbent: the :data:`PLAYOFF` fastest
+distinct candidates (by their own timing) and the first candidate (``default`` with
+its own kernel, what ``neurovec.compile(graph)`` gives; else the first one timed) are
+timed again, *interleaved* step by step in rotating order, after one untimed round,
+for at least :data:`PLAYOFF_MIN_ROUNDS` rounds and :data:`PLAYOFF_S` seconds (at most
+:data:`PLAYOFF_MAX_ROUNDS`). A challenger replaces the incumbent only if it was faster
+by more than :data:`PLAYOFF_MIN_GAIN` in so many rounds that a fair coin would come up
+that often with probability below :data:`PLAYOFF_ALPHA` (a one-sided sign test on the
+paired rounds, ``playoff_p`` in the table); of the challengers that pass, the lowest
+playoff median wins. Timed one after another, a candidate that happened to run while
+another process was busy would lose (or win) by chance; interleaved, load falls on all
+entrants alike, and a pick within the noise keeps ``default``: autotune never hands
+back something slower than ``default`` by its measurement. (A 1-thread MUTAG SAGE run
+once picked a candidate whose short sequential timings flattered it: 1.05 ms against
+default's 0.84 ms in the benchmark.) The candidates stop starting when only the
+playoff's share of the budget is left (:data:`PLAYOFF_SHARE`, or less where the
+playoff needs less); the playoff runs at least one timed round whatever is left.
 
 Presets named by the caller are compiled with ``verify=False``: the compiled
 module verifies the final program anyway, and checking after every pass (which
@@ -73,7 +84,9 @@ from .pipeline import compile as compile_graph
 from .settings import Settings, list_presets
 
 __all__ = ["autotune", "AutotuneResult", "AutotuneTable", "Candidate", "PRESET_ORDER", "LATE_PRESETS",
-           "TOP_PRESETS", "DEFAULT_KERNELS", "PRUNE_FACTOR", "PRUNE_MIN_SAVING_S", "PLAYOFF", "TORCH_COMPILE_MIN_S"]
+           "TOP_PRESETS", "DEFAULT_KERNELS", "PRUNE_FACTOR", "PRUNE_MIN_SAVING_S", "PLAYOFF", "PLAYOFF_MIN_ROUNDS",
+           "PLAYOFF_MAX_ROUNDS", "PLAYOFF_S", "PLAYOFF_SHARE", "PLAYOFF_MIN_GAIN", "PLAYOFF_ALPHA",
+           "TORCH_COMPILE_MIN_S", "playoff_winner"]
 
 #: Presets most likely to be fastest first (MUTAG / PROTEINS GCN on CPU, thesis 6.2.1):
 #: the cost-model defaults, then moderate upward growth. Presets in neither this list
@@ -101,8 +114,24 @@ TOP_PRESETS = 3
 #: one to try on GPUs, where the cost model is unmeasured).
 DEFAULT_KERNELS: tuple[str | None, ...] = (None, "segment", "scatter")
 
-#: How many of the fastest distinct candidates are timed again, interleaved, to pick the winner.
+#: How many of the fastest distinct candidates are timed again, interleaved, against ``default``.
 PLAYOFF = 3
+
+#: The playoff's interleaved rounds: at least PLAYOFF_MIN_ROUNDS and PLAYOFF_S seconds, at most
+#: PLAYOFF_MAX_ROUNDS (1 ms steps on a loaded machine vary by +-30% from one step to the next).
+PLAYOFF_MIN_ROUNDS = 20
+PLAYOFF_MAX_ROUNDS = 200
+PLAYOFF_S = 1.0
+
+#: At most this share of the budget is kept for the playoff (less where its rounds need less).
+PLAYOFF_SHARE = 0.15
+
+#: A challenger must be faster than ``default`` by more than this fraction in a round for the
+#: round to count as its win ...
+PLAYOFF_MIN_GAIN = 0.02
+
+#: ... and win so many rounds that a fair coin does as well with probability below this.
+PLAYOFF_ALPHA = 0.05
 
 #: ``torch_compile=None``: time the fastest candidate under ``torch.compile`` only when
 #: this many seconds of the budget are left (inductor's cold compile of a PROTEINS module
@@ -136,7 +165,9 @@ class Candidate:
     ``max_ms`` over ``steps`` timed training steps, ``seconds`` the candidate's whole
     wall time (compile, device copy, warm-up and timing). ``compiled``: the module
     runs under ``torch.compile``. ``playoff_ms``: its median in the interleaved
-    playoff (finalists only), which decides the winner.
+    playoff (its entrants only), which decides the winner; ``playoff_p``: a challenger's
+    sign-test p-value against ``default`` there (module docstring; it replaces
+    ``default`` only below :data:`PLAYOFF_ALPHA`).
     """
 
     preset: str
@@ -153,6 +184,7 @@ class Candidate:
     seconds: float = 0.0
     compiled: bool = False
     playoff_ms: float | None = None
+    playoff_p: float | None = None
     fingerprint: str = field(default="", repr=False)
 
     @property
@@ -164,7 +196,7 @@ class Candidate:
         return {"preset": self.preset, "kernel": self.kernel, "compiled": self.compiled, "status": self.status,
                 "reason": self.reason, "same_as": self.same_as, "compile_s": self.compile_s,
                 "median_ms": self.median_ms, "min_ms": self.min_ms, "max_ms": self.max_ms, "steps": self.steps,
-                "playoff_ms": self.playoff_ms, "seconds": self.seconds}
+                "playoff_ms": self.playoff_ms, "playoff_p": self.playoff_p, "seconds": self.seconds}
 
 
 @dataclass
@@ -233,7 +265,7 @@ class AutotuneTable:
             return "-" if value is None else f"{value:.{digits}f}"
 
         lines = [head, f"  {'preset':<{width}}  {'kernel':<17} {'compile s':>9} {'median ms':>10} {'min ms':>9} "
-                       f"{'max ms':>9} {'steps':>5} {'playoff':>8} {'total s':>7}  status"]
+                       f"{'max ms':>9} {'steps':>5} {'playoff':>8} {'p':>6} {'total s':>7}  status"]
         for row in self.rows:
             status = row.status
             if row.same_as:
@@ -244,7 +276,8 @@ class AutotuneTable:
             kernel = row.kernel + ("+compile" if row.compiled else "")
             lines.append(f"{mark} {row.preset:<{width}}  {kernel:<17} {num(row.compile_s, 2):>9} "
                          f"{num(row.median_ms, 2):>10} {num(row.min_ms, 2):>9} {num(row.max_ms, 2):>9} "
-                         f"{row.steps:>5} {num(row.playoff_ms, 2):>8} {row.seconds:>7.2f}  {status}")
+                         f"{row.steps:>5} {num(row.playoff_ms, 2):>8} {num(row.playoff_p, 3):>6} "
+                         f"{row.seconds:>7.2f}  {status}")
         return "\n".join(lines)
 
 
@@ -348,7 +381,7 @@ def autotune(graph: Graph, presets: Sequence[str | Settings] | None = None, devi
 
     run(early, kernel_list[:1])
     run(_ranked(table, early)[:TOP_PRESETS], kernel_list[1:])
-    left = timer.deadline - time.perf_counter()
+    left = timer.candidates_until() - time.perf_counter()
     if timer.best is not None and (torch_compile or (torch_compile is None and left >= TORCH_COMPILE_MIN_S)):
         eager = timer.best.row
         candidate = Candidate(eager.preset, eager.kernel, eager.settings, compiled=True)
@@ -360,10 +393,10 @@ def autotune(graph: Graph, presets: Sequence[str | Settings] | None = None, devi
     timer.playoff()
     bar.close()
 
-    if timer.best is None:
+    if timer.winner is None:
         table.elapsed_s = time.perf_counter() - start
         raise RuntimeError(f"autotune: no candidate could be compiled and timed\n{table}")
-    best = timer.best
+    best = timer.winner
     table.best = best.row
     # Undo the timing's training: the initial weights, and no gradients.
     best.module.load_state_dict(best.state)
@@ -455,18 +488,34 @@ class _Finalist:
 
 
 class _Timer:
-    """Runs candidates against the budget and keeps the fastest ones for the playoff."""
+    """Runs candidates against the budget and keeps the fastest ones, and the incumbent
+    (the first timed candidate: ``default``), for the playoff."""
 
     def __init__(self, start: float, budget_s: float, device: torch.device, repeat: int, warmup: int,
                  loss: Callable[[torch.Tensor], torch.Tensor]):
-        self.start, self.deadline = start, start + budget_s
+        self.start, self.deadline, self.budget_s = start, start + budget_s, budget_s
         self.device, self.repeat, self.warmup, self.loss = device, repeat, warmup, loss
         self.finalists: list[_Finalist] = []  # the fastest PLAYOFF candidates, fastest first
+        self.incumbent: _Finalist | None = None  # the first candidate timed: `default` unless it failed
+        self.winner: _Finalist | None = None  # set by playoff()
         self.started = 0
 
     @property
     def best(self) -> _Finalist | None:
+        """The fastest candidate by its own timing so far (what pruning and round 2 go by)."""
         return self.finalists[0] if self.finalists else None
+
+    def entrants(self) -> list[_Finalist]:
+        """The playoff's entrants: the incumbent first, then the finalists in trial order."""
+        rest = sorted((f for f in self.finalists if f is not self.incumbent), key=lambda f: f.index)
+        return ([self.incumbent] if self.incumbent is not None else []) + rest
+
+    def candidates_until(self) -> float:
+        """When candidates stop starting: the deadline less what the playoff of the current
+        entrants will take (at most PLAYOFF_SHARE of the budget)."""
+        round_s = sum(f.row.median_ms for f in self.entrants()) / 1e3
+        playoff_s = max(PLAYOFF_S, (PLAYOFF_MIN_ROUNDS + 1) * round_s) if len(self.entrants()) > 1 else 0.0
+        return self.deadline - min(PLAYOFF_SHARE * self.budget_s, playoff_s)
 
     def run(self, table: AutotuneTable, row: Candidate, graph: Graph, dtype: torch.dtype | None) -> None:
         table.rows.append(row)
@@ -478,9 +527,10 @@ class _Timer:
             return
         now = time.perf_counter()
         needed = self._estimate(table, row)
-        if self.started and now + needed > self.deadline:
+        until = self.candidates_until()
+        if self.started and now + needed > until:
             row.status = "skipped"
-            row.reason = f"budget: needs ~{needed:.1f} s, {max(self.deadline - now, 0):.1f} s left"
+            row.reason = f"budget: needs ~{needed:.1f} s, {max(until - now, 0):.1f} s left"
             return
         self.started += 1
         try:
@@ -502,7 +552,7 @@ class _Timer:
             if row.compiled:
                 step()  # torch.compile works on the first call (forward and backward): its compile time
             row.compile_s = time.perf_counter() - now
-            self._time(row, step)
+            self._time(row, step, until)
         except Exception as error:  # noqa: BLE001 - every failure is recorded, never dropped
             row.status, row.reason = "failed", _reason(error)
             if self.device.type == "cuda":
@@ -511,26 +561,41 @@ class _Timer:
         finally:
             row.seconds = time.perf_counter() - now
         if row.status == "ok":
-            self.finalists.append(_Finalist(row, module, call, state, step, self.started))
+            finalist = _Finalist(row, module, call, state, step, self.started)
+            if self.incumbent is None:
+                self.incumbent = finalist
+            self.finalists.append(finalist)
             self.finalists.sort(key=lambda f: f.row.median_ms)  # stable: ties keep the trial order
             del self.finalists[PLAYOFF:]
 
     def playoff(self) -> None:
-        """Time the finalists again, interleaved, ``repeat`` rounds (as the budget allows,
-        at least one); the lowest median wins, ties to the earlier candidate."""
-        if len(self.finalists) < 2:
+        """Time the entrants again, interleaved in rotating order, and pick the winner with
+        :func:`playoff_winner` (module docstring)."""
+        entrants = self.entrants()
+        if len(entrants) < 2:
+            self.winner = entrants[0] if entrants else None
             return
-        order = sorted(self.finalists, key=lambda f: f.index)
-        times: dict[int, list[float]] = {id(f): [] for f in order}
-        round_s = sum(f.row.median_ms for f in order) / 1e3
-        for k in range(self.repeat):
-            if k and time.perf_counter() + round_s > self.deadline:
+        times: list[list[float]] = [[] for _ in entrants]
+        round_s = sum(f.row.median_ms for f in entrants) / 1e3
+        begin = time.perf_counter()
+        for k in range(PLAYOFF_MAX_ROUNDS + 1):  # round 0 is untimed: caches, allocator, branch history
+            now = time.perf_counter()
+            if k >= PLAYOFF_MIN_ROUNDS + 1 and now - begin >= PLAYOFF_S:
                 break
-            for finalist in order:
-                times[id(finalist)].append(finalist.step())
-        for finalist in order:
-            finalist.row.playoff_ms = statistics.median(times[id(finalist)]) * 1e3
-        self.finalists.sort(key=lambda f: (f.row.playoff_ms, f.index))
+            if k >= 2 and now + round_s > self.deadline:
+                break  # out of budget: at least one timed round
+            for j in range(len(entrants)):
+                i = (j + k) % len(entrants)  # rotating: no entrant always runs right after the same one
+                seconds = entrants[i].step()
+                if k:
+                    times[i].append(seconds)
+        for finalist, steps in zip(entrants, times):
+            finalist.row.playoff_ms = statistics.median(steps) * 1e3
+        pick, p_values = playoff_winner(times[0], times[1:])
+        for finalist, p in zip(entrants[1:], p_values):
+            finalist.row.playoff_p = p
+        self.winner = entrants[0] if pick is None else entrants[1 + pick]
+
 
     def _estimate(self, table: AutotuneTable, row: Candidate) -> float:
         """Seconds ``row`` needs at least: its preset's compile and warm-up + one step where known."""
@@ -570,11 +635,12 @@ class _Timer:
 
         return step
 
-    def _time(self, row: Candidate, step: Callable[[], float]) -> None:
+    def _time(self, row: Candidate, step: Callable[[], float], until: float | None = None) -> None:
+        until = self.deadline if until is None else until
         times: list[float] = []
         steady: list[float] = []  # every step after the first (which pays one-time costs)
         for k in range(self.warmup + self.repeat):
-            if k >= self.warmup and times and time.perf_counter() + times[-1] > self.deadline:
+            if k >= self.warmup and times and time.perf_counter() + times[-1] > until:
                 break  # out of budget: keep what is timed (at least one step)
             seconds = step()
             if k > 0:
@@ -595,3 +661,27 @@ class _Timer:
         row.steps = len(times)
         row.median_ms = statistics.median(times) * 1e3
         row.min_ms, row.max_ms = min(times) * 1e3, max(times) * 1e3
+
+
+def playoff_winner(incumbent: Sequence[float], challengers: Sequence[Sequence[float]],
+                   min_gain: float = PLAYOFF_MIN_GAIN, alpha: float = PLAYOFF_ALPHA) -> tuple[int | None, list[float]]:
+    """The playoff's rule: which challenger (index), if any, replaces the incumbent.
+
+    ``incumbent[k]`` and ``challengers[c][k]`` are step times of round ``k`` (interleaved,
+    so paired). A challenger *wins* round ``k`` when its step is below ``(1 - min_gain)``
+    times the incumbent's; its p-value is the chance of at least that many wins in as many
+    fair coin flips (a one-sided sign test: robust to outliers and to load that shifts whole
+    rounds). Challengers with ``p < alpha`` qualify; the one with the lowest median time
+    wins (ties: the earlier one); none qualifying keeps the incumbent (``None``).
+    Returns the pick and every challenger's p-value.
+    """
+    p_values = []
+    for steps in challengers:
+        pairs = list(zip(incumbent, steps))
+        wins = sum(challenger < (1 - min_gain) * held for held, challenger in pairs)
+        n = len(pairs)
+        p_values.append(sum(math.comb(n, k) for k in range(wins, n + 1)) / 2 ** n if n else 1.0)
+    qualified = [c for c, p in enumerate(p_values) if p < alpha]
+    if not qualified:
+        return None, p_values
+    return min(qualified, key=lambda c: (statistics.median(challengers[c]), c)), p_values
