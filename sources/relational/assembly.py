@@ -28,7 +28,7 @@ from dataclasses import replace
 import numpy as np
 
 from ..graph import NO_WEIGHT, FactLayer, Graph, NeuronLayer, Weight
-from .grounding import Stage
+from .grounding import Stage, target_atoms
 from .joins import unique_keys
 from .plan import TRANSFORMATIONS, Plan
 
@@ -52,11 +52,17 @@ def assemble(plan: Plan, tables: dict, fact_tables: dict, stages: list, targets:
 class _Assembler:
     def __init__(self, plan: Plan, tables: dict, fact_tables: dict, needed: dict, prune: bool):
         self.plan, self.tables, self.fact_tables, self.needed, self.prune = plan, tables, fact_tables, needed, prune
-        self.layers: list = [FactLayer.units("unit", 1)]
-        self.weights = [Weight(w.name, w.value, w.learnable) for w in plan.weights.values()]
+        if "unit" not in plan.memo:   # layers are immutable: every grounding's graph may share this one
+            plan.memo["unit"] = FactLayer.units("unit", 1)
+        self.layers: list = [plan.memo["unit"]]
+        # A Weight holds a private read-only copy of its value, so one made for an earlier grounding with this plan
+        # is shared, not made again.
+        if "weights" not in plan.memo:
+            plan.memo["weights"] = [Weight(w.name, w.value, w.learnable) for w in plan.weights.values()]
+        self.weights = list(plan.memo["weights"])
         self.weight_index = {w.name: i for i, w in enumerate(self.weights)}
         # Where each atom's value is: per table, layer and ordinal of every atom (-1: not built).
-        self.ref = {name: (np.full(t.size, -1, np.int64), np.full(t.size, -1, np.int64)) for name, t in tables.items()}
+        self.ref = {name: tuple(np.full((2, t.size), -1, np.int64)) for name, t in tables.items()}
 
     # -- helpers ---------------------------------------------------------------------------------------------------
     def weight(self, name: str | None) -> int:
@@ -233,10 +239,10 @@ class _Assembler:
             rule_layer, rule_ordinal, rule_weight = inline
         else:
             k = len(literals)
-            in_layer = np.stack([refs[i][0] for i in range(k)], axis=1).reshape(-1)
-            in_ordinal = np.stack([refs[i][1] for i in range(k)], axis=1).reshape(-1)
+            in_layer = _interleaved([refs[i][0] for i in range(k)])
+            in_ordinal = _interleaved([refs[i][1] for i in range(k)])
             weights = [self.weight(plan.rule_weights[(rule.index, i)]) for i in range(k)]
-            in_weight = np.tile(np.asarray(weights, np.int64), n)
+            in_weight = _interleaved(weights, n)
             scalar = [plan.shape[lit.key] == () and lit.weight is None for lit in literals]
             index = self.neurons(name, np.full(n, k), in_layer, in_ordinal, in_weight,
                                  self.weight(offset_name), plan.combination(rule), transformation,
@@ -268,9 +274,8 @@ class _Assembler:
         Returns the stages with each family of rules (see :meth:`keeps_family`) kept whole or taken apart."""
         self.inlining, self._constants = {}, {}
         self.used = {name: np.zeros(t.size, bool) for name, t in self.tables.items()}
-        for name in set(targets["table"]):
-            rows = np.flatnonzero(np.asarray(targets["table"], dtype=object) == name)
-            self.used[name][targets["atom"][rows]] = True
+        for name, _, atoms in target_atoms(targets):
+            self.used[name][atoms] = True
         stages = [Stage(stage.atoms, [part for g in stage.groundings
                                       for part in ([g] if self.keeps_family(g) else g.split()) if part.size],
                         stage.label) if any(g.family for g in stage.groundings) else stage for stage in stages]
@@ -371,7 +376,9 @@ class _Assembler:
         owner, layer, ordinal, weight, rank = [], [], [], [], []
         for g, (heads, agg_layer, agg_ordinal) in rules:   # heads: sorted, some of the atoms; distinct but a family's
             if g.family:  # sorted by head, then rule: per grounding its rule's head weight and template position
-                owner.append(np.searchsorted(atoms, heads))
+                # (alone, it derives every atom here: as many heads as atoms is one grounding per atom, in order)
+                owner.append(np.arange(atoms.size) if len(rules) == 1 and heads.size == atoms.size else
+                             np.searchsorted(atoms, heads))
                 weight.append(np.asarray([self.weight(plan.rule_weights[(r.index, "head")]) for r in g.family],
                                          np.int64)[g.member])
                 rank.append(np.asarray([r.index for r in g.family], np.int64)[g.member])
@@ -421,14 +428,11 @@ class _Assembler:
 
     # -- the graph -------------------------------------------------------------------------------------------------
     def graph(self, targets: dict) -> Graph:
-        tables = targets["table"]
-        out_layer = np.empty(len(tables), np.int64)
-        out_ordinal = np.empty(len(tables), np.int64)
-        names = np.asarray(tables, dtype=object)
-        for name in set(tables):
-            rows = np.flatnonzero(names == name)
-            out_layer[rows] = self.ref[name][0][targets["atom"][rows]]
-            out_ordinal[rows] = self.ref[name][1][targets["atom"][rows]]
+        out_layer = np.empty(targets["atom"].size, np.int64)
+        out_ordinal = np.empty(targets["atom"].size, np.int64)
+        for name, rows, atoms in target_atoms(targets):
+            out_layer[rows] = self.ref[name][0][atoms]
+            out_ordinal[rows] = self.ref[name][1][atoms]
         layers = self.layers
         used_unit = (out_layer == _UNIT).any() or any(
             isinstance(layer, NeuronLayer) and (layer.input_layer == _UNIT).any() for layer in layers)
@@ -437,6 +441,16 @@ class _Assembler:
                       else layer for layer in layers[1:]]
             out_layer = out_layer - 1
         return Graph(layers, self.weights, out_layer, out_ordinal)
+
+
+def _interleaved(columns: list, n: int | None = None) -> np.ndarray:
+    """The edges of neurons with one input from each column, neuron by neuron: ``columns[0][j], columns[1][j], ...``
+    (``np.stack(columns, axis=1).ravel()``; with ``n``, columns are scalars repeated for ``n`` neurons)."""
+    k = len(columns)
+    out = np.empty((len(columns[0]) if n is None else n) * k, np.int64)
+    for i, column in enumerate(columns):
+        out[i::k] = column
+    return out
 
 
 def _distinct_sorted(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -53,6 +53,16 @@ class Vocabulary:
         k = np.minimum(np.searchsorted(self.strings, column), self.strings.size - 1)
         return np.where(self.strings[k] == column, self.n_ints + k, -1).astype(np.int64)
 
+    def encode_constants(self, values: list) -> None:
+        """Encode the constants ``values`` (a template's, say) in two whole-array calls, one for the ints and one for
+        the strings, so that :meth:`encode_one` finds them ready (a value of another type is left to it)."""
+        ints = [v for v in values if type(v) is int and -(1 << 63) <= v < (1 << 63)]
+        strings = [v for v in values if type(v) is str]
+        for kind, group in ((int, ints), (str, strings)):
+            if group:
+                ids = self.encode(np.asarray(group, np.int64) if kind is int else np.asarray(group, str))
+                self._ids.update(zip(((kind, v) for v in group), ids.tolist()))
+
     def encode_one(self, value) -> int:
         value = value.value if isinstance(value, Constant) else value
         key = (type(value), value)   # 1 and "1" (and True) are other constants
@@ -114,11 +124,14 @@ def encode_relation(name: str, relation: Relation, constants: Vocabulary, exampl
             example, args = example[rows], [a[rows] for a in args]
             values = values[rows] if values is not None else None
         (key,) = row_keys([example] + args)
-        if not (key.size < 2 or bool(np.all(key[1:] >= key[:-1]))):  # often sorted already: then nothing to copy
+        distinct_in_order = key.size < 2 or bool(np.all(key[1:] > key[:-1]))   # often: nothing to sort or check
+        if not distinct_in_order and not bool(np.all(key[1:] >= key[:-1])):
             order = np.argsort(key, kind="stable")
             example, args, key = example[order], [a[order] for a in args], key[order]
             values = values[order] if values is not None else None
         value_row = np.arange(key.size, dtype=np.int64)
+        if distinct_in_order:
+            return FactTable(name, example, args, value_row, values, weights)
     table = FactTable(name, example, args, value_row, values, weights)
     check_duplicates(table, constants, examples, key)
     return table

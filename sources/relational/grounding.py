@@ -19,6 +19,7 @@ How it runs (``docs/relational.md`` has the long version):
 from __future__ import annotations
 
 import functools
+import itertools
 import time
 from dataclasses import dataclass, field
 
@@ -212,18 +213,22 @@ class Grounder:
         if unknown:
             raise TemplateError(f"query {unknown[0].describe()}: unknown predicate {unknown[0].key} (known: "
                                 f"{sorted(self.plan.arity)})")
+        asked = frozenset(q.key for q in self.queries)
+        if ("needed", asked) in self.plan.memo:
+            self._needed = self.plan.memo[("needed", asked)]
+            return self._needed
         reads: dict[str, list] = {}
         for r in self.plan.template.rules:
             reads.setdefault(r.head.key, []).extend(lit.key for lit in r.body if not lit.special)
-        needed, frontier = set(), [q.key for q in self.queries]
+        needed, frontier = set(), list(asked)
         while frontier:
             p = frontier.pop()
             if p in needed:
                 continue
             needed.add(p)
             frontier.extend(reads.get(p, ()))
-        self._needed = needed
-        return needed
+        self._needed = self.plan.memo[("needed", asked)] = frozenset(needed)
+        return self._needed
 
     def _ground_predicate(self, predicate: str, rules: list) -> Stage:
         """Ground the rules of a predicate that does not recurse; its atoms become the table named after it."""
@@ -259,7 +264,13 @@ class Grounder:
     def _families(self, rules: list) -> list:
         """``rules`` in runs of consecutive rules with one :meth:`_family_signature` and distinct constants (a
         rule without a signature is a run of its own), e.g. ``W_e emb(A) :- type(A, e)`` for every element ``e``:
-        one family is one selection over ``type`` instead of one per rule."""
+        one family is one selection over ``type`` instead of one per rule. Kept on the plan: it reads the rules only."""
+        memo_key = ("families",) + tuple(rule.index for rule in rules)
+        if memo_key not in self.plan.memo:
+            self.plan.memo[memo_key] = self._find_families(rules)
+        return self.plan.memo[memo_key]
+
+    def _find_families(self, rules: list) -> list:
         groups, signature, constants = [], None, set()
         for rule in rules:
             sig = self._family_signature(rule)
@@ -381,18 +392,17 @@ class Grounder:
 
     # -- queries ---------------------------------------------------------------------------------------------------
     def _resolve_queries(self) -> dict:
-        """Table name and atom id of every output, in query order."""
+        """The outputs, in query order: ``atom`` their atom ids, ``query`` the query each answers, and ``tables``
+        the table of each query's atoms."""
         tables, atoms = [], []
         for q in self.queries:
             table = self.tables.get(self.current.get(q.key, ""))
             if table is None:
                 raise TemplateError(f"query {q.describe()}: nothing derives {q.key} for these examples")
-            ids = self._query_atoms(q, self.encoded(table))
-            tables.append(np.full(ids.size, len(tables)))
-            atoms.append((table.name, ids))
-        names = [name for name, _ in atoms]
-        return {"table": [names[i] for i in np.concatenate(tables).tolist()],
-                "atom": np.concatenate([ids for _, ids in atoms])}
+            atoms.append(self._query_atoms(q, self.encoded(table)))
+            tables.append(table.name)
+        return {"tables": tables, "atom": np.concatenate(atoms),
+                "query": np.repeat(np.arange(len(atoms)), [ids.size for ids in atoms])}
 
     def _query_atoms(self, q: Query, table: Table) -> np.ndarray:
         if q.has_variables:
@@ -478,11 +488,12 @@ class NumpyGrounder(Grounder):
 
     # -- encoding --------------------------------------------------------------------------------------------------
     def _encode(self, relations: dict) -> None:
-        constants = [c for r in relations.values() for c in r.args] + list(self.plan.constant_columns)
-        for q in self.queries:
-            constants += [np.asarray(c) for c in (q.args or ())] + [np.asarray([v]) for v in q.constants()]
-        self.constants = Vocabulary.of([_as_ids(c) for c in constants])
-        example_columns = [_as_ids(r.example) for r in relations.values() if r.example is not None]
+        # A Relation's columns are constant columns already (ints or strings); the queries' and template's are made so.
+        constants = [np.asarray(c) for q in self.queries for c in (q.args or ())]
+        constants += [np.asarray([v]) for q in self.queries for v in q.constants()] + list(self.plan.constant_columns)
+        self.constants = Vocabulary.of([c for r in relations.values() for c in r.args] + [_as_ids(c) for c in constants])
+        self.constants.encode_constants(self.plan.constant_values)   # the rules' constants in two calls, not one each
+        example_columns = [r.example for r in relations.values() if r.example is not None]
         example_columns += [_as_ids(np.asarray(q.example).reshape(-1)) for q in self.queries if q.example is not None]
         self.examples = Vocabulary.of(example_columns) if example_columns else Vocabulary(0, 1, np.zeros(0, str))
         self.scope = self._scope(relations)
@@ -501,7 +512,10 @@ class NumpyGrounder(Grounder):
                 present = [self.examples.encode(_as_ids(r.example)) for r in relations.values() if r.example is not None]
                 return np.unique(np.concatenate(present)) if present else np.zeros(1, np.int64)
             asked.append(self.examples.encode(_as_ids(np.asarray(q.example).reshape(-1))))
-        return np.unique(np.concatenate(asked))
+        asked = np.concatenate(asked)
+        if asked.size > 1 and bool(np.all(asked[1:] > asked[:-1])):   # every example once, in order already
+            return asked
+        return np.unique(asked)
 
     def _template_facts(self) -> dict:
         """Template facts hold in every example; one value row (a learnable embedding, or a unit) per fact."""
@@ -577,6 +591,11 @@ class NumpyGrounder(Grounder):
         head_keys = keys[1:] if facts is not None else keys
         distinct_keys, distinct_columns, sorted_bodies = [], [], []
         for (rule, binding), key, columns in zip(bodies, head_keys, head_columns):
+            if key.size < 2 or bool(np.all(key[1:] > key[:-1])):  # one grounding per head, in order: nothing to sort
+                distinct_keys.append(key)
+                distinct_columns.append(columns)
+                sorted_bodies.append((rule, binding, None))
+                continue
             if binding.member is not None:  # a family: each rule's rows by head (the head fixes its input atom)
                 order = _canonical_order(key, [binding.member], [len(rule)])
             else:
@@ -609,7 +628,7 @@ class NumpyGrounder(Grounder):
             columns = [np.concatenate([c[j] for c in distinct_columns])[first] for j in range(len(parts[0]))]
         n = columns[0].size
         derived, fact_row = np.zeros(n, bool), np.full(n, -1, np.int64)
-        offsets = np.cumsum([0] + [k.size for k in distinct_keys])
+        offsets = list(itertools.accumulate((k.size for k in distinct_keys), initial=0))
         groundings = []
         for r, (rule, binding, group) in enumerate(sorted_bodies):
             if inverse is None:  # one rule: its distinct heads are the atoms
@@ -761,7 +780,7 @@ class NumpyGrounder(Grounder):
         if index is None:
             li, ri = join(left_key, right_key, order, right_unique=unique)
         atom = ri if rows is None else rows[ri]
-        if unique and li.size == binding.size:  # every row matched once: li is 0..n-1, nothing to gather
+        if li is None or (unique and li.size == binding.size):  # every row matched once: nothing to gather
             joined = _Binding(binding.example, dict(binding.vars), dict(binding.ids), dict(binding.tables))
         else:
             joined = binding.take(li)
@@ -776,8 +795,20 @@ class NumpyGrounder(Grounder):
         """The table's rows by one argument column (cached), when each of its constants is in one example."""
         key = ("column", column)
         if key not in table._sorted:
-            table._sorted[key] = ColumnIndex.build(table.args[column], table.example, self.n_constants)
+            table._sorted[key] = self._shared_index(table.args[column], table.example)
         return table._sorted[key]
+
+    def _shared_index(self, column: np.ndarray, example: np.ndarray) -> ColumnIndex | None:
+        """The :class:`ColumnIndex` of these columns: one built for equal columns before (the atoms of successive layers
+        of a GNN are the same nodes, compared whole here), or a new one."""
+        built = self.__dict__.setdefault("_indexes", [])
+        for other_column, other_example, index in built:
+            if other_column.size == column.size and np.array_equal(other_column, column) and \
+                    np.array_equal(other_example, example):
+                return index
+        index = ColumnIndex.build(column, example, self.n_constants)
+        built.append((column, example, index))
+        return index
 
     def _special(self, lit, binding: _Binding) -> np.ndarray:
         def column(term):
@@ -816,10 +847,10 @@ def prune_unreached(stages: list, tables: dict, targets: dict) -> tuple[list, di
     """Keep only the groundings the queries reach, walking the stages from the last one back; also returns, per
     table, which atoms are reached."""
     needed = {name: np.zeros(t.size, bool) for name, t in tables.items()}
-    for name in set(targets["table"]):
-        rows = np.asarray([t == name for t in targets["table"]])
-        needed[name][targets["atom"][rows]] = True
+    for name, _, atoms in target_atoms(targets):
+        needed[name][atoms] = True
     kept = []
+    derived = {name for stage in stages for name in stage.atoms}   # only their atoms are ever dropped
     for stage in reversed(stages):
         groundings = []
         for g in stage.groundings:
@@ -827,12 +858,22 @@ def prune_unreached(stages: list, tables: dict, targets: dict) -> tuple[list, di
             if not reached.all():
                 g = g.take(np.flatnonzero(reached))
             for table, ids in zip(g.input_tables, g.inputs):
-                needed[table][ids] = True
+                if table in derived:
+                    needed[table][ids] = True
             if g.size:
                 groundings.append(g)
         atoms = {name: ids[needed[name][ids]] for name, ids in stage.atoms.items()}
         kept.append(Stage(atoms, groundings, stage.label))
     return kept[::-1], needed
+
+
+def target_atoms(targets: dict):
+    """``(table name, output rows, atom ids)`` of each query's outputs (see :meth:`Grounder._resolve_queries`)."""
+    query, atom = targets["query"], targets["atom"]
+    one = len(targets["tables"]) == 1
+    for k, name in enumerate(targets["tables"]):
+        rows = np.arange(atom.size) if one else np.flatnonzero(query == k)
+        yield name, rows, atom[rows]
 
 
 def template_facts(plan: Plan) -> dict:

@@ -147,12 +147,13 @@ class ColumnIndex:
         return cls(ptr, order, value_example, row)
 
     def join(self, left_example: np.ndarray, left_value: np.ndarray, right_unique: bool = False) -> tuple:
-        """All pairs ``(i, j)`` with equal example and value, ordered as :func:`join` orders them."""
+        """All pairs ``(i, j)`` with equal example and value, ordered as :func:`join` orders them; ``i`` is None when
+        it is every left row once, in order (a unique join that matched everything)."""
         if right_unique:  # a value's example is -1 when no row holds it (and examples are >= 0)
             row = self.row[left_value]
             hit = self.example[left_value] == left_example
             if hit.all():
-                return np.arange(left_value.size), row
+                return None, row
             left = np.flatnonzero(hit)
             return left, row[left]
         start = self.ptr[left_value]

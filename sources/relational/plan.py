@@ -87,14 +87,23 @@ class Plan:
     fact_weights: list = field(default_factory=list)  # per template fact: weight name or None (a unit fact)
     body_shape: dict = field(default_factory=dict)    # rule index -> value shape of its rule neurons
     _labels: dict = field(default_factory=dict, repr=False)
+    # What the grounders derive from the template alone, kept for the next grounding with this plan (the families
+    # of rules, the predicates the queries read): see Grounder._families and Grounder._relevant_predicates.
+    memo: dict = field(default_factory=dict, repr=False)
+
+    @cached_property
+    def constant_values(self) -> list:
+        """The constants written in the template (rules and facts), in template order (repeats included)."""
+        values = [t.value for rule in self.template.rules for lit in [rule.head, *rule.body]
+                  for t in lit.terms if isinstance(t, Constant)]
+        return values + [t.value for fact in self.template.facts for t in fact.terms]
 
     @cached_property
     def constant_columns(self) -> list:
-        """The constants written in the template (rules and facts) as a few columns for the vocabulary: the ints in
-        one, the strings in one, anything else alone (to be refused with its own message)."""
-        values = [t.value for rule in self.template.rules for lit in [rule.head, *rule.body]
-                  for t in lit.terms if isinstance(t, Constant)]
-        values += [t.value for fact in self.template.facts for t in fact.terms]
+        """The constants written in the template as a few columns for the vocabulary: the ints in one, the strings in
+        one, anything else alone (to be refused with its own message)."""
+        values = self.constant_values
+
         def is_int(v) -> bool:
             return isinstance(v, (int, np.integer)) and not isinstance(v, bool) and -(1 << 63) <= v < (1 << 63)
 
