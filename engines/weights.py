@@ -47,12 +47,26 @@ class WeightStore(nn.Module):
                 owner.register_parameter(leaf, nn.Parameter(tensor))
             else:
                 owner.register_buffer(leaf, tensor, persistent=False)
+        self._locate()
+
+    def _locate(self) -> None:
+        # name -> (the submodule that holds it, its last part): the generated forward reads
+        # every weight by name on every call, and walking the dotted path each time cost
+        # ~0.5 µs a weight (MUTAG SAGE reads ten).
+        self._where: dict[str, tuple[nn.Module, str]] = {}
+        for name in self._names:
+            *path, leaf = name.split(".")
+            owner = self
+            for part in path:
+                owner = owner._modules[part]
+            self._where[name] = (owner, leaf)
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        self._locate()  # also for modules pickled before this map existed
 
     def __getitem__(self, name: str) -> torch.Tensor:
-        *path, leaf = name.split(".")
-        owner = self
-        for part in path:
-            owner = owner._modules[part]
+        owner, leaf = self._where[name]
         found = owner._parameters.get(leaf)
         return found if found is not None else owner._buffers[leaf]
 

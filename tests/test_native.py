@@ -329,3 +329,18 @@ def test_compiled_modules_equal_reference_with_kernels_off(preset, graph):
     assume(all_finite(graph))
     with native.disabled():
         assert_equivalent(graph, neurovec.compile(graph, preset, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("reduce", ["gather", *ops.REDUCTIONS])
+def test_constant_indices_are_not_autograd_inputs(backend, reduce):
+    """The eager Functions take their index tensors (and per-edge values) as one tuple, kept on
+    ctx (NOTE: [Lean eager Functions]): the autograd node has one input, ``x``, instead of one
+    slot per constant, which autograd would inspect on every call. Gradients are unchanged."""
+    gs = K.GatherSum.from_index([0, 2, 2, 1, 0], [2, 3], 3, [0.5, 1.5, -1.0, 2.0, 0.25], dtype=F64)
+    ptr, cnt = ptr_of([2, 1]), torch.tensor([2.0, 1.0], dtype=F64)
+    fn = gs if reduce == "gather" else (lambda t: ops.segment_reduce(t, ptr, reduce, cnt))
+    x = torch.randn(3, 2, dtype=F64, requires_grad=True)
+    y = fn(x)
+    if ops.native_ok(x):  # the eager Functions run where the C++ kernels do
+        assert len(y.grad_fn.next_functions) == 1, y.grad_fn.next_functions
+    assert torch.autograd.gradcheck(fn, (x,))
