@@ -29,8 +29,9 @@ def test_short_jobs_are_timed_in_more_rounds_interleaved():
     assert calls == ["a", "b", "b", "a"]  # each in turn starts a round
     calls.clear()
     a, b = grounding._timed(step("a"), 2, step("b"), seconds=0.05)
-    assert len(a) == len(b) >= 10 and calls[:4] == ["a", "b", "b", "a"]
-    assert sum(a) + sum(b) >= 0.05
+    # rounds go on until they have taken the 0.05 s (sleeps overshoot on a loaded machine: count, do not guess)
+    assert len(a) == len(b) > 2 and calls[:4] == ["a", "b", "b", "a"]
+    assert sum(a) + sum(b) >= 0.05 > sum(a[:-1]) + sum(b[:-1])
 
 
 def test_the_ratio_is_the_median_of_each_rounds_ratio():

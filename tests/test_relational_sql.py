@@ -141,3 +141,32 @@ def test_data_for_a_predicate_the_template_defines_is_refused(small_db, source):
     data = _relations(_frames(small_db)) if source == "frames" else _database(small_db)
     with pytest.raises(TemplateError, match="predicate a/1 has facts both in the template and in the data"):
         ground(t, data, R.q)
+
+
+def test_integer_columns_come_back_whole_and_sorted(tmp_path):
+    """SQLite returns an integer result column by column (group_concat), sorted by numpy: the rows, in the order,
+    that ``SELECT ... ORDER BY`` gives; a NULL (which group_concat would skip) is an error, not a shifted column."""
+    from neurovec.sources.relational.sql import SQLGrounder
+    rng = np.random.default_rng(0)
+    rows = rng.integers(-3, 4, (300, 3)).tolist()
+    path = tmp_path / "ints.db"
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE t (a INTEGER, b INTEGER, c INTEGER)")
+    con.executemany("INSERT INTO t VALUES (?, ?, ?)", rows)
+    con.commit()
+    con.close()
+    grounder = SQLGrounder.__new__(SQLGrounder)
+    with Database(path, {}).connect() as grounder.conn:
+        for order in (["a"], ["b", "a"], ["c", "b", "a"]):
+            expected = grounder._execute(f"SELECT a, b, c FROM t ORDER BY {', '.join(order)}").fetchall()
+            got = grounder._ints(["a", "b", "c"], "t", order)
+            if len(order) == 3:   # a total order: the same rows in the same order
+                np.testing.assert_array_equal(got, np.array(expected))
+            else:                 # ties in any order: sorted by the order's columns, the same rows
+                keys = [["a", "b", "c"].index(c) for c in order]
+                np.testing.assert_array_equal(got[:, keys], np.array(expected)[:, keys])
+                assert sorted(map(tuple, got.tolist())) == sorted(map(tuple, expected))
+        assert grounder._ints(["a"], "t WHERE a > 99").shape == (0, 1)
+        grounder._execute("INSERT INTO t VALUES (NULL, 1, 2)")
+        with pytest.raises(TemplateError, match="expected 301 integers in column a of t"):
+            grounder._ints(["a", "b"], "t")

@@ -594,7 +594,7 @@ class NumpyGrounder(Grounder):
             if key.size < 2 or bool(np.all(key[1:] > key[:-1])):  # one grounding per head, in order: nothing to sort
                 distinct_keys.append(key)
                 distinct_columns.append(columns)
-                sorted_bodies.append((rule, binding, None))
+                sorted_bodies.append((rule, binding, None, None))
                 continue
             if binding.member is not None:  # a family: each rule's rows by head (the head fixes its input atom)
                 order = _canonical_order(key, [binding.member], [len(rule)])
@@ -609,12 +609,12 @@ class NumpyGrounder(Grounder):
             if new.all():  # one grounding per head
                 distinct_keys.append(key)
                 distinct_columns.append(columns)
-                sorted_bodies.append((rule, binding, None))
+                sorted_bodies.append((rule, binding, None, None))
                 continue
             starts = np.flatnonzero(new)   # integer gathers: faster than three boolean masks
             distinct_keys.append(key[starts])
             distinct_columns.append([c[starts] for c in columns])
-            sorted_bodies.append((rule, binding, np.cumsum(new) - 1))
+            sorted_bodies.append((rule, binding, np.cumsum(new) - 1, starts))
         if facts is not None:
             distinct_keys.append(keys[0])
             distinct_columns.append(parts[0])
@@ -630,7 +630,7 @@ class NumpyGrounder(Grounder):
         derived, fact_row = np.zeros(n, bool), np.full(n, -1, np.int64)
         offsets = list(itertools.accumulate((k.size for k in distinct_keys), initial=0))
         groundings = []
-        for r, (rule, binding, group) in enumerate(sorted_bodies):
+        for r, (rule, binding, group, starts) in enumerate(sorted_bodies):
             if inverse is None:  # one rule: its distinct heads are the atoms
                 derived[:] = True
                 head = np.arange(n) if group is None else group
@@ -639,6 +639,8 @@ class NumpyGrounder(Grounder):
                 derived[atom] = True
                 head = atom if group is None else atom[group]
             groundings.append(self._groundings(rule, binding, name, head))
+            # where the heads change: known here (the heads' atoms are as distinct as their keys)
+            groundings[-1].head_starts = np.arange(head.size) if starts is None else starts
         if facts is not None:
             fact_row[inverse[offsets[-2]:]] = np.arange(facts.size)
         # The atoms are numbered in the order of their keys: sorted by (example, args).
