@@ -42,6 +42,17 @@ _MULTIPLIERS = tuple(np.uint64(m) for m in (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5
                                             0xD6E8FEB86659FD93, 0xA0761D6478BD642F, 0xE7037ED1A0B428DB))
 _SMALL_KEYS = 1 << 10  # keys below max(4n, this) index a table directly
 _RUN_CHUNK = 1 << 20  # run_block reads the changes this many at a time
+_CHUNK = 1 << 18  # rows (or labels) per chunk of edge-sized work (NOTE: [chunks])
+
+# NOTE: [chunks] At 100x PROTEINS a pass groups 20M labels. Every edge-sized temporary is 160 MB
+# of memory that the compile must take from the kernel unless an earlier temporary left it free,
+# and on the 2-core VM of the committed runs a fresh gigabyte costs 2-3 s (pages zeroed and
+# faulted in); the passes' compute is about linear in the edges, their fresh memory is not (the
+# 100x pipeline took 8.9 s with its heap grown beforehand, 16-18 s without, loaded machine). So
+# the grouping primitives make their per-row temporaries (slots, hashes, comparisons) a chunk
+# of rows at a time, in buffers that stay in the caches and are reused, and hold only their
+# results at full length. Chunks change nothing but the order in which rows are visited:
+# minima, sums and comparisons per row are the same.
 
 
 def mix64(x: np.ndarray) -> np.ndarray:
@@ -62,31 +73,35 @@ def _mix_in_place(x: np.ndarray) -> np.ndarray:
     return x
 
 
-def _first_in_slots(slots: np.ndarray, n_slots: int, table: np.ndarray | None = None) -> np.ndarray:
-    """For every row, the smallest row with the same slot (slots lie in ``[0, n_slots)``);
-    int32 where the rows fit. ``table``: scratch of at least ``n_slots`` entries of that type to
-    fill instead of a fresh one (the rounds of ``first_rows`` share the first round's)."""
-    n = slots.size
+def _first_in_table(keys: np.ndarray, bound: int) -> np.ndarray:
+    """``first_rows`` of small keys (all below ``bound``): a table with a slot per key, filled
+    and read a chunk of rows at a time (NOTE: [chunks])."""
+    n = keys.size
     dtype = np.int32 if n < 2**31 else np.int64
-    if table is None or table.dtype != dtype or table.size < n_slots:
-        table = np.empty(n_slots, dtype=dtype)
-    table = table[:n_slots]
-    table.fill(n)
-    np.minimum.at(table, slots, np.arange(n, dtype=dtype))
-    return table[slots]
+    table = np.full(bound, n, dtype=dtype)
+    for lo in range(0, n, _CHUNK):
+        np.minimum.at(table, keys[lo:lo + _CHUNK], np.arange(lo, min(lo + _CHUNK, n), dtype=dtype))
+    first = np.empty(n, dtype=np.int64)
+    for lo in range(0, n, _CHUNK):
+        first[lo:lo + _CHUNK] = table[keys[lo:lo + _CHUNK]]
+    return first
 
 
 def first_rows(keys: np.ndarray, bound: int | None = None) -> np.ndarray:
     """First-row form of integer ``keys``: ``first[i]`` = the smallest row with key ``keys[i]``.
 
     ``bound``: every key lies in ``[0, bound)`` (small bounds index a table directly).
+
+    Edge-sized work goes a chunk of rows at a time (NOTE: [chunks]): a round computes each chunk's
+    slots twice (once to fill the table, once to read it) rather than keeping an array of all of
+    them, and compares each chunk's keys with their slot's first key in place.
     """
     keys = np.asarray(keys)
     n = keys.size
     if n == 0:
         return np.zeros(0, np.int64)
     if bound is not None and bound <= max(4 * n, _SMALL_KEYS):
-        return _first_in_slots(keys, int(bound)).astype(np.int64, copy=False)
+        return _first_in_table(keys, int(bound))
     words = keys.view(np.uint64) if keys.dtype == np.int64 else keys.astype(np.uint64)
     first = np.arange(n, dtype=np.int64)
     rows = None  # the rows still to place (None: all of them)
@@ -94,27 +109,40 @@ def first_rows(keys: np.ndarray, bound: int | None = None) -> np.ndarray:
     for round_ in itertools.count():
         m = words.size
         bits = max((2 * m - 1).bit_length(), 1)  # at least 2m slots: about a fifth of the rows go again
-        if round_ == 0:
-            slots = _folded_slots(words, bits)
-        else:
-            slots = np.multiply(words, _MULTIPLIERS[round_ % len(_MULTIPLIERS)])  # wraps (unsigned)
-            slots >>= np.uint64(64 - bits)
-        if table is None:
-            table = np.empty(1 << bits, dtype=np.int32 if m < 2**31 else np.int64)
-        local = _first_in_slots(slots.view(np.int64), 1 << bits, table)
-        del slots
-        same = words[local] == words
-        if rows is None:
-            first[same] = local[same]
-        else:
-            first[rows[same]] = rows[local[same]]
-        del local
-        # Rows of another key than their slot's first row: every row of that key is among them.
-        again = np.logical_not(same, out=same)
-        if not again.any():
+        dtype = np.int32 if m < 2**31 else np.int64
+        if table is None or table.dtype != dtype:
+            table = np.empty(1 << bits, dtype=dtype)
+        slot_first = table[:1 << bits]
+        slot_first.fill(m)
+        for lo in range(0, m, _CHUNK):
+            hi = min(lo + _CHUNK, m)
+            np.minimum.at(slot_first, _slots(words[lo:hi], bits, round_), np.arange(lo, hi, dtype=dtype))
+        again = []  # per chunk: rows of another key than their slot's first row
+        for lo in range(0, m, _CHUNK):
+            hi = min(lo + _CHUNK, m)
+            chunk = words[lo:hi]
+            local = slot_first[_slots(chunk, bits, round_)]
+            same = words[local] == chunk
+            if rows is None:
+                first[lo:hi][same] = local[same]
+            else:
+                first[rows[lo:hi][same]] = rows[local[same]]
+            again.append(np.flatnonzero(np.logical_not(same, out=same)) + lo)
+        # Every row of such a key is among them: they try again among themselves.
+        again = np.concatenate(again)
+        if not again.size:
             return first
-        rows = np.flatnonzero(again) if rows is None else rows[again]
+        rows = again if rows is None else rows[again]
         words = words[again]
+
+
+def _slots(words: np.ndarray, bits: int, round_: int) -> np.ndarray:
+    """Slots of a round: folded in the first (``_folded_slots``), hashed in the later ones."""
+    if round_ == 0:
+        return _folded_slots(words, bits).view(np.int64)
+    slots = np.multiply(words, _MULTIPLIERS[round_ % len(_MULTIPLIERS)])  # wraps (unsigned)
+    slots >>= np.uint64(64 - bits)
+    return slots.view(np.int64)
 
 
 def _folded_slots(words: np.ndarray, bits: int) -> np.ndarray:
@@ -248,15 +276,26 @@ def expand_segments(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
 
 
 def _multiset_hashes(labels: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """Per segment: the count and the wrapping sum of the mixed labels (order-independent)."""
+    """Per segment: the count and the wrapping sum of the mixed labels (order-independent).
+
+    The labels are mixed and summed a run of whole segments at a time (about ``_CHUNK`` labels;
+    NOTE: [chunks]): no mixed copy of all of them."""
     n = counts.size
     sums = np.zeros(n, np.uint64)
-    nonempty = counts > 0
     if labels.size:
-        starts = np.cumsum(counts) - counts
-        mixed = _mix_in_place(labels.astype(np.uint64))
-        with np.errstate(over="ignore"):
-            sums[nonempty] = np.add.reduceat(mixed, starts[nonempty])
+        ends = np.cumsum(counts)
+        starts = ends - counts
+        # Chunks of whole segments: a chunk starts at the first segment starting at or after a
+        # multiple of _CHUNK labels.
+        cuts = np.unique(np.searchsorted(starts, np.arange(0, labels.size, _CHUNK)))
+        cuts = np.append(cuts[cuts < n], n)
+        for s0, s1 in zip(cuts[:-1], cuts[1:]):
+            lo, hi = starts[s0], ends[s1 - 1]
+            nonempty = np.flatnonzero(counts[s0:s1] > 0)
+            if nonempty.size:
+                mixed = _mix_in_place(labels[lo:hi].astype(np.uint64))
+                with np.errstate(over="ignore"):
+                    sums[s0 + nonempty] = np.add.reduceat(mixed, starts[s0 + nonempty] - lo)
     with np.errstate(over="ignore"):
         sums ^= _mix_in_place(counts.astype(np.uint64) + np.uint64(0x51ED))
         return _mix_in_place(sums)

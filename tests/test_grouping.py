@@ -146,3 +146,22 @@ def test_stable_order_is_a_stable_argsort(bound):
         keys = rng.integers(0, bound, n)
         keys[rng.integers(0, max(n, 1), n // 2)] = keys[rng.integers(0, max(n, 1), n // 2)] if n else keys[:0]
         assert np.array_equal(grouping.stable_order(keys, bound), np.argsort(keys, kind="stable"))
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 64])
+def test_chunks_change_nothing(monkeypatch, chunk):
+    """first_rows (both tables, every round) and the multiset hashes work a chunk of rows at a time
+    (NOTE: [chunks]): with chunks of a few rows, the same first rows as plain Python and the same
+    hashes as one chunk of everything; segments longer than a chunk, and empty ones, included."""
+    rng = np.random.default_rng(chunk)
+    counts = rng.integers(0, 2 * chunk + 3, size=300)
+    labels = rng.integers(0, 40, size=counts.sum())
+    whole = grouping._multiset_hashes(labels, counts)
+    keys = rng.integers(0, 50, size=700)
+    structured = (np.arange(700, dtype=np.int64) % 90) << 40  # several hashed rounds
+    monkeypatch.setattr(grouping, "_CHUNK", chunk)
+    assert np.array_equal(grouping._multiset_hashes(labels, counts), whole)
+    for k, bound in ((keys, 50), (keys * 2**33, None), (structured, None)):
+        assert first_rows(k, bound).tolist() == python_first(k.tolist())
+    segments = np.split(labels, np.cumsum(counts)[:-1])
+    assert first_equal_multisets(labels, counts).tolist() == python_first([tuple(sorted(s)) for s in segments])
