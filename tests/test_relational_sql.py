@@ -167,6 +167,13 @@ def test_integer_columns_come_back_whole_and_sorted(tmp_path):
                 np.testing.assert_array_equal(got[:, keys], np.array(expected)[:, keys])
                 assert sorted(map(tuple, got.tolist())) == sorted(map(tuple, expected))
         assert grounder._ints(["a"], "t WHERE a > 99").shape == (0, 1)
+        # a column longer than SQLite's longest string: read row by row instead
+        raw = grounder.conn.connection.driver_connection
+        longest = raw.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, 100)
+        try:
+            np.testing.assert_array_equal(grounder._ints(["a", "b", "c"], "t", ["c", "b", "a"]), np.array(expected))
+        finally:
+            raw.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, longest)
         grounder._execute("INSERT INTO t VALUES (NULL, 1, 2)")
         with pytest.raises(TemplateError, match="expected 301 integers in column a of t"):
             grounder._ints(["a", "b"], "t")

@@ -133,8 +133,9 @@ class _Assembler:
         """Fact neurons of every needed atom that no rule derives: one layer per predicate with values, the unit
         neuron for unit facts, an embedding layer (unit times a learnable weight) for weighted template facts."""
         by_predicate: dict[str, list] = {}
-        for name, table in self.tables.items():
-            wanted = np.flatnonzero(self.used[name] & ~table.derived & (table.fact_row >= 0))
+        for name, used in self.used.items():
+            table = self.tables[name]
+            wanted = np.flatnonzero(used & ~table.derived & (table.fact_row >= 0))
             if wanted.size:
                 by_predicate.setdefault(table.predicate, []).append((name, wanted))
         for predicate, parts in by_predicate.items():
@@ -273,9 +274,11 @@ class _Assembler:
         """Decide per rule which neurons are inlined (see :meth:`inlining_mode`), and so which atoms are read.
         Returns the stages with each family of rules (see :meth:`keeps_family`) kept whole or taken apart."""
         self.inlining, self._constants = {}, {}
-        self.used = {name: np.zeros(t.size, bool) for name, t in self.tables.items()}
+        # Which atoms are read, kept for the tables of predicates with facts: only their facts need neurons here.
+        self.used = {name: np.zeros(t.size, bool) for name, t in self.tables.items() if t.predicate in self.fact_tables}
         for name, _, atoms in target_atoms(targets):
-            self.used[name][atoms] = True
+            if name in self.used:
+                self.used[name][atoms] = True
         stages = [Stage(stage.atoms, [part for g in stage.groundings
                                       for part in ([g] if self.keeps_family(g) else g.split()) if part.size],
                         stage.label) if any(g.family for g in stage.groundings) else stage for stage in stages]
@@ -285,7 +288,8 @@ class _Assembler:
                 self.inlining[id(g)] = mode
                 read = range(len(g.inputs)) if mode is None else [mode[1]]
                 for i in read:
-                    self.used[g.input_tables[i]][g.inputs[i]] = True
+                    if g.input_tables[i] in self.used:
+                        self.used[g.input_tables[i]][g.inputs[i]] = True
         return stages
 
     def keeps_family(self, g) -> bool:

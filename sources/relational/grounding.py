@@ -438,7 +438,7 @@ class Grounder:
                                     "examples")
         keys_table, keys_probe = row_keys([table.example] + table.args,
                                           [np.maximum(example, 0)] + [np.maximum(a, 0) for a in args])
-        found = lookup(keys_table, keys_probe)
+        found = lookup(keys_table, keys_probe, np.arange(table.size) if table.in_order else None)   # sorted keys
         bad = (found < 0) | (example < 0)
         for a in args:
             bad |= a < 0

@@ -139,11 +139,20 @@ class SQLGrounder(Grounder):
 
         On SQLite each column comes back whole, as one string of ``group_concat`` that numpy parses, not as a
         Python tuple per row; numpy then sorts the rows. One aggregate reads every row once for all its columns,
-        so they stay aligned whatever order SQLite reads the rows in."""
-        if self.conn.dialect.name != "sqlite":
-            rows = self._execute(f"SELECT {', '.join(columns)} FROM {source}" +
-                                 (f" ORDER BY {', '.join(order)}" if order else ""), params).cursor.fetchall()
-            return np.array(rows, dtype=np.int64).reshape(len(rows), len(columns))
+        so they stay aligned whatever order SQLite reads the rows in. A column longer than SQLite's longest string
+        (``SQLITE_MAX_LENGTH``, a billion bytes by default), and other databases, take the rows."""
+        if self.conn.dialect.name == "sqlite":
+            from sqlalchemy.exc import DBAPIError
+            try:
+                return self._ints_by_column(columns, source, order, params)
+            except DBAPIError as error:
+                if "too big" not in str(error):
+                    raise
+        rows = self._execute(f"SELECT {', '.join(columns)} FROM {source}" +
+                             (f" ORDER BY {', '.join(order)}" if order else ""), params).cursor.fetchall()
+        return np.array(rows, dtype=np.int64).reshape(len(rows), len(columns))
+
+    def _ints_by_column(self, columns: list, source: str, order: list, params: dict | None) -> np.ndarray:
         aggregates = ", ".join(f"group_concat({column}, ',')" for column in columns)
         n, *texts = self._execute(f"SELECT COUNT(*), {aggregates} FROM {source}", params).cursor.fetchone()
         out = np.empty((n, len(columns)), np.int64)
