@@ -34,7 +34,7 @@ import math
 
 import numpy as np
 
-__all__ = ["first_rows", "first_equal_rows", "first_equal_multisets", "representatives", "all_distinct",
+__all__ = ["row_dtype", "first_rows", "first_equal_rows", "first_equal_multisets", "representatives", "all_distinct",
            "mix64", "row_hashes", "expand_segments", "dense_ranks", "stable_order", "is_identity", "run_block"]
 
 # Odd 64-bit multipliers (from splitmix64 and the golden ratio) for the rounds of slot hashing.
@@ -73,18 +73,21 @@ def _mix_in_place(x: np.ndarray) -> np.ndarray:
     return x
 
 
+def row_dtype(n: int):
+    """The integer type of row numbers below ``n`` (and of first-row forms of ``n`` rows): int32
+    where they fit, half the memory of int64."""
+    return np.int32 if n < 2**31 else np.int64
+
+
 def _first_in_table(keys: np.ndarray, bound: int) -> np.ndarray:
     """``first_rows`` of small keys (all below ``bound``): a table with a slot per key, filled
     and read a chunk of rows at a time (NOTE: [chunks])."""
     n = keys.size
-    dtype = np.int32 if n < 2**31 else np.int64
+    dtype = row_dtype(n)
     table = np.full(bound, n, dtype=dtype)
     for lo in range(0, n, _CHUNK):
         np.minimum.at(table, keys[lo:lo + _CHUNK], np.arange(lo, min(lo + _CHUNK, n), dtype=dtype))
-    first = np.empty(n, dtype=np.int64)
-    for lo in range(0, n, _CHUNK):
-        first[lo:lo + _CHUNK] = table[keys[lo:lo + _CHUNK]]
-    return first
+    return table[keys]
 
 
 def first_rows(keys: np.ndarray, bound: int | None = None) -> np.ndarray:
@@ -99,17 +102,19 @@ def first_rows(keys: np.ndarray, bound: int | None = None) -> np.ndarray:
     keys = np.asarray(keys)
     n = keys.size
     if n == 0:
-        return np.zeros(0, np.int64)
+        return np.zeros(0, row_dtype(0))
     if bound is not None and bound <= max(4 * n, _SMALL_KEYS):
         return _first_in_table(keys, int(bound))
-    words = keys.view(np.uint64) if keys.dtype == np.int64 else keys.astype(np.uint64)
-    first = np.arange(n, dtype=np.int64)
+    # Equal keys, equal words: an integer's bytes as the unsigned type of its width (no copy).
+    words = keys.view(f"u{keys.itemsize}") if keys.dtype.kind in "iu" and keys.itemsize in (4, 8) \
+        else keys.astype(np.uint64)
+    first = np.arange(n, dtype=row_dtype(n))
     rows = None  # the rows still to place (None: all of them)
     table = None  # the slot table: made in the first round, reused by the (smaller) later ones
     for round_ in itertools.count():
         m = words.size
         bits = max((2 * m - 1).bit_length(), 1)  # at least 2m slots: about a fifth of the rows go again
-        dtype = np.int32 if m < 2**31 else np.int64
+        dtype = row_dtype(m)
         if table is None or table.dtype != dtype:
             table = np.empty(1 << bits, dtype=dtype)
         slot_first = table[:1 << bits]
@@ -206,8 +211,9 @@ def dense_ranks(keys: np.ndarray, bound: int) -> tuple[np.ndarray, np.ndarray, n
     ``np.unique(keys, return_inverse=True, return_counts=True)`` by counting instead of sorting."""
     occurrences = np.bincount(keys, minlength=bound)
     values = np.flatnonzero(occurrences)
-    position = np.cumsum(occurrences > 0) - 1
-    return values, position[keys], occurrences[values]
+    position = np.cumsum(occurrences > 0, dtype=row_dtype(values.size))
+    position -= 1
+    return values.astype(row_dtype(bound), copy=False), position[keys], occurrences[values]
 
 
 def stable_order(keys: np.ndarray, bound: int) -> np.ndarray:
@@ -217,11 +223,13 @@ def stable_order(keys: np.ndarray, bound: int) -> np.ndarray:
     order = None
     shift = 0
     while True:
-        digit = ((keys >> shift) & 0xFFFF).astype(np.uint16)
+        digit = np.right_shift(keys, shift).astype(np.uint16)  # the low 16 bits of what is left
         if order is None:
             order = np.argsort(digit, kind="stable")
         else:
             order = order[np.argsort(digit[order], kind="stable")]
+        del digit
+        order = order.astype(row_dtype(keys.size), copy=False)
         shift += 16
         if bound <= 1 << shift:
             return order
@@ -326,7 +334,9 @@ def first_equal_multisets(labels: np.ndarray, counts: np.ndarray, bound: int | N
     """
     counts = np.asarray(counts, dtype=np.int64)
     n = counts.size
-    labels = np.asarray(labels, dtype=np.int64)
+    labels = np.asarray(labels)
+    if labels.dtype.kind not in "iu":
+        labels = labels.astype(np.int64)
     if bound is None:
         bound = int(labels.max(initial=0)) + 1
     if up_to_scale and labels.size:

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..grouping import first_equal_multisets, first_equal_rows, first_rows, representatives
+from ..grouping import first_equal_multisets, first_equal_rows, first_rows, representatives, row_dtype
 from ..ir import Node, Op, Program, linear_grid
 from ..settings import Settings
 from .upward import SHRINK, Editor, RowPlanner, linear_side_rows, source_rows
@@ -67,9 +67,10 @@ def _pair(a: np.ndarray, a_bound: int, b: np.ndarray, b_bound: int) -> tuple[np.
     if a_bound * b_bound >= _PAIR_LIMIT:
         a, a_bound = first_rows(a, a_bound), a.size
         b, b_bound = first_rows(b, b_bound), b.size
-    pairs = np.multiply(a, b_bound, dtype=np.int64)
+    bound = max(a_bound * b_bound, 1)
+    pairs = np.multiply(a, b_bound, dtype=row_dtype(bound - 1))  # int32 where every pair fits
     pairs += b
-    return pairs, max(a_bound * b_bound, 1)
+    return pairs, bound
 
 
 @dataclass(frozen=True)
@@ -166,7 +167,7 @@ class RowIds:
                 if known.first is not None:
                     self.firsts[name] = known.first
             elif self.known_distinct(name):
-                every_row_its_own = np.arange(node.count, dtype=np.int64)
+                every_row_its_own = np.arange(node.count, dtype=row_dtype(node.count))
                 self.memo[name] = every_row_its_own, max(node.count, 1)
                 self.firsts[name] = every_row_its_own
             else:
@@ -289,9 +290,10 @@ class RowIds:
             return ids[source_rows(node, None, e.constants)], bound
         if node.op is Op.CONCAT:
             parts, offset = [], 0
+            total = sum(self.labels(s)[1] for s in node.srcs)
             for s in node.srcs:
                 ids, bound = self.labels(s)
-                parts.append(ids + offset)
+                parts.append(ids.astype(row_dtype(total), copy=False) + offset)
                 offset += bound
             return (np.concatenate(parts) if parts else np.zeros(0, np.int64)), max(offset, 1)
         if node.op is Op.TRANSFORM:
@@ -320,7 +322,7 @@ class RowIds:
             return self._weight_ids(node)
         if node.op is Op.FACT and self.fact_values and node.attrs.get("fact_layer") not in self.dynamic:
             return first_equal_rows(e.constants[node.attrs["const"]]), max(node.count, 1)
-        return np.arange(node.count, dtype=np.int64), max(node.count, 1)  # FACT: every row its own
+        return np.arange(node.count, dtype=row_dtype(node.count)), max(node.count, 1)  # FACT: every row its own
 
     def _weight_ids(self, node: Node) -> tuple[np.ndarray, int]:
         """Rows naming the same weight are equal (an upward fold may name a weight twice)."""

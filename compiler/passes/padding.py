@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..grouping import dense_ranks, is_identity, stable_order
+from ..grouping import dense_ranks, is_identity, row_dtype, stable_order
 from ..ir import Node, Op, Program
 from ..settings import Settings
 from .linear_broadcast import NodeEditor, SideRows, best_layout, full_layout, resolve_rows, side_node
@@ -99,14 +99,18 @@ def _grouped(groups: _Groups, other: np.ndarray, subsequence: bool, max_rows: in
         return None
     start = np.cumsum(span) - span
     order = groups.order
+    dtype = row_dtype(max(rows, group.size))  # int32 where the rows fit: these are edge-sized
     if rows == group.size:  # every group fills its blocks exactly: no padding, just the group order
-        position = np.empty(group.size, dtype=np.int64)
-        position[order] = np.arange(group.size)
+        position = np.empty(group.size, dtype=dtype)
+        position[order] = np.arange(group.size, dtype=dtype)
         return position, rows, np.repeat(values, counts), other[order]
     first = np.cumsum(counts) - counts  # where each group starts in `order`
     # The k-th row in group order is row k - first[g] of its group g: at start[g] + k - first[g].
-    position = np.empty(group.size, dtype=np.int64)
-    position[order] = np.arange(group.size) + np.repeat(start - first, counts)
+    position = np.empty(group.size, dtype=dtype)
+    shifted = np.repeat((start - first).astype(dtype), counts)
+    shifted += np.arange(group.size, dtype=dtype)
+    position[order] = shifted
+    del shifted
     # Padding rows repeat the group's first real row: a real, finite pair, read by nobody.
     new_other = np.repeat(other[order[first]], span)
     new_other[position] = other
@@ -118,7 +122,7 @@ def _grid(w: _Groups, x: _Groups, max_rows: int) -> tuple[np.ndarray, ...] | Non
     rows = w.values.size * x.values.size
     if rows > max_rows:
         return None
-    position = w.group * x.values.size + x.group
+    position = w.group.astype(row_dtype(rows)) * x.values.size + x.group
     return position, rows, np.repeat(w.values, x.values.size), np.tile(x.values, w.values.size)
 
 
@@ -130,7 +134,7 @@ def plan_rows(w: SideRows, x: SideRows, strategies, max_rows: int) -> list[RowPl
 def iter_plans(w: SideRows, x: SideRows, strategies, max_rows: int):
     """``plan_rows`` one plan at a time (each holds a few arrays as long as the LINEAR)."""
     n = len(w.index)
-    yield RowPlan("none", n, np.arange(n), w.index, x.index)
+    yield RowPlan("none", n, np.arange(n, dtype=row_dtype(n)), w.index, x.index)
     groups: dict[str, _Groups] = {}
 
     def by(side: str) -> _Groups:  # each side's grouping once, shared by the strategies
@@ -199,7 +203,8 @@ def _reindex_readers(editor: NodeEditor, linear: Node, plan: RowPlan, readers: l
         offset = sum(nodes[s].count for s in reader.srcs[:reader.srcs.index(linear.name)])
         n, grown = linear.count, plan.rows - linear.count
         new_position = np.arange(reader.count, dtype=np.int64)
-        new_position[offset:offset + n] = offset + plan.position
+        new_position[offset:offset + n] = plan.position
+        new_position[offset:offset + n] += offset
         new_position[offset + n:] += grown
         editor.replace(reader.name, [reader.with_(count=reader.count + grown)])
         for gather_name in dict.fromkeys(users[reader.name]):
