@@ -124,3 +124,27 @@ def test_random_graphs_equal_reference(graph):
     assume(all_finite(graph))
     assert_equivalent(graph, neurovec.compile(graph, Settings.preset("unoptimized", fold_constants=True),
                                               dtype=torch.float64))
+
+
+def test_folded_reduction_in_chunks_is_bit_identical(monkeypatch, tu_dir):
+    """A folded reduction over gathered facts is computed a run of segments at a time (NOTE:
+    [folding in chunks]): with runs of a few hundred rows, every constant of the program is
+    byte for byte the one of the whole evaluation (PROTEINS GCN, its first aggregation)."""
+    import numpy as np
+
+    from neurovec import datasets
+    from neurovec.compiler import Settings, build_program
+    from neurovec.compiler.passes import fold_constants as fc
+    data = datasets.load_tu("PROTEINS", tu_dir, download=False)
+    graph = datasets.gcn(data, samples=np.arange(200))
+    settings = Settings.preset("default", verify=False)
+    whole = build_program(graph, settings)
+    calls = []
+    chunked = fc._in_chunks
+    monkeypatch.setattr(fc, "_in_chunks", lambda sub, name: calls.append(name) or chunked(sub, name))
+    monkeypatch.setattr(fc, "CHUNK_ROWS", 300)
+    pieces = build_program(graph, settings)
+    assert calls and str(pieces) == str(whole)
+    assert pieces.constants.keys() == whole.constants.keys()
+    for key, array in whole.constants.items():
+        assert pieces.constants[key].dtype == array.dtype and pieces.constants[key].tobytes() == array.tobytes(), key
