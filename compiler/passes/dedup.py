@@ -68,7 +68,7 @@ def _pair(a: np.ndarray, a_bound: int, b: np.ndarray, b_bound: int) -> tuple[np.
         a, a_bound = first_rows(a, a_bound), a.size
         b, b_bound = first_rows(b, b_bound), b.size
     bound = max(a_bound * b_bound, 1)
-    pairs = np.multiply(a, b_bound, dtype=row_dtype(bound - 1))  # int32 where every pair fits
+    pairs = np.multiply(a, b_bound, dtype=row_dtype(bound))  # int32 where every pair (and b_bound) fits
     pairs += b
     return pairs, bound
 
