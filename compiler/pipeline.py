@@ -21,7 +21,8 @@ from .allocation import reusing_freed_memory
 from .ir import IRError, Program
 from .passes import (broadcast_adds, cleanup, coefficients, compose_gathers, compose_sums, dedup, dedup_facts, fold_constants,
                      fuse_fact_products, iso_compression, join_sums, kernels, linear_broadcast, padding, reorder_linear, segments,
-                     simplify_gathers, split_products, sum_parts, unit_facts, unstack_weights, upward)
+                     simplify_gathers, split_products, stack_products, sum_parts, unit_facts, unstack_weights,
+                     upward)
 from .settings import Settings
 from .vectorizer import vectorize
 
@@ -100,6 +101,8 @@ PIPELINE: list[tuple[str, Callable[[Settings], bool], Pass]] = [
      compose_gathers.compose_gathers),
     # The compositions move biases past sums: two one-row additions in a row become one.
     ("merge_row_adds", lambda s: s.broadcast_adds, broadcast_adds.merge_row_adds),
+    # Products of one value that a sparse sum reads side by side (SAGE's last layer): one GEMM.
+    ("stack_products", lambda s: s.stack_products, stack_products.stack_products),
     # Last: a hint for the code generator on the final products.
     ("fuse_fact_products", lambda s: s.fuse_fact_products, fuse_fact_products.fuse_fact_products),
 ]

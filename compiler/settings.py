@@ -114,6 +114,10 @@ class Settings(BaseModel):
         True, description="A sum or mean of a fused sparse sum's rows (GCN's readout of its last layer) as one "
                           "sparse sum over the product of both matrices, where that has no more entries than the two.")
 
+    stack_products: bool = Field(
+        True, description="Shared-weight products of one value that a sparse sum or gather reads side by side "
+                          "(GraphSAGE's last layer) as one GEMM against the stacked weights.")
+
     fuse_fact_products: bool = Field(
         True, description="A sum of two shared-weight products of static facts (GraphSAGE's first layer) as one "
                           "GEMM over the facts side by side.")
@@ -136,7 +140,7 @@ _ALL_OFF = dict(
     transposed_reductions=False, remove_identity=False, preconcatenate=False, remove_unused=False,
     reduce_coefficients=False, unstack_weights=False, split_products=False, sum_parts=False,
     reorder_linear=False, fold_constants=False, broadcast_adds=False, compose_gathers=False,
-    join_sums=False, compose_sums=False, fuse_fact_products=False,
+    join_sums=False, compose_sums=False, stack_products=False, fuse_fact_products=False,
     reduce_kernel="scatter",
 )
 

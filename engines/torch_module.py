@@ -90,6 +90,8 @@ def _expression(node: Node, nodes: dict[str, Node], rows: dict[str, str] | None 
             return f"torch.stack([{parts}]).index_select(0, self.wsel_{node.name})"
         return f"torch.stack([{parts}])"
     if node.op is Op.CONCAT:
+        if all(s in rows for s in names):  # one-row values (weights): stacked as rows
+            return f"torch.stack([{', '.join(rows[s] for s in names)}])"
         return f"torch.cat([{', '.join(names)}])"
     if node.op is Op.GATHER:
         if _single_element(srcs[0]):
@@ -160,8 +162,12 @@ def _side_by_side(node: Node, rows: dict[str, str]) -> bool:
 
 def _side_by_side_weight(node: Node, rows: dict[str, str]) -> str:
     """The weights of a side-by-side product as one matrix: their transposes stacked, a
-    row-major right side (NOTE: [weight gradient layout])."""
-    return f"torch.cat([{', '.join(f'{rows[w]}.T' for w in node.attrs['hcat_weights'])}])"
+    row-major right side (NOTE: [weight gradient layout]); below a thousand rows, where the
+    layout costs nothing, the weights side by side and transposed once (one op fewer)."""
+    weights = [rows[w] for w in node.attrs["hcat_weights"]]
+    if node.count < _ROW_MAJOR_ROWS:
+        return f"torch.cat([{', '.join(weights)}], 1).T"
+    return f"torch.cat([{', '.join(f'{w}.T' for w in weights)}])"
 
 
 def _side_by_side_replaces(node: Node, nodes: dict[str, Node]) -> dict[str, str]:
@@ -195,6 +201,11 @@ def _linear(node: Node, w: Node, x: Node) -> str:
         if kind == "matmul" and len(x.shape) == 1:
             return f"{w.name} @ {x.name}[0]"
         return _product(kind, w.name, w.shape, x.name, x.shape, 1)
+    if kind == "matmul" and w_layout == "tile" and x_layout == "interleave" and len(w.shape) == 2 \
+            and len(x.shape) == 1:
+        # Row e * c + k is W_k x_e: the (n, c * o) product read row-major (compiler/passes/stack_products.py).
+        (c, (o, i)), n = (w.count, w.shape), x.count
+        return f"({x.name} @ {w.name}.view({c * o}, {i}).T{_contiguous((c * o, i), n)}).view({c * n}, {o})"
     g1, g2 = linear_grid(node, w, x)
     views = {"full": f"{g1}, {g2}", "tile": f"1, {g2}", "interleave": f"{g1}, 1"}
 
@@ -231,7 +242,11 @@ def _contiguous(w_shape: tuple, rows: int) -> str:
     if len(w_shape) != 2:
         return ""
     out, inputs = w_shape
-    return ".contiguous()" if 2 <= inputs < 16 and out >= 2 and rows >= 1000 else ""
+    return ".contiguous()" if 2 <= inputs < 16 and out >= 2 and rows >= _ROW_MAJOR_ROWS else ""
+
+
+#: From this many rows on, a product's weight gradient is faster from a row-major right side.
+_ROW_MAJOR_ROWS = 1000
 
 
 def _row_values(program: Program, nodes: dict[str, Node]) -> dict[str, str]:
@@ -274,6 +289,8 @@ def _row_product(node: Node, nodes: dict[str, Node]) -> str | None:
 def _takes_row(reader: Node, value: Node, rows: dict[str, str]) -> bool:
     if reader.name in rows:  # a product of two rows, itself kept as a row
         return True
+    if reader.op is Op.CONCAT:  # a stack of rows (all of them kept as rows)
+        return all(s in rows for s in reader.srcs)
     if reader.op is Op.ADD:
         x, b = reader.srcs
         return b == value.name and x != value.name and value.shape in ((), reader.shape)
