@@ -51,8 +51,8 @@ def test_generated_code_uses_weights_in_place(tu_dir):
     assert_equivalent(graph, module)
 
 
-def test_single_weight_read_by_an_op_that_needs_its_axis():
-    """A single weight that a CONCAT reads keeps its leading axis (no row in place)."""
+def test_single_weights_stacked_by_a_concat():
+    """Single weights that a CONCAT reads are stacked as rows (no ``torch.stack([w])`` each, then a cat)."""
     b = Builder()
     b.weights("A", (2,))
     b.weights("C", (2,))
@@ -62,7 +62,8 @@ def test_single_weight_read_by_an_op_that_needs_its_axis():
     b.add("z", "y", "A")                        # A is also read as a bias: still not a row
     program = b.build("z")
     module = CompiledModule(program, torch.float64)
-    assert "torch.stack([w['A0']])" in module.code
+    assert "cat = torch.stack([w['A0'], w['C0']])" in module.code and "torch.cat" not in module.code
+    assert "z = y + w['A0']" in module.code
     assert_same_function(program, program)
 
 
