@@ -34,9 +34,13 @@ import math
 import statistics
 from pathlib import Path
 
+from ..compiler.settings import Settings
+
 __all__ = ["write", "markdown", "best_preset", "fastest_pyg", "headline_rows", "pyg_rows", "limit_rows",
            "neuralogic_rows", "scaling_rows", "TARGETS", "NEURALOGIC_TARGET", "bandwidth"]
 
+#: autotune's name for the configuration the ``default`` engine runs (preset / reduce kernel)
+DEFAULT_CONFIGURATION = f"default/{Settings.preset('default').reduce_kernel}"
 TARGETS = {"labels": 2.0, "continuous": 1.5}  # headline speed-up over the fastest PyG contender, per step
 NEURALOGIC_TARGET = 5.0  # neurovec vs NeuraLogic, per epoch (= one full-batch training step)
 USABLE = ("ok", "unchecked")
@@ -62,6 +66,11 @@ def _median(record: dict | None, lap: str = "step") -> float | None:
     if not record:
         return None
     return record.get("stats", {}).get(lap, {}).get("median")
+
+
+def _timed(record: dict, lap: str = "step") -> list[float]:
+    """A record's timed iterations (its warm-up left out); the median of these is ``stats[lap]``."""
+    return record["raw"][lap][record.get("warmup", 0):]
 
 
 def _usable(record: dict) -> bool:
@@ -104,8 +113,9 @@ def headline_rows(results: dict) -> list[dict]:
     """Per template task with a PyG contender: neurovec as a user gets it against the fastest PyG contender.
 
     ``speedup`` (> 1: neurovec is faster) is the better of the ``default`` preset and
-    autotune's pick, both timed in the run; ``best`` is the best preset picked after
-    timing, reported apart.
+    autotune's pick, both timed in the run; where autotune kept ``default``, the two
+    timings are of one program and are pooled instead. ``best`` is the best preset picked
+    after timing, reported apart.
     """
     rows = []
     for group in _template_groups(results):
@@ -123,8 +133,13 @@ def headline_rows(results: dict) -> list[dict]:
                "best": best["engine"] if best else None, "best_step": _median(best),
                "best_speedup": _ratio(pyg_step, _median(best)),
                "unchecked": any(r and r["status"] != "ok" for r in (pyg, default, tuned))}
-        choices = [x for x in (row["default_speedup"], row["autotune_speedup"]) if x is not None]
-        row["speedup"] = max(choices, default=None)
+        if row["autotune"] == DEFAULT_CONFIGURATION and default and tuned:
+            # autotune kept `default`: one program timed twice. The faster of two timings of the
+            # same thing is a best-of-2 of noise, so the headline takes both timings pooled.
+            row["speedup"] = _ratio(pyg_step, statistics.median(_timed(default) + _timed(tuned)))
+        else:
+            choices = [x for x in (row["default_speedup"], row["autotune_speedup"]) if x is not None]
+            row["speedup"] = max(choices, default=None)
         row["target"] = TARGETS.get(row["features"])
         row["met"] = None if row["speedup"] is None or row["target"] is None else row["speedup"] >= row["target"]
         rows.append(row)
@@ -321,7 +336,8 @@ def _headline(results: dict) -> list[str]:
     lines = ["## Headline: neurovec against the fastest PyG contender", "",
              "Speed-up = the fastest PyG contender's training step / neurovec's (> 1: neurovec is faster). "
              "neurovec is what a user gets: the `default` preset, and `autotune`'s pick timed in this run "
-             "(interleaved with the others); the headline is the better of the two. Targets: "
+             "(interleaved with the others); the headline is the better of the two, or, where autotune "
+             "kept `default` (one program timed twice), the median of both timings pooled. Targets: "
              + ", ".join(f"{t}x with {f.replace('labels', 'label')} features" for f, t in TARGETS.items())
              + ". The best preset picked "
              "after timing them all is shown apart: it is not something a user gets without timing.", ""]
