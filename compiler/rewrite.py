@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 import itertools
+from typing import Iterable
 
 import numpy as np
 
 from .ir import Node, Op, Program, stored
 
 __all__ = ["replace_uses", "eliminate_dead_code", "fresh_name", "fresh_const", "single_use",
-           "zero_sign_matters", "unit_reduction_is_identity"]
+           "zero_sign_matters", "unit_reduction_is_identity", "Rewriter"]
 
 
 def replace_uses(program: Program, mapping: dict[str, str]) -> Program:
@@ -104,3 +105,101 @@ def _clears_sign(program: Program, node: Node) -> bool:
     if node.op is not Op.REDUCE or node.attrs["aggregation"] not in ("sum", "mean"):
         return False
     return not bool(np.all(program.constants[node.attrs["counts"]] == 1))
+
+
+class Rewriter:
+    """Builds a new program node by node, in the old program's order.
+
+    ``take`` resolves a node's inputs through the aliases made so far; ``keep`` copies
+    it; ``alias`` makes its readers read another node instead; ``emit`` adds new nodes.
+    ``finish`` drops the nodes this rewrite left without readers (never ones that were
+    already dead: dead-code elimination is ``remove_unused``'s switch) and the
+    constants only they read.
+    """
+
+    def __init__(self, program: Program):
+        self.program = program
+        self.nodes: dict[str, Node] = {}
+        self.constants = dict(program.constants)
+        self.aliases: dict[str, str] = {}
+        self.taken = {n.name for n in program.nodes} | set(program.constants)
+        self.changed = False
+        self._counter = 0
+        self._old = program.by_name()
+
+    def resolve(self, name: str) -> str:
+        while name in self.aliases:
+            name = self.aliases[name]
+        return name
+
+    def take(self, node: Node) -> Node:
+        srcs = tuple(self.resolve(s) for s in node.srcs)
+        return node if srcs == node.srcs else node.with_(srcs=srcs)
+
+    def keep(self, node: Node) -> None:
+        """Copy a node (as returned by ``take``: maybe with renamed inputs)."""
+        self.nodes[node.name] = node
+        if node is not self._old.get(node.name):
+            self.changed = True
+
+    def replace(self, node: Node) -> None:
+        """Put a changed version of a node (same name) last: after anything just emitted for it."""
+        self.nodes.pop(node.name, None)
+        self.nodes[node.name] = node
+        self.changed = True
+
+    def alias(self, old: str, new: str) -> None:
+        self.aliases[old] = self.resolve(new)
+        self.changed = True
+
+    def fresh(self, base: str) -> str:
+        name = base
+        while name in self.taken:
+            self._counter += 1
+            name = f"{base}_{self._counter}"
+        self.taken.add(name)
+        return name
+
+    def const(self, base: str, array: np.ndarray) -> str:
+        key = self.fresh(base)
+        self.constants[key] = stored(array)
+        return key
+
+    def emit(self, name: str, op: Op, srcs, count: int, shape: tuple, layer: str = "", **attrs) -> Node:
+        self.taken.add(name)
+        node = Node(name, op, tuple(srcs), int(count), tuple(shape), attrs, layer)
+        self.nodes[name] = node
+        self.changed = True
+        return node
+
+    def finish(self, keep_inputs: bool = True) -> Program:
+        if not self.changed:
+            return self.program
+        output = self.resolve(self.program.output)
+        nodes = _drop_orphans(list(self.nodes.values()), output, self.program, keep_inputs)
+        old_keys = _constant_keys(self.program.nodes, self.program.constants)
+        new_keys = _constant_keys(nodes, self.constants)
+        constants = {k: v for k, v in self.constants.items() if k in new_keys or k not in old_keys}
+        return self.program.replace(nodes=tuple(nodes), constants=constants, output=output)
+
+
+def _live(nodes: list[Node], roots: set[str]) -> set[str]:
+    live = set(roots)
+    for node in reversed(nodes):
+        if node.name in live:
+            live.update(node.srcs)
+    return live
+
+
+def _drop_orphans(nodes: list[Node], output: str, old: Program, keep_inputs: bool) -> list[Node]:
+    """Drop what this rewrite left without readers; keep what was dead before (and what it reads)."""
+    live_before = _live(list(old.nodes), {old.output})
+    roots = {output} | {n.name for n in old.nodes if n.name not in live_before}
+    if keep_inputs:
+        roots |= {n.name for n in nodes if n.op is Op.FACT and n.attrs.get("fact_layer")}
+    live = _live(nodes, roots)
+    return [n for n in nodes if n.name in live]
+
+
+def _constant_keys(nodes: Iterable[Node], constants: dict) -> set[str]:
+    return {v for n in nodes for v in n.attrs.values() if isinstance(v, str) and v in constants}

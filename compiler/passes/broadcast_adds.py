@@ -19,9 +19,8 @@ same numbers summed in another order; a sum of zeros keeps its sign in either.
 from __future__ import annotations
 
 from ..ir import Node, Op, Program, unique_name
-from ..rewrite import eliminate_dead_code, single_use
+from ..rewrite import Rewriter, eliminate_dead_code, single_use
 from ..settings import Settings
-from .simplify_gathers import Rewriter
 
 __all__ = ["broadcast_adds", "merge_row_adds"]
 

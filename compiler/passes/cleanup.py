@@ -33,9 +33,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir import Node, Op, Program
-from ..rewrite import eliminate_dead_code, unit_reduction_is_identity, zero_sign_matters
+from ..rewrite import Rewriter, eliminate_dead_code, unit_reduction_is_identity, zero_sign_matters
 from ..settings import Settings
-from .simplify_gathers import Rewriter, chain_candidates
+from .simplify_gathers import chain_candidates
 
 __all__ = ["remove_identity", "preconcatenate", "remove_unused"]
 

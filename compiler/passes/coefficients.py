@@ -28,9 +28,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir import Node, Op, Program
+from ..rewrite import Rewriter
 from ..settings import Settings
 from .rows import freeze_facts, trace_rows
-from .simplify_gathers import Rewriter, plan_index
+from .simplify_gathers import plan_index, emit_plan
 
 __all__ = ["reduce_coefficients", "segment_of_rows"]
 
@@ -67,7 +68,7 @@ def reduce_coefficients(program: Program, settings: Settings) -> Program:
             index = offsets[origins.which] + origins.row
             root = rw.emit(rw.fresh(f"{node.name}_sources"), Op.CONCAT, [b.name for b in bases],
                            sum(b.count for b in bases), source.shape, node.layer)
-        src = rw.emit_plan(rw.fresh(f"{node.name}_x"), plan_index(index, root.count), root, node.layer)
+        src = emit_plan(rw, rw.fresh(f"{node.name}_x"), plan_index(index, root.count), root, node.layer)
         coef = origins.coef
         counts = rw.constants[node.attrs["counts"]]
         if node.attrs["aggregation"] == "mean":

@@ -27,10 +27,9 @@ import torch
 
 from ...engines.torch_module import CompiledModule
 from ..ir import INDEXING, Node, Op, Program
-from ..rewrite import eliminate_dead_code, zero_sign_matters
+from ..rewrite import Rewriter, eliminate_dead_code, zero_sign_matters
 from ..settings import Settings
 from .rows import freeze_facts, is_constant
-from .simplify_gathers import Rewriter
 
 __all__ = ["fold_constants", "evaluate", "EXPANSION"]
 

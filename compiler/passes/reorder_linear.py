@@ -36,10 +36,11 @@ import math
 import numpy as np
 
 from ..ir import INDEXING, Node, Op, Program
+from ..rewrite import Rewriter
 from ..settings import Settings
 from .fold_constants import EXPANSION
 from .rows import is_constant, trace_rows
-from .simplify_gathers import Rewriter, plan_index
+from .simplify_gathers import plan_index, emit_plan
 
 __all__ = ["pull_linear_up", "push_linear_down", "shared_product"]
 
@@ -162,7 +163,7 @@ def _apply_pull(program: Program, reduce: Node, source: Node, origins, xs: list[
                            sum(x.count for x in xs), xs[0].shape, reduce.layer)
         offsets = np.cumsum([0] + [x.count for x in xs])[:-1]
         index = offsets[origins.which] + origins.row
-        src = rw.emit_plan(rw.fresh(f"{reduce.name}_x"), plan_index(index, root.count), root, reduce.layer)
+        src = emit_plan(rw, rw.fresh(f"{reduce.name}_x"), plan_index(index, root.count), root, reduce.layer)
         # The reduction of the inputs, then the product under the reduction's own name.
         inner = rw.emit(rw.fresh(f"{reduce.name}_in"), Op.REDUCE, [src], reduce.count, root.shape, reduce.layer,
                         **reduce.attrs)

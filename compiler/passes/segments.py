@@ -34,9 +34,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir import IRError, Op, Program, linear_grid
-from ..rewrite import unit_reduction_is_identity, zero_sign_matters
+from ..rewrite import Rewriter, unit_reduction_is_identity, zero_sign_matters
 from ..settings import Settings
-from .simplify_gathers import Rewriter, best_candidate, node_cost
+from .simplify_gathers import best_candidate, node_cost, emit_plan
 
 __all__ = ["scatter_to_segment", "remove_unit_reductions"]
 
@@ -97,7 +97,7 @@ def _transpose(rw: Rewriter, node, users: dict, k: int) -> bool:
     cost, root, plan = best
     if not cost < node_cost(head):
         return False
-    src = rw.emit_plan(rw.fresh(f"{node.name}_t"), plan, rw.nodes[root], node.layer)
+    src = emit_plan(rw, rw.fresh(f"{node.name}_t"), plan, rw.nodes[root], node.layer)
     rw.replace(node.with_(srcs=(src,), attrs={**node.attrs, "kernel": "strided"}))
     return True
 
@@ -151,7 +151,7 @@ def _transpose_linear(rw: Rewriter, node, users: dict, k: int) -> bool:
         linear_grid(lin.with_(attrs=attrs), *(rw.nodes[s] for s in lin.srcs))
     except IRError:
         return False
-    srcs = tuple(name if plan is None else rw.emit_plan(rw.fresh(f"{name}_t"), plan[1], rw.nodes[plan[0]], lin.layer)
+    srcs = tuple(name if plan is None else emit_plan(rw, rw.fresh(f"{name}_t"), plan[1], rw.nodes[plan[0]], lin.layer)
                  for name, plan in zip(lin.srcs, plans))
     rw.replace(lin.with_(srcs=srcs, attrs=attrs))
     rw.replace(node.with_(attrs={**node.attrs, "kernel": "strided"}))

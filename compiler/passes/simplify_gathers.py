@@ -27,8 +27,8 @@ After (``f_b`` has 3 rows)::
 
     %x = TILE(f_b; times=2)                        : (6, 3)
 
-The plan machinery and the :class:`Rewriter` are shared with the clean-up,
-segment and unit-fact passes.
+The plan machinery (``plan_index``, ``emit_plan``) is shared with the clean-up, segment
+and algebra passes; they edit programs with :class:`compiler.rewrite.Rewriter`.
 """
 from __future__ import annotations
 
@@ -38,11 +38,12 @@ from typing import Iterable
 import numpy as np
 
 from ..grouping import run_block
-from ..ir import Node, Op, Program, stored
+from ..ir import Node, Op, Program
+from ..rewrite import Rewriter
 from ..settings import Settings
 
 __all__ = ["simplify_gathers", "plan_index", "plan_cost", "node_cost", "index_of", "chain_candidates",
-           "best_candidate", "simplified", "Rewriter", "Plan"]
+           "best_candidate", "simplified", "emit_plan", "Plan"]
 
 # A plan is a nested tuple:
 #   ("id",) | ("slice", start, stop, step) | ("gather", index)
@@ -65,7 +66,7 @@ def simplify_gathers(program: Program, settings: Settings) -> Program:
                 rw.keep(node)
             else:
                 root, plan = best
-                rw.emit_plan(node.name, plan, rw.nodes[root], node.layer)
+                emit_plan(rw, node.name, plan, rw.nodes[root], node.layer)
         else:
             rw.keep(node)
     return rw.finish()
@@ -247,7 +248,7 @@ def chain_candidates(first: str, index: np.ndarray, nodes: dict[str, Node], cons
         name, index = step
 
 
-def best_candidate(rw: "Rewriter", node: Node, users: dict[str, list[str]], transform=None
+def best_candidate(rw: Rewriter, node: Node, users: dict[str, list[str]], transform=None
                    ) -> tuple[tuple, str, Plan] | None:
     """The cheapest ``(cost, root, plan)`` computing the rows of an indexing ``node``.
 
@@ -307,7 +308,7 @@ def _blocks_plan(concat: Node, index: np.ndarray, nodes: dict[str, Node]) -> Pla
     return ("blocks", tuple(blocks))
 
 
-def simplified(rw: "Rewriter", node: Node, users: dict[str, list[str]]) -> tuple[str, Plan] | None:
+def simplified(rw: Rewriter, node: Node, users: dict[str, list[str]]) -> tuple[str, Plan] | None:
     """``(root, plan)`` if planning ``node`` anew beats keeping it, else None."""
     best = best_candidate(rw, node, users)
     if best is None:
@@ -336,123 +337,26 @@ def _same_as(node: Node, root: str, plan: Plan) -> bool:
 # -- rewriting ------------------------------------------------------------------------------------------
 
 
-class Rewriter:
-    """Builds a new program node by node, in the old program's order.
-
-    ``take`` resolves a node's inputs through the aliases made so far; ``keep`` copies
-    it; ``alias`` makes its readers read another node instead; ``emit`` adds new nodes.
-    ``finish`` drops the nodes this rewrite left without readers (never ones that were
-    already dead: dead-code elimination is ``remove_unused``'s switch) and the
-    constants only they read.
-    """
-
-    def __init__(self, program: Program):
-        self.program = program
-        self.nodes: dict[str, Node] = {}
-        self.constants = dict(program.constants)
-        self.aliases: dict[str, str] = {}
-        self.taken = {n.name for n in program.nodes} | set(program.constants)
-        self.changed = False
-        self._counter = 0
-        self._old = program.by_name()
-
-    def resolve(self, name: str) -> str:
-        while name in self.aliases:
-            name = self.aliases[name]
-        return name
-
-    def take(self, node: Node) -> Node:
-        srcs = tuple(self.resolve(s) for s in node.srcs)
-        return node if srcs == node.srcs else node.with_(srcs=srcs)
-
-    def keep(self, node: Node) -> None:
-        """Copy a node (as returned by ``take``: maybe with renamed inputs)."""
-        self.nodes[node.name] = node
-        if node is not self._old.get(node.name):
-            self.changed = True
-
-    def replace(self, node: Node) -> None:
-        """Put a changed version of a node (same name) last: after anything just emitted for it."""
-        self.nodes.pop(node.name, None)
-        self.nodes[node.name] = node
-        self.changed = True
-
-    def alias(self, old: str, new: str) -> None:
-        self.aliases[old] = self.resolve(new)
-        self.changed = True
-
-    def fresh(self, base: str) -> str:
-        name = base
-        while name in self.taken:
-            self._counter += 1
-            name = f"{base}_{self._counter}"
-        self.taken.add(name)
-        return name
-
-    def const(self, base: str, array: np.ndarray) -> str:
-        key = self.fresh(base)
-        self.constants[key] = stored(array)
-        return key
-
-    def emit(self, name: str, op: Op, srcs, count: int, shape: tuple, layer: str = "", **attrs) -> Node:
-        self.taken.add(name)
-        node = Node(name, op, tuple(srcs), int(count), tuple(shape), attrs, layer)
-        self.nodes[name] = node
-        self.changed = True
-        return node
-
-    def emit_plan(self, name: str, plan: Plan, root: Node, layer: str = "") -> str:
-        """Materialize ``plan`` on ``root`` as node ``name`` (or alias ``name`` to root); returns the name."""
-        kind = plan[0]
-        if kind == "id":
-            self.alias(name, root.name)
-            return root.name
-        if kind == "slice":
-            _, start, stop, step = plan
-            self.emit(name, Op.SLICE, [root.name], len(range(start, stop, step)), root.shape, layer,
-                      start=start, stop=stop, step=step)
-        elif kind == "gather":
-            key = self.const(f"idx_{name}", plan[1])
-            self.emit(name, Op.GATHER, [root.name], plan[1].size, root.shape, layer, index=key)
-        elif kind == "blocks":
-            parts = [self.emit_plan(self.fresh(f"{name}_part"), inner, self.nodes[part], layer)
-                     for part, _, inner in plan[1]]
-            self.emit(name, Op.CONCAT, parts, plan_rows(plan, root.count), root.shape, layer)
-        else:
-            inner = self.emit_plan(self.fresh(f"{name}_{'rep' if kind == 'tile' else 'int'}"), plan[2], root,
-                                   layer)
-            op = Op.TILE if kind == "tile" else Op.INTERLEAVE
-            self.emit(name, op, [inner], self.nodes[inner].count * plan[1], root.shape, layer, times=plan[1])
-        return name
-
-    def finish(self, keep_inputs: bool = True) -> Program:
-        if not self.changed:
-            return self.program
-        output = self.resolve(self.program.output)
-        nodes = _drop_orphans(list(self.nodes.values()), output, self.program, keep_inputs)
-        old_keys = _constant_keys(self.program.nodes, self.program.constants)
-        new_keys = _constant_keys(nodes, self.constants)
-        constants = {k: v for k, v in self.constants.items() if k in new_keys or k not in old_keys}
-        return self.program.replace(nodes=tuple(nodes), constants=constants, output=output)
-
-
-def _live(nodes: list[Node], roots: set[str]) -> set[str]:
-    live = set(roots)
-    for node in reversed(nodes):
-        if node.name in live:
-            live.update(node.srcs)
-    return live
-
-
-def _drop_orphans(nodes: list[Node], output: str, old: Program, keep_inputs: bool) -> list[Node]:
-    """Drop what this rewrite left without readers; keep what was dead before (and what it reads)."""
-    live_before = _live(list(old.nodes), {old.output})
-    roots = {output} | {n.name for n in old.nodes if n.name not in live_before}
-    if keep_inputs:
-        roots |= {n.name for n in nodes if n.op is Op.FACT and n.attrs.get("fact_layer")}
-    live = _live(nodes, roots)
-    return [n for n in nodes if n.name in live]
-
-
-def _constant_keys(nodes: Iterable[Node], constants: dict) -> set[str]:
-    return {v for n in nodes for v in n.attrs.values() if isinstance(v, str) and v in constants}
+def emit_plan(rw: Rewriter, name: str, plan: Plan, root: Node, layer: str = "") -> str:
+    """Materialize ``plan`` on ``root`` as node ``name`` through ``rw`` (or alias ``name`` to root);
+    returns the name."""
+    kind = plan[0]
+    if kind == "id":
+        rw.alias(name, root.name)
+        return root.name
+    if kind == "slice":
+        _, start, stop, step = plan
+        rw.emit(name, Op.SLICE, [root.name], len(range(start, stop, step)), root.shape, layer,
+                start=start, stop=stop, step=step)
+    elif kind == "gather":
+        key = rw.const(f"idx_{name}", plan[1])
+        rw.emit(name, Op.GATHER, [root.name], plan[1].size, root.shape, layer, index=key)
+    elif kind == "blocks":
+        parts = [emit_plan(rw, rw.fresh(f"{name}_part"), inner, rw.nodes[part], layer)
+                 for part, _, inner in plan[1]]
+        rw.emit(name, Op.CONCAT, parts, plan_rows(plan, root.count), root.shape, layer)
+    else:
+        inner = emit_plan(rw, rw.fresh(f"{name}_{'rep' if kind == 'tile' else 'int'}"), plan[2], root, layer)
+        op = Op.TILE if kind == "tile" else Op.INTERLEAVE
+        rw.emit(name, op, [inner], rw.nodes[inner].count * plan[1], root.shape, layer, times=plan[1])
+    return name

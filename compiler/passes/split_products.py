@@ -24,9 +24,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir import Op, Program
+from ..rewrite import Rewriter
 from ..settings import Settings
 from .rows import layout_rows, trace_rows
-from .simplify_gathers import Rewriter, plan_index
+from .simplify_gathers import plan_index, emit_plan
 
 __all__ = ["split_products", "MAX_WEIGHTS"]
 
@@ -59,7 +60,7 @@ def split_products(program: Program, settings: Settings) -> Program:
         for d in range(distinct.size):
             mine = np.flatnonzero(weight_of_row == d)
             base = bases[origins.which[first[d]]]
-            w_d = rw.emit_plan(rw.fresh(f"{node.name}_w{d}"), plan_index(origins.row[first[d]:first[d] + 1],
+            w_d = emit_plan(rw, rw.fresh(f"{node.name}_w{d}"), plan_index(origins.row[first[d]:first[d] + 1],
                                                                           base.count), base, node.layer)
             # The weight's rows, read from the value they come from where that is one value
             # (GraphSAGE: the means for W_l, the nodes for W_r), else from the product's input.
@@ -68,7 +69,7 @@ def split_products(program: Program, settings: Settings) -> Program:
                 root, root_rows = rw.nodes[inputs.bases[sources[0]]], inputs.row[mine]
             else:
                 root, root_rows = x, x_rows[mine]
-            x_d = rw.emit_plan(rw.fresh(f"{node.name}_x{d}"), plan_index(root_rows, root.count), root, node.layer)
+            x_d = emit_plan(rw, rw.fresh(f"{node.name}_x{d}"), plan_index(root_rows, root.count), root, node.layer)
             layouts = {"w_layout": "tile", "x_layout": "full"} if mine.size > 1 else {}
             parts.append(rw.emit(rw.fresh(f"{node.name}_{d}"), Op.LINEAR, [w_d, x_d], mine.size, node.shape,
                                  node.layer, kind="matmul", **layouts))
@@ -77,5 +78,5 @@ def split_products(program: Program, settings: Settings) -> Program:
         order = np.argsort(weight_of_row, kind="stable")
         position = np.empty(node.count, dtype=np.int64)
         position[order] = rows
-        rw.emit_plan(node.name, plan_index(position, node.count), joined, node.layer)
+        emit_plan(rw, node.name, plan_index(position, node.count), joined, node.layer)
     return rw.finish()

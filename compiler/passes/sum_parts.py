@@ -23,9 +23,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir import Op, Program
+from ..rewrite import Rewriter
 from ..settings import Settings
 from .rows import trace_rows
-from .simplify_gathers import Rewriter, plan_index
+from .simplify_gathers import plan_index, emit_plan
 
 __all__ = ["sum_parts", "MAX_TERMS"]
 
@@ -40,7 +41,7 @@ def sum_parts(program: Program, settings: Settings) -> Program:
         if terms is None:
             rw.keep(node)
             continue
-        names = [rw.emit_plan(rw.fresh(f"{node.name}_term{t}"), plan, rw.nodes[base], node.layer)
+        names = [emit_plan(rw, rw.fresh(f"{node.name}_term{t}"), plan, rw.nodes[base], node.layer)
                  for t, (base, plan) in enumerate(terms)]
         total = names[0]
         for t, name in enumerate(names[1:], start=1):

@@ -40,8 +40,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir import IRError, Node, Op, Program
+from ..rewrite import Rewriter
 from ..settings import Settings
-from .simplify_gathers import Rewriter
 
 __all__ = ["merge_unit_facts", "simplify_unit_linear", "materialize_units"]
 

@@ -17,8 +17,8 @@ bias alone (``W_out b``), not the whole stack.
 from __future__ import annotations
 
 from ..ir import Node, Op, Program
+from ..rewrite import Rewriter
 from ..settings import Settings
-from .simplify_gathers import Rewriter
 
 __all__ = ["unstack_weights"]
 
