@@ -274,13 +274,22 @@ def first_equal_rows(values: np.ndarray) -> np.ndarray:
 # -- multisets ------------------------------------------------------------------------------------------
 
 def expand_segments(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """Concatenated ranges ``[starts[k], starts[k] + lengths[k])``."""
+    """Concatenated ranges ``[starts[k], starts[k] + lengths[k])``.
+
+    Built as a running sum in one output array: steps of 1, and at the head of each range the
+    jump from the previous range's last value. ``repeat(...) + arange(total)`` made three arrays
+    of the output's size (at 100x PROTEINS about 50M rows, 400 MB each)."""
     lengths = lengths.astype(np.int64)
     total = int(lengths.sum())
     if total == 0:
         return np.zeros(0, np.int64)
-    ends = np.cumsum(lengths)
-    return np.repeat(starts.astype(np.int64) - (ends - lengths), lengths) + np.arange(total, dtype=np.int64)
+    if not np.all(lengths):  # an empty range has no head to put its jump at
+        starts, lengths = starts[lengths > 0], lengths[lengths > 0]
+    starts = starts.astype(np.int64)
+    out = np.ones(total, np.int64)
+    out[0] = starts[0]
+    out[(np.cumsum(lengths) - lengths)[1:]] = starts[1:] - (starts[:-1] + lengths[:-1] - 1)
+    return np.cumsum(out, out=out)
 
 
 def _multiset_hashes(labels: np.ndarray, counts: np.ndarray) -> np.ndarray:

@@ -1,6 +1,8 @@
 """Exact grouping (compiler/grouping.py): against plain Python, and with every hash colliding."""
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from neurovec.compiler import grouping
 from neurovec.compiler.grouping import (all_distinct, first_equal_multisets, first_equal_rows, first_rows,
@@ -165,3 +167,14 @@ def test_chunks_change_nothing(monkeypatch, chunk):
         assert first_rows(k, bound).tolist() == python_first(k.tolist())
     segments = np.split(labels, np.cumsum(counts)[:-1])
     assert first_equal_multisets(labels, counts).tolist() == python_first([tuple(sorted(s)) for s in segments])
+
+
+@settings(max_examples=200, deadline=None)
+@given(ranges=st.lists(st.tuples(st.integers(0, 2**40), st.integers(0, 5)), max_size=30))
+def test_expand_segments_concatenates_the_ranges(ranges):
+    """Empty ranges anywhere (first, last, in a row) and starts that go down or repeat."""
+    starts = np.array([s for s, _ in ranges], dtype=np.int64)
+    lengths = np.array([n for _, n in ranges], dtype=np.int32)
+    got = grouping.expand_segments(starts, lengths)
+    assert got.dtype == np.int64
+    assert got.tolist() == [s + i for s, n in ranges for i in range(n)]
