@@ -223,7 +223,8 @@ def _linear(node: Node, w: Node, x: Node) -> str:
 # ``torch.stack([w['conv1.bias']])`` and then ``[0]``; a product of such weights (the
 # algebra passes' merged weights) is one ``@``. Readers that can: a shared product's weight
 # side (``x @ W.T``), an addition's second operand (``x + b`` broadcasts over the rows),
-# a product of two such values and a concatenation of only such values (``torch.stack``). A value with any other reader keeps its axis.
+# a product of two such values and a concatenation of only such values (``torch.stack``).
+# A value with any other reader keeps its axis.
 
 
 # NOTE: [weight gradient layout] ``x @ W.T`` hands the GEMM a column-major right side, and

@@ -484,6 +484,7 @@ class NumpyGrounder(Grounder):
         self.plan = make_plan(template, {key: r.value_shape for key, r in relations.items()}, seed)
         self.queries = queries
         self.tables: dict[str, Table] = {}
+        self._indexes: list[tuple[np.ndarray, np.ndarray, ColumnIndex | None]] = []  # see _shared_index
         self._encode(relations)
 
     # -- encoding --------------------------------------------------------------------------------------------------
@@ -803,13 +804,12 @@ class NumpyGrounder(Grounder):
     def _shared_index(self, column: np.ndarray, example: np.ndarray) -> ColumnIndex | None:
         """The :class:`ColumnIndex` of these columns: one built for equal columns before (the atoms of successive layers
         of a GNN are the same nodes, compared whole here), or a new one."""
-        built = self.__dict__.setdefault("_indexes", [])
-        for other_column, other_example, index in built:
+        for other_column, other_example, index in self._indexes:
             if other_column.size == column.size and np.array_equal(other_column, column) and \
                     np.array_equal(other_example, example):
                 return index
         index = ColumnIndex.build(column, example, self.n_constants)
-        built.append((column, example, index))
+        self._indexes.append((column, example, index))
         return index
 
     def _special(self, lit, binding: _Binding) -> np.ndarray:
