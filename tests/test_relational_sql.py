@@ -111,6 +111,21 @@ def test_sql_errors_name_the_relation(small_db):
         Database(small_db, {"a": Relation([1])})
 
 
+
+def test_facts_given_twice_are_named_wherever_they_come_from(small_db):
+    """On SQLite the unique index of a fact table is the check: a relation without examples, and the template's own
+    facts, given twice, are errors naming the fact (one per example: every example holds them)."""
+    t = _template()
+    t += R.tag("x")
+    with pytest.raises(TemplateError, match=r"tag/1: the fact tag\(x\) is given twice in example 0"):
+        ground(t, _database(small_db), R.q)
+    con = sqlite3.connect(small_db)
+    con.execute("INSERT INTO kind VALUES ('y', 3.0, 4.0)")
+    con.commit()
+    con.close()
+    with pytest.raises(TemplateError, match=r"relation kind/1: the fact kind\(y\) is given twice in example 0"):
+        ground(_template(), _database(small_db), R.q)
+
 def test_mutagenesis_from_the_database(mutagenesis_dir, tmp_path):
     """The database datasets.create_database writes, grounded in SQL: the graph of the same relations as
     DataFrames, and the numbers of the hand-written template."""
