@@ -91,9 +91,9 @@ class Database:
 
 
 def _source(relation: SQLRelation) -> str:
-    """The relation's rows as a subquery."""
+    """The relation's rows as a subquery (named: PostgreSQL before 16 requires it)."""
     source = relation.source.strip()
-    return f"({source})" if " " in source else _quote(source)
+    return f"({source}) nv_source" if " " in source else _quote(source)
 
 
 def _quote(name: str) -> str:
@@ -294,13 +294,16 @@ class SQLGrounder(Grounder):
         facts = self.fact_tables.get(predicate)
         if facts is None:
             name = self._name()
-            columns = ", ".join(["NULL AS nv_id", "NULL AS ex"] + [f"NULL AS a{c}" for c in
-                                                                   range(self.plan.arity[predicate])])
-            self._execute(f"CREATE TEMP TABLE {name} AS SELECT {columns} LIMIT 0")
+            self._empty(name, self.plan.arity[predicate])
             zero = np.zeros(0, np.int64)
             return Table(predicate, predicate, None, None, zero, np.zeros(0, bool), sql=name)
         n = facts.size
         return Table(predicate, predicate, None, None, np.arange(n), np.zeros(n, bool), sql=facts.sql)
+
+    def _empty(self, name: str, arity: int) -> None:
+        """An empty table of atoms (its columns untyped: a rule reading it is not joined, see :meth:`derive`)."""
+        columns = ", ".join(["CAST(NULL AS BIGINT) AS nv_id", "NULL AS ex"] + [f"NULL AS a{c}" for c in range(arity)])
+        self._execute(f"CREATE TEMP TABLE {name} AS SELECT {columns} LIMIT 0")
 
     # -- rules -----------------------------------------------------------------------------------------------------
     def derive(self, predicate: str, name: str, rules: list, reads: dict | None) -> tuple[Table, list]:
@@ -313,19 +316,26 @@ class SQLGrounder(Grounder):
         groundings = []
         for group in groups:   # a family of one-constant rules is one join (its rows say whose they are)
             rule = group[0] if len(group) == 1 else tuple(group)
-            select, params = self._body(group[0], reads.get(group[0].index) or {}, group if len(group) > 1 else None)
+            body_reads = reads.get(group[0].index) or {}
+            if any(self.tables[body_reads.get(k) or self.current[lit.key]].size == 0
+                   for k, lit in enumerate(group[0].body) if not lit.special):
+                groundings.append((rule, None))   # no groundings (and no join with an empty table of untyped NULLs)
+                continue
+            select, params = self._body(group[0], body_reads, group if len(group) > 1 else None)
             table = self._name()
             self._execute(f"CREATE TEMP TABLE {table} AS {select}", params)
             groundings.append((rule, table))
-        heads = [f"SELECT {', '.join(keys)} FROM {table}" for _, table in groundings]
+        heads = [f"SELECT {', '.join(keys)} FROM {table}" for _, table in groundings if table is not None]
         facts = self.fact_tables.get(predicate)
         if facts is not None:
             heads.append(f"SELECT {', '.join(['ex'] + [f'a{c} AS h{c}' for c in range(arity)])} FROM {facts.sql}")
         atoms = self._name()
-        order = ", ".join(keys)
         renamed = ", ".join(["ex"] + [f"h{c} AS a{c}" for c in range(arity)])
-        self._numbered(atoms, f"SELECT DISTINCT {renamed} FROM ({' UNION ALL '.join(heads)}) h",
-                       ", ".join(["ex"] + [f"a{c}" for c in range(arity)]))
+        if heads:
+            self._numbered(atoms, f"SELECT DISTINCT {renamed} FROM ({' UNION ALL '.join(heads)}) h",
+                           ", ".join(["ex"] + [f"a{c}" for c in range(arity)]))
+        else:
+            self._empty(atoms, arity)
         self._index(atoms, arity)
         n = int(self._execute(f"SELECT COUNT(*) FROM {atoms}").scalar())
         derived = np.zeros(n, bool)
@@ -337,8 +347,9 @@ class SQLGrounder(Grounder):
             positions = _input_positions(rule)
             inputs = [f"g.i{k}" for k in positions] + (["g.member"] if family else [])
             head = self._id("a")
-            rows = self._ints([head] + inputs, f"{table} g JOIN {atoms} a ON {join}",
-                              [head] + (["g.member"] if family else inputs))
+            rows = np.zeros((0, 1 + len(inputs)), np.int64) if table is None else \
+                self._ints([head] + inputs, f"{table} g JOIN {atoms} a ON {join}",
+                           [head] + (["g.member"] if family else inputs))
             derived[rows[:, 0]] = True
             tables = [(reads.get(rule.index) or {}).get(k) or self.current[rule.body[k].key] for k in positions]
             result.append(Groundings(rule, name, rows[:, 0].copy(), tables,
