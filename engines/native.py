@@ -1,24 +1,31 @@
-"""neurovec's C++ CPU kernels (``native_kernels.cpp``): built on first use, cached, loaded with ctypes.
+"""neurovec's C++ CPU kernels (``native_kernels.h``): built on first use, cached, loaded.
 
 The kernels reduce sorted, static CSR segments -- a fused gather -> per-edge
 coefficient -> sum (and its transpose for the backward), plain segment sums and
 means, segment max / min and their tie-splitting backward -- without ever
 materialising per-edge rows, on OpenMP threads (as many as ``torch.get_num_threads()``).
-``engines/ops.py`` wraps them as autograd-aware torch ops; this module only builds,
-loads and calls them.
+They are built twice, into two libraries:
 
-Build: the first call of :func:`library` compiles the source with the system C++
-compiler (``$CXX``, else ``g++``/``c++``; ``-O3 -march=native -fopenmp``, no torch
-headers, a few seconds) into
+* :func:`library`: ``native_kernels.cpp``, plain C functions without torch headers
+  (a few seconds to build), called through ctypes from ``engines/ops.py``'s Python
+  autograd Functions;
+* :func:`operators`: ``native_ops.cpp``, the same kernels as torch operators
+  ``torch.ops.neurovec_cpu.*`` whose autograd is C++ too (compiled against torch's
+  headers and libraries: ~15-40 s, once). A call costs a third of the Python
+  Function's (NOTE: [Operators in C++] in ``engines/ops.py``); where this library
+  cannot be built, the ops use the ctypes kernels.
+
+Build: the first call of either compiles its source with the system C++
+compiler (``$CXX``, else ``g++``/``c++``; ``-O3 -march=native -fopenmp``) into
 ``$NEUROVEC_CACHE_DIR`` (default ``$XDG_CACHE_HOME/neurovec`` or ``~/.cache/neurovec``)
-``/native/<key>/``, where ``key`` hashes the source, the flags, the compiler's version,
+``/native/<key>/``, where ``key`` hashes the sources, the flags, the compiler's version,
 the CPU's instruction set and the torch version. A file lock lets concurrent processes
-share one build; the library is written to a temporary name and renamed into place,
-so a half-written file is never loaded. The library links ``libgomp.so.1``, which
+share one build; a library is written to a temporary name and renamed into place,
+so a half-written file is never loaded. The libraries link ``libgomp.so.1``, which
 resolves to the OpenMP runtime torch itself loaded, so both share one thread pool.
 
 Switches: ``NEUROVEC_NATIVE=0`` (environment, read at import) or :func:`set_enabled`
-turn the kernels off; then, and wherever the build fails (no compiler, a compile
+turn the kernels off; then, and wherever a build fails (no compiler, a compile
 error: logged once as a warning), every caller uses its pure-torch equivalent.
 """
 from __future__ import annotations
@@ -39,11 +46,14 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["library", "available", "enabled", "set_enabled", "disabled", "build_info", "cache_dir", "SOURCE"]
+__all__ = ["library", "operators", "available", "enabled", "set_enabled", "disabled", "build_info", "cache_dir",
+           "SOURCE", "OPS_SOURCE"]
 
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("native_kernels.cpp")
+OPS_SOURCE = Path(__file__).with_name("native_ops.cpp")
+HEADER = Path(__file__).with_name("native_kernels.h")  # included by both
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
 
 _enabled = os.environ.get("NEUROVEC_NATIVE", "1").strip().lower() not in ("0", "false", "no", "off")
@@ -52,6 +62,10 @@ _tried = False
 _load_lock = threading.Lock()
 #: What the last load did: ``path``, ``built`` (compiled in this process), ``seconds``, ``error``.
 build_info: dict = {}
+_ops: object | None = None
+_ops_tried = False
+#: The same for :func:`operators`.
+ops_build_info: dict = {}
 
 
 def enabled() -> bool:
@@ -77,8 +91,12 @@ def disabled():
 
 
 def available() -> bool:
-    """Native kernels are switched on and built (building them now if needed)."""
-    return _enabled and library() is not None
+    """Native kernels are switched on and built (building them now if needed, the
+    :func:`operators` too: no later first call waits for their build)."""
+    if not (_enabled and library() is not None):
+        return False
+    operators()  # the ctypes kernels do without them
+    return True
 
 
 def cache_dir() -> Path:
@@ -107,14 +125,14 @@ def _cpu_signature() -> str:
     return platform.processor() or platform.machine()
 
 
-def _key(compiler: str) -> str:
+def _key(compiler: str, source: Path, flags: tuple[str, ...]) -> str:
     try:
         version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError):
         version = ""
     digest = hashlib.sha256()
-    for part in (SOURCE.read_bytes().decode(), " ".join(FLAGS), version, _cpu_signature(), torch.__version__,
-                 platform.machine()):
+    for part in (source.read_bytes().decode(), HEADER.read_bytes().decode(), " ".join(flags), version,
+                 _cpu_signature(), torch.__version__, platform.machine()):
         digest.update(part.encode())
         digest.update(b"\0")
     return digest.hexdigest()[:20]
@@ -140,41 +158,85 @@ def library() -> ctypes.CDLL | None:
 
 
 def _load() -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(_cached_build(SOURCE, FLAGS, (), "libneurovec_kernels.so", build_info)))
+    _declare(lib)
+    return lib
+
+
+def operators():
+    """``torch.ops.neurovec_cpu`` (see ``native_ops.cpp``), built and loaded on first use;
+    None if the kernels are switched off or this library cannot be built."""
+    global _ops, _ops_tried
+    if not _enabled:
+        return None
+    if _ops_tried:
+        return _ops
+    with _load_lock:
+        if not _ops_tried:
+            try:
+                _ops = _load_operators()
+            except Exception as error:  # noqa: BLE001 - any failure: the ctypes kernels remain, say why once
+                ops_build_info["error"] = f"{type(error).__name__}: {error}"
+                log.warning("neurovec: C++ torch operators unavailable, using the ctypes kernels (%s)",
+                            ops_build_info["error"])
+                _ops = None
+            _ops_tried = True
+    return _ops
+
+
+def _torch_flags() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Compile flags (torch's headers, its C++ standard and ABI) and link flags (its libraries)."""
+    root = Path(torch.__file__).parent
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    compile_flags = (*FLAGS[:-1], "-std=c++20", f"-D_GLIBCXX_USE_CXX11_ABI={abi}", f"-I{root / 'include'}",
+                     f"-I{root / 'include' / 'torch' / 'csrc' / 'api' / 'include'}")
+    lib = root / "lib"
+    return compile_flags, (f"-L{lib}", f"-Wl,-rpath,{lib}", "-ltorch", "-ltorch_cpu", "-lc10")
+
+
+def _load_operators():
+    compile_flags, link_flags = _torch_flags()
+    path = _cached_build(OPS_SOURCE, compile_flags, link_flags, "libneurovec_ops.so", ops_build_info)
+    if not hasattr(torch.ops.neurovec_cpu, "gather_sum"):  # loaded already, e.g. by a second import of neurovec
+        torch.ops.load_library(str(path))
+    return torch.ops.neurovec_cpu
+
+
+def _cached_build(source: Path, flags: tuple[str, ...], link_flags: tuple[str, ...], name: str,
+                  info: dict) -> Path:
+    """The library built from ``source`` in the cache (building it now if it is not there)."""
     compiler = _compiler()
     if compiler is None:
         raise RuntimeError("no C++ compiler found ($CXX, g++ or c++)")
-    folder = cache_dir() / _key(compiler)
-    path = folder / "libneurovec_kernels.so"
-    build_info.update(path=str(path), built=False, seconds=0.0)
+    folder = cache_dir() / _key(compiler, source, flags + link_flags)
+    path = folder / name
+    info.update(path=str(path), built=False, seconds=0.0)
     if not path.exists():
         folder.mkdir(parents=True, exist_ok=True)
         with open(folder / "build.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be building the same key
             try:
                 if not path.exists():
-                    _build(compiler, folder, path)
+                    _build(compiler, [*flags, str(source), *link_flags], folder, path, info)
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
-    lib = ctypes.CDLL(str(path))
-    _declare(lib)
-    return lib
+    return path
 
 
-def _build(compiler: str, folder: Path, path: Path) -> None:
+def _build(compiler: str, arguments: list[str], folder: Path, path: Path, info: dict) -> None:
     start = time.perf_counter()
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=folder)
     os.close(fd)
     try:
-        result = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True,
-                                timeout=600)
+        result = subprocess.run([compiler, *arguments, "-o", tmp], capture_output=True, text=True, timeout=600)
         if result.returncode != 0:
             raise RuntimeError(f"{compiler} failed ({result.returncode}): {result.stderr.strip()[-2000:]}")
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-    build_info.update(built=True, seconds=time.perf_counter() - start)
-    log.info("neurovec: built native kernels in %.1f s (%s)", build_info["seconds"], path)
+    info.update(built=True, seconds=time.perf_counter() - start)
+    log.info("neurovec: built %s in %.1f s (%s)", path.name, info["seconds"], path)
 
 
 _P = ctypes.c_void_p

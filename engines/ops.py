@@ -449,11 +449,28 @@ class _SegmentExtremum(torch.autograd.Function):
 
 # --------------------------------------------------------------------------- entry points
 
+# NOTE: [Operators in C++] Eager, where the C++ kernels run, the entry points below call
+# ``torch.ops.neurovec_cpu`` (``native_ops.cpp``, see ``engines/native.py``): the same
+# kernels as torch operators whose autograd Functions are written in C++, so neither the
+# forward nor the backward runs Python beyond the one call. At MUTAG sizes (1 thread) that
+# is ~4.5 µs for a gather + sum with autograd against ~12.5 µs through the Python Function
+# above, and ~20 µs less per training step for each reduction. The Python Functions remain
+# for when that library cannot be built (the ctypes kernels), and under torch.compile.
+def _cpu_operators(x: torch.Tensor):
+    """``torch.ops.neurovec_cpu`` where it computes on ``x``, else None."""
+    if x.dtype in _NATIVE_DTYPES and x.is_cpu:
+        return native.operators()
+    return None
+
+
 def gather_sum(x: torch.Tensor, ptr: torch.Tensor, col: torch.Tensor, values: torch.Tensor | None,
                t_ptr: torch.Tensor, t_col: torch.Tensor, t_values: torch.Tensor | None) -> torch.Tensor:
     """``y[j] = sum_{e in ptr[j]:ptr[j+1]} values[e] * x[col[e]]``; ``t_*`` is the transposed CSR."""
     if torch.compiler.is_compiling():  # see NOTE: [Kernels under torch.compile]
         return _TracedGatherSum.apply(x, ptr, col, values, t_ptr, t_col, t_values)
+    operators = _cpu_operators(x)
+    if operators is not None:  # see NOTE: [Operators in C++]
+        return operators.gather_sum(x, ptr, col, values, t_ptr, t_col, t_values)
     if not (x.requires_grad and torch.is_grad_enabled()):  # no autograd node needed: skip its overhead
         return _csr_sum_impl(x, ptr, col, values, None)
     return _GatherSum.apply(x, (ptr, col, values, t_ptr, t_col, t_values))
@@ -464,18 +481,25 @@ def segment_reduce(x: torch.Tensor, ptr: torch.Tensor, reduce: str, counts: torc
     """Reduce each CSR segment of ``x`` (rows sorted by segment): sum (times per-row
     ``values``), mean (divided by ``counts``), max or min (ties share the gradient)."""
     compiling = torch.compiler.is_compiling()
+    operators = None if compiling else _cpu_operators(x)
     if reduce in ("sum", "mean"):
         divide = None
         if reduce == "mean":
             if counts is None:
                 raise ValueError("reduce='mean' needs counts")
-            divide = counts if counts.dtype == x.dtype else counts.to(x.dtype)
+            divide = counts
+        if operators is not None:  # see NOTE: [Operators in C++]; it casts divide to x's dtype
+            return operators.segment_sum(x, ptr, values, divide)
+        if divide is not None and divide.dtype != x.dtype:
+            divide = divide.to(x.dtype)
         if compiling:
             return _TracedSegmentSum.apply(x, ptr, values, divide)
         if not (x.requires_grad and torch.is_grad_enabled()):
             return _csr_sum_impl(x, ptr, None, values, divide)
         return _SegmentSum.apply(x, (ptr, values, divide, x.shape[0]))
     if reduce in ("max", "min"):
+        if operators is not None:
+            return operators.segment_extremum(x, ptr, reduce == "max")
         if compiling:
             return _TracedSegmentExtremum.apply(x, ptr, reduce)
         if not (x.requires_grad and torch.is_grad_enabled()):

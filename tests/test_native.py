@@ -277,7 +277,18 @@ _REPORT = """
     ok = native.available()
     y = kernels.Segments.from_counts([2, 1]).reduce(torch.tensor([1.0, 2.0, 3.0]), "sum")
     print(json.dumps({"available": ok, "built": native.build_info.get("built"), "y": y.tolist(),
-                      "error": native.build_info.get("error")}))
+                      "error": native.build_info.get("error"), "operators": native.operators() is not None,
+                      "operators_built": native.ops_build_info.get("built")}))
+"""
+
+# Only the ctypes library (a few seconds to build, where the operators take ~30 s): the
+# reduction calls the ctypes kernels directly. Both libraries share native._cached_build.
+_REPORT_KERNELS = """
+    import json, torch
+    from neurovec.engines import native, ops
+    ok = native.library() is not None
+    y = ops._csr_sum_impl(torch.tensor([1.0, 2.0, 3.0]), torch.tensor([0, 2, 3]), None, None, None)
+    print(json.dumps({"available": ok, "built": native.build_info.get("built"), "y": y.tolist()}))
 """
 
 
@@ -296,15 +307,16 @@ def test_switched_off_by_environment(tmp_path):
 def test_failing_compiler_falls_back_with_a_warning(tmp_path):
     result = _python(_REPORT, CXX="false", NEUROVEC_CACHE_DIR=str(tmp_path), PATH="/nonexistent")
     report = _report(result)
-    assert report["available"] is False and report["y"] == [3.0, 3.0]
+    assert report["available"] is False and report["operators"] is False and report["y"] == [3.0, 3.0]
     assert "no C++ compiler" in report["error"] and "native CPU kernels unavailable" in result.stderr
+    assert "C++ torch operators unavailable" in result.stderr
 
 
 @pytest.mark.skipif(native._compiler() is None, reason="no C++ compiler")
 def test_concurrent_first_use_builds_once(tmp_path):
     """Two processes start on an empty cache at once: one builds, the other waits and loads it."""
     environment = dict(os.environ, PYTHONPATH=str(ROOT), NEUROVEC_CACHE_DIR=str(tmp_path))
-    procs = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(_REPORT)], stdout=subprocess.PIPE,
+    procs = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(_REPORT_KERNELS)], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, env=environment) for _ in range(2)]
     reports = []
     for p in procs:
@@ -315,7 +327,17 @@ def test_concurrent_first_use_builds_once(tmp_path):
     libraries = list((tmp_path / "native").glob("*/*.so"))
     assert len(libraries) == 1  # no temporary left behind
     # A later process loads the cached library without building.
-    assert _report(_python(_REPORT, NEUROVEC_CACHE_DIR=str(tmp_path)))["built"] is False
+    assert _report(_python(_REPORT_KERNELS, NEUROVEC_CACHE_DIR=str(tmp_path)))["built"] is False
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(native._compiler() is None, reason="no C++ compiler")
+def test_operators_build_in_a_fresh_cache(tmp_path):
+    """The torch operators (native_ops.cpp) build from scratch, load, and are reused by a later process."""
+    first = _report(_python(_REPORT, NEUROVEC_CACHE_DIR=str(tmp_path)))
+    assert first["operators"] and first["operators_built"] and first["y"] == [3.0, 3.0], first
+    again = _report(_python(_REPORT, NEUROVEC_CACHE_DIR=str(tmp_path)))
+    assert again["operators"] and again["operators_built"] is False, again
 
 
 # --------------------------------------------------------------------------- compiled modules, kernels off
@@ -332,10 +354,12 @@ def test_compiled_modules_equal_reference_with_kernels_off(preset, graph):
 
 
 @pytest.mark.parametrize("reduce", ["gather", *ops.REDUCTIONS])
-def test_constant_indices_are_not_autograd_inputs(backend, reduce):
-    """The eager Functions take their index tensors (and per-edge values) as one tuple, kept on
-    ctx (NOTE: [Lean eager Functions]): the autograd node has one input, ``x``, instead of one
-    slot per constant, which autograd would inspect on every call. Gradients are unchanged."""
+def test_constant_indices_are_not_autograd_inputs(backend, reduce, monkeypatch):
+    """The eager Python Functions (used where the C++ operators are not built) take their index
+    tensors (and per-edge values) as one tuple, kept on ctx (NOTE: [Lean eager Functions]): the
+    autograd node has one input, ``x``, instead of one slot per constant, which autograd would
+    inspect on every call. Gradients are unchanged."""
+    monkeypatch.setattr(ops, "_cpu_operators", lambda x: None)
     gs = K.GatherSum.from_index([0, 2, 2, 1, 0], [2, 3], 3, [0.5, 1.5, -1.0, 2.0, 0.25], dtype=F64)
     ptr, cnt = ptr_of([2, 1]), torch.tensor([2.0, 1.0], dtype=F64)
     fn = gs if reduce == "gather" else (lambda t: ops.segment_reduce(t, ptr, reduce, cnt))
@@ -344,3 +368,33 @@ def test_constant_indices_are_not_autograd_inputs(backend, reduce):
     if ops.native_ok(x):  # the eager Functions run where the C++ kernels do
         assert len(y.grad_fn.next_functions) == 1, y.grad_fn.next_functions
     assert torch.autograd.gradcheck(fn, (x,))
+
+
+needs_operators = pytest.mark.skipif(native.operators() is None,
+                                     reason=f"C++ operators not built: {native.ops_build_info}")
+
+
+@needs_operators
+@pytest.mark.parametrize("reduce", ["gather", *ops.REDUCTIONS])
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+def test_operators_record_one_cpp_node(reduce, index_dtype):
+    """Where the C++ operators are built, the eager entry points call them (NOTE: [Operators in
+    C++]): the autograd node is C++ (no Python Function), only ``x`` needs a gradient, no node at
+    all when ``x`` needs none; outputs and gradients (second order too) pass gradcheck."""
+    gs = K.GatherSum.from_index([0, 2, 2, 1, 0], [2, 3], 3, [0.5, 1.5, -1.0, 2.0, 0.25], dtype=F64)
+    ptr, cnt = ptr_of([2, 1], index_dtype), torch.tensor([2.0, 1.0], dtype=F64)
+    if reduce == "gather":
+        csr = [t.to(index_dtype) for t in (gs.ptr, gs.index, gs.t_ptr, gs.t_col)]
+        fn = lambda t: ops.gather_sum(t, csr[0], csr[1], gs.values, csr[2], csr[3], gs.t_values)  # noqa: E731
+    else:
+        fn = lambda t: ops.segment_reduce(t, ptr, reduce, cnt)  # noqa: E731
+    x = torch.randn(3, 2, dtype=F64, requires_grad=True)
+    y = fn(x)
+    assert type(y.grad_fn).__name__ == "CppFunction", type(y.grad_fn)
+    assert [f is not None for f, _ in y.grad_fn.next_functions][0]
+    assert not any(f is not None for f, _ in y.grad_fn.next_functions[1:])
+    assert fn(x.detach()).grad_fn is None
+    with torch.no_grad():
+        assert fn(x).grad_fn is None and torch.equal(fn(x), y.detach())
+    assert torch.autograd.gradcheck(fn, (x,))
+    assert torch.autograd.gradgradcheck(fn, (x,))
