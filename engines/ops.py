@@ -40,7 +40,7 @@ _NATIVE_DTYPES = (torch.float32, torch.float64)
 
 def native_ok(x: torch.Tensor) -> bool:
     """Whether the C++ kernels compute on ``x`` (CPU float32/float64, built and switched on)."""
-    return x.is_cpu and x.dtype in _NATIVE_DTYPES and native.available()
+    return x.is_cpu and x.dtype in _NATIVE_DTYPES and native.library() is not None
 
 
 def _address(t: torch.Tensor | None) -> int | None:
