@@ -151,7 +151,7 @@ def ground(template: Template, facts, queries, *, seed: int = 0, prune: bool = T
     * ``prune``: leave out neurons that only pass one input on unchanged (exact: NeuraLogic's
       ``prune_only_identities``, per neuron). Groundings the queries do not reach are always left out.
     """
-    from ...compiler.allocation import reusing_freed_memory
+    from ...memory import reusing_freed_memory
     from .assembly import assemble
 
     start = time.perf_counter()

@@ -1,13 +1,13 @@
-"""compiler/allocation.py: during a compile, freed large blocks stay in malloc's heap (glibc)."""
+"""neurovec/memory.py: while compiling or grounding, freed large blocks stay in malloc's heap (glibc)."""
 import ctypes
 
 import numpy as np
 import pytest
 
-from neurovec.compiler import allocation
-from neurovec.compiler.allocation import reusing_freed_memory
+from neurovec import memory
+from neurovec.memory import reusing_freed_memory
 
-glibc_only = pytest.mark.skipif(allocation._LIBC is None, reason="needs glibc's mallopt")
+glibc_only = pytest.mark.skipif(memory._LIBC is None, reason="needs glibc's mallopt")
 
 
 class _MallInfo2(ctypes.Structure):  # glibc >= 2.33
@@ -17,15 +17,15 @@ class _MallInfo2(ctypes.Structure):  # glibc >= 2.33
 
 def _mapped_bytes() -> int:
     """Bytes malloc holds in blocks of their own mapping (``mallinfo2().hblkhd``)."""
-    allocation._LIBC.mallinfo2.restype = _MallInfo2
-    return allocation._LIBC.mallinfo2().hblkhd
+    memory._LIBC.mallinfo2.restype = _MallInfo2
+    return memory._LIBC.mallinfo2().hblkhd
 
 
 @glibc_only
 def test_large_blocks_come_from_the_heap_inside():
     # 64 MB is above every mmap threshold of glibc: outside, a mapping of its own (fresh pages
     # each time); inside, a block of the heap, where a freed one is reused.
-    if not hasattr(allocation._LIBC, "mallinfo2"):
+    if not hasattr(memory._LIBC, "mallinfo2"):
         pytest.skip("glibc before 2.33 has no mallinfo2")
     before = _mapped_bytes()
     outside = np.ones(2**23)
@@ -36,14 +36,14 @@ def test_large_blocks_come_from_the_heap_inside():
         inside = np.ones(2**23)
         assert _mapped_bytes() < before + inside.nbytes
         del inside
-    assert allocation._depth == 0
+    assert memory._depth == 0
 
 
 @glibc_only
 def test_after_a_compile_blocks_of_a_few_megabytes_still_come_from_the_heap():
     # Setting mallopt options ends glibc's dynamic mmap threshold: with the defaults put back,
     # every tensor of a few MB a training step allocates would be a fresh mapping, every step.
-    if not hasattr(allocation._LIBC, "mallinfo2"):
+    if not hasattr(memory._LIBC, "mallinfo2"):
         pytest.skip("glibc before 2.33 has no mallinfo2")
     with reusing_freed_memory():
         np.ones(2**20)
@@ -68,23 +68,23 @@ def test_nested_and_failing_blocks_end_the_reuse_once(monkeypatch):
             calls.append(("trim", pad))
             return 1
 
-    monkeypatch.setattr(allocation, "_LIBC", FakeLibc())
+    monkeypatch.setattr(memory, "_LIBC", FakeLibc())
     with pytest.raises(RuntimeError):
         with reusing_freed_memory():
             with reusing_freed_memory():  # a second compile at once (another thread)
                 pass
-            assert calls == [(allocation._M_MMAP_MAX, 0), (allocation._M_TRIM_THRESHOLD, allocation._KEEP)]
+            assert calls == [(memory._M_MMAP_MAX, 0), (memory._M_TRIM_THRESHOLD, memory._KEEP)]
             raise RuntimeError("a pass failed")
-    assert calls[2:] == [("trim", 0), (allocation._M_MMAP_MAX, allocation._AFTER_MMAP_MAX),
-                         (allocation._M_MMAP_THRESHOLD, allocation._AFTER_MMAP_THRESHOLD),
-                         (allocation._M_TRIM_THRESHOLD, allocation._AFTER_TRIM_THRESHOLD)]
-    assert allocation._depth == 0
+    assert calls[2:] == [("trim", 0), (memory._M_MMAP_MAX, memory._AFTER_MMAP_MAX),
+                         (memory._M_MMAP_THRESHOLD, memory._AFTER_MMAP_THRESHOLD),
+                         (memory._M_TRIM_THRESHOLD, memory._AFTER_TRIM_THRESHOLD)]
+    assert memory._depth == 0
 
 
 def test_without_glibc_nothing_happens(monkeypatch):
-    monkeypatch.setattr(allocation, "_LIBC", None)
+    monkeypatch.setattr(memory, "_LIBC", None)
     with reusing_freed_memory():
-        assert allocation._depth == 0
+        assert memory._depth == 0
 
 
 @glibc_only
@@ -97,7 +97,7 @@ def test_compile_builds_the_module_while_reusing_freed_memory(monkeypatch, tu_di
 
     class Recording(pipeline.CompiledModule):
         def __init__(self, *args, **kwargs):
-            depths.append(allocation._depth)
+            depths.append(memory._depth)
             super().__init__(*args, **kwargs)
 
     monkeypatch.setattr(pipeline, "CompiledModule", Recording)
@@ -106,7 +106,7 @@ def test_compile_builds_the_module_while_reusing_freed_memory(monkeypatch, tu_di
     assert depths == [1]
 
 
-@pytest.mark.parametrize("free_bytes, trimmed", [(1 << 20, False), (allocation._AFTER_TRIM_THRESHOLD + 1, True)])
+@pytest.mark.parametrize("free_bytes, trimmed", [(1 << 20, False), (memory._AFTER_TRIM_THRESHOLD + 1, True)])
 def test_the_heap_is_trimmed_only_when_it_holds_more_than_the_process_keeps(monkeypatch, free_bytes, trimmed):
     # Trimming a small heap gives little back, and the next grounding faults in every page again.
     calls = []
@@ -122,7 +122,7 @@ def test_the_heap_is_trimmed_only_when_it_holds_more_than_the_process_keeps(monk
         def mallinfo2(self):
             return _MallInfo2(fordblks=free_bytes)
 
-    monkeypatch.setattr(allocation, "_LIBC", FakeLibc())
+    monkeypatch.setattr(memory, "_LIBC", FakeLibc())
     with reusing_freed_memory():
         pass
     assert calls == (["trim"] if trimmed else [])
