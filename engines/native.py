@@ -46,8 +46,8 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["library", "operators", "available", "enabled", "set_enabled", "disabled", "build_info", "cache_dir",
-           "SOURCE", "OPS_SOURCE"]
+__all__ = ["library", "operators", "available", "enabled", "set_enabled", "disabled", "without_operators",
+           "build_info", "ops_build_info", "cache_dir", "SOURCE", "OPS_SOURCE"]
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +64,7 @@ _load_lock = threading.Lock()
 build_info: dict = {}
 _ops: object | None = None
 _ops_tried = False
+_operators_on = True  # see without_operators()
 #: The same for :func:`operators`.
 ops_build_info: dict = {}
 
@@ -88,6 +89,19 @@ def disabled():
         yield
     finally:
         set_enabled(previous)
+
+
+@contextlib.contextmanager
+def without_operators():
+    """``with native.without_operators(): ...`` runs the ctypes kernels from Python autograd
+    Functions instead of the :func:`operators` (to compare the two, or test the fallback)."""
+    global _operators_on
+    previous = _operators_on
+    _operators_on = False
+    try:
+        yield
+    finally:
+        _operators_on = previous
 
 
 def available() -> bool:
@@ -167,7 +181,7 @@ def operators():
     """``torch.ops.neurovec_cpu`` (see ``native_ops.cpp``), built and loaded on first use;
     None if the kernels are switched off or this library cannot be built."""
     global _ops, _ops_tried
-    if not _enabled:
+    if not (_enabled and _operators_on):
         return None
     if _ops_tried:
         return _ops

@@ -32,7 +32,7 @@ import torch
 
 from . import native
 
-__all__ = ["native_ok", "gather_sum", "segment_reduce", "REDUCTIONS"]
+__all__ = ["native_ok", "eager_operators", "gather_sum", "segment_reduce", "REDUCTIONS"]
 
 REDUCTIONS = ("sum", "mean", "max", "min")
 _NATIVE_DTYPES = (torch.float32, torch.float64)
@@ -456,9 +456,10 @@ class _SegmentExtremum(torch.autograd.Function):
 # is ~4.5 µs for a gather + sum with autograd against ~12.5 µs through the Python Function
 # above, and ~20 µs less per training step for each reduction. The Python Functions remain
 # for when that library cannot be built (the ctypes kernels), and under torch.compile.
-def _cpu_operators(x: torch.Tensor):
-    """``torch.ops.neurovec_cpu`` where it computes on ``x``, else None."""
-    if x.dtype in _NATIVE_DTYPES and x.is_cpu:
+def eager_operators(x: torch.Tensor):
+    """``torch.ops.neurovec_cpu`` where its operators run on ``x`` (CPU float32/float64, built and
+    switched on), eagerly (not while dynamo traces); else None."""
+    if x.dtype in _NATIVE_DTYPES and x.is_cpu and not torch.compiler.is_compiling():
         return native.operators()
     return None
 
@@ -466,11 +467,11 @@ def _cpu_operators(x: torch.Tensor):
 def gather_sum(x: torch.Tensor, ptr: torch.Tensor, col: torch.Tensor, values: torch.Tensor | None,
                t_ptr: torch.Tensor, t_col: torch.Tensor, t_values: torch.Tensor | None) -> torch.Tensor:
     """``y[j] = sum_{e in ptr[j]:ptr[j+1]} values[e] * x[col[e]]``; ``t_*`` is the transposed CSR."""
-    if torch.compiler.is_compiling():  # see NOTE: [Kernels under torch.compile]
-        return _TracedGatherSum.apply(x, ptr, col, values, t_ptr, t_col, t_values)
-    operators = _cpu_operators(x)
+    operators = eager_operators(x)
     if operators is not None:  # see NOTE: [Operators in C++]
         return operators.gather_sum(x, ptr, col, values, t_ptr, t_col, t_values)
+    if torch.compiler.is_compiling():  # see NOTE: [Kernels under torch.compile]
+        return _TracedGatherSum.apply(x, ptr, col, values, t_ptr, t_col, t_values)
     if not (x.requires_grad and torch.is_grad_enabled()):  # no autograd node needed: skip its overhead
         return _csr_sum_impl(x, ptr, col, values, None)
     return _GatherSum.apply(x, (ptr, col, values, t_ptr, t_col, t_values))
@@ -480,8 +481,8 @@ def segment_reduce(x: torch.Tensor, ptr: torch.Tensor, reduce: str, counts: torc
                    values: torch.Tensor | None = None) -> torch.Tensor:
     """Reduce each CSR segment of ``x`` (rows sorted by segment): sum (times per-row
     ``values``), mean (divided by ``counts``), max or min (ties share the gradient)."""
-    compiling = torch.compiler.is_compiling()
-    operators = None if compiling else _cpu_operators(x)
+    operators = eager_operators(x)
+    compiling = operators is None and torch.compiler.is_compiling()
     if reduce in ("sum", "mean"):
         divide = None
         if reduce == "mean":
