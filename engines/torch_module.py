@@ -54,7 +54,8 @@ def _single_element(node: Node) -> bool:
 
 
 def _expression(node: Node, nodes: dict[str, Node], rows: dict[str, str] | None = None,
-                in_place: set[str] = frozenset(), biased: dict[str, str] | None = None) -> str:
+                in_place: set[str] = frozenset(), biased: dict[str, str] | None = None,
+                stacked: dict[str, tuple[str, list[str], bool]] | None = None) -> str:
     rows = rows or {}
     srcs = [nodes[s] for s in node.srcs]
     if biased and node.name in biased:  # NOTE: [bias in the GEMM]
@@ -90,6 +91,10 @@ def _expression(node: Node, nodes: dict[str, Node], rows: dict[str, str] | None 
             return f"torch.stack([{parts}]).index_select(0, self.wsel_{node.name})"
         return f"torch.stack([{parts}])"
     if node.op is Op.CONCAT:
+        if stacked and node.name in stacked:  # NOTE: [one product of stacked rows]
+            left, rights, flat = stacked[node.name]
+            product = f"{left} @ torch.cat([{', '.join(rights)}], 1)"
+            return product if flat else f"({product}).view({node.count}, 1, {node.shape[-1]})"
         if all(s in rows for s in names):  # one-row values (weights): stacked as rows
             return f"torch.stack([{', '.join(rows[s] for s in names)}])"
         return f"torch.cat([{', '.join(names)}])"
@@ -391,6 +396,47 @@ def _biased_products(program: Program, nodes: dict[str, Node], rows: dict[str, s
     return result
 
 
+# NOTE: [one product of stacked rows] Row products of one row and several matrices, stacked
+# (``torch.stack([v @ A, v @ B])``: the readout's ``lin.weight`` moved into GraphSAGE's last
+# two products by push_linear_down) are one product with the matrices side by side,
+# ``(v @ torch.cat([A, B], 1)).view(2, 1, o)``: every element is the same dot product of
+# the same numbers, and the step has one product and, backward, two GEMMs fewer. Where the
+# stack's only readers view it as a ``(2, o)`` matrix (stack_products' GEMM), the ``(1, 2 o)``
+# row is kept as it is: one view (and its backward node) fewer.
+
+def _stacked_row_products(program: Program, nodes: dict[str, Node], rows: dict[str, str]
+                          ) -> dict[str, tuple[str, list[str], bool]]:
+    """``{concatenation: (row, [matrices], flat)}`` for the CONCATs written as one product of
+    ``row`` and the matrices side by side (NOTE: [one product of stacked rows]); ``flat``
+    where every reader views the stack as a matrix anyway (a side-by-side GEMM, see
+    compiler/passes/stack_products.py), so the product's ``(1, c * o)`` row needs no view."""
+    readers = program.users()
+    result = {}
+    for node in program.nodes:
+        if node.op is not Op.CONCAT or len(node.srcs) < 2 or node.name in rows or len(set(node.srcs)) < len(node.srcs):
+            continue
+        products = [nodes[s] for s in node.srcs]
+        if not all(p.op is Op.LINEAR and rows.get(p.name) == p.name and p.attrs["kind"] == "matmul"
+                   and readers[p.name] == [node.name] and p.shape == node.shape for p in products):
+            continue
+        lefts = {p.srcs[0] for p in products}
+        matrices = [nodes[p.srcs[1]] for p in products]
+        if len(lefts) != 1 or nodes[products[0].srcs[0]].shape[:1] != (1,) or len(node.shape) != 2 \
+                or node.shape[0] != 1 or any(len(m.shape) != 2 or m.shape != matrices[0].shape for m in matrices):
+            continue
+        flat = all(_reads_stack_as_matrix(nodes[r], node, nodes) for r in readers[node.name])
+        result[node.name] = (rows[products[0].srcs[0]], [rows[m.name] for m in matrices], flat)
+    return result
+
+
+def _reads_stack_as_matrix(reader: Node, stack: Node, nodes: dict[str, Node]) -> bool:
+    """Whether ``reader`` is a product that _linear writes with ``stack.view(c * o, i)``."""
+    return reader.op is Op.LINEAR and reader.srcs[0] == stack.name != reader.srcs[1] \
+        and reader.attrs["kind"] == "matmul" and reader.attrs.get("w_layout") == "tile" \
+        and reader.attrs.get("x_layout") == "interleave" and len(stack.shape) == 2 \
+        and len(nodes[reader.srcs[1]].shape) == 1
+
+
 def input_facts(program: Program) -> list[Node]:
     """FACT nodes that read a fact layer declared in ``Settings.dynamic_facts``: the
     values a call may replace. Every other fact is a constant of the program."""
@@ -411,6 +457,7 @@ def generate_source(program: Program) -> str:
     rows = _row_values(program, nodes)
     in_place = _in_place(program, nodes, rows)
     biased = _biased_products(program, nodes, rows)
+    stacked = _stacked_row_products(program, nodes, rows)
     inline = {name for name, expression in rows.items() if expression != name}
     # A weight used in place (NOTE: [row-stored values]) needs no statement, nor does a value
     # (a stack) that only such weights, or other values left out this way, read.
@@ -422,6 +469,11 @@ def generate_source(program: Program) -> str:
             left_out.update(replaced)
             for product, weight in replaced.items():
                 readers[weight] = [node.name if r == product else r for r in readers[weight]]
+    for concatenation in stacked:  # the concatenation computes its products
+        for product in program.node(concatenation).srcs:
+            left_out.add(product)
+            for name, names in readers.items():
+                readers[name] = [concatenation if r == product else r for r in names]
     for addition, product in biased.items():  # the addition computes the product: it reads what that read
         left_out.add(product)
         for name, names in readers.items():
@@ -438,8 +490,10 @@ def generate_source(program: Program) -> str:
         if node.name in inputs:
             code = f"    {node.name} = inputs[{node.attrs['fact_layer']!r}]"
         else:
-            code = f"    {node.name} = {_expression(node, nodes, rows, in_place, biased)}"
+            code = f"    {node.name} = {_expression(node, nodes, rows, in_place, biased, stacked)}"
         shape = ", ".join(map(str, node.shape if node.name in rows else (node.count,) + node.shape))
+        if node.name in stacked and stacked[node.name][2]:  # stored as its one row
+            shape += f") as (1, {node.count * node.shape[-1]}"
         lines.append(f"{code:<72}  # ({shape}{',' if len(node.shape) == 1 and node.name in rows else ''})")
         if node.name in signed_zeros:
             lines.extend(_order_signed_zeros(node, nodes, rows))

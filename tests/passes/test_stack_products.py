@@ -21,18 +21,25 @@ from .test_join_sums import sage_like
 SETTINGS = Settings()
 
 
-def side_by_side(reader="sum", n_products=2, n=4, width=3, out=2, seed=0, edges=None, counts=None):
+def side_by_side(reader="sum", n_products=2, n=4, width=3, out=2, seed=0, edges=None, counts=None, through=None):
     """h = tanh(x W) (n rows); products h Wk (one-row weights, out wide), concatenated; read by a
-    fused sum over ``edges`` (``reader="sum"``) or a gather (``"gather"``); sigmoid output."""
+    fused sum over ``edges`` (``reader="sum"``) or a gather (``"gather"``); sigmoid output.
+    With ``through=m``, each Vk is itself a product ``L @ A_k`` of one (1, m) row L (``out`` = 1)."""
     rng = np.random.default_rng(seed)
     b = Builder(seed)
     b.fact("x", rng.normal(size=(n, width)))
     b.weights("W", (width, width))
     b.linear("hw", "W", "x", w_layout="tile")
     b.transform("h", "hw", "tanh")
+    if through is not None:
+        b.weights("L", (1, through))
     products = []
     for k in range(n_products):
-        b.weights(f"V{k}", (out, width))
+        if through is None:
+            b.weights(f"V{k}", (out, width))
+        else:
+            b.weights(f"A{k}", (through, width))
+            b.linear(f"V{k}", "L", f"A{k}")
         products.append(b.linear(f"p{k}", f"V{k}", "h", w_layout="tile"))
     b.concat("s", *products)
     rows = n * n_products
@@ -133,3 +140,31 @@ def test_sage_like_equals_the_reference(preset):
     if preset == "default":
         assert any(n.attrs.get("x_layout") == "interleave" for n in build_program(graph, preset).nodes)
     assert_equivalent(graph, neurovec.compile(graph, preset, dtype=torch.float64))
+
+
+def test_sage_stacked_weights_are_one_product(tu_dir):
+    """The stacked weights of SAGE's last layer, each the readout's ``lin.weight`` times a layer
+    weight, are one product of it with both weights side by side (NOTE: [one product of stacked rows])."""
+    graph = datasets.sage(datasets.load_tu("MUTAG", tu_dir, download=False), hidden=4)
+    module = neurovec.compile(graph, Settings(), dtype=torch.float64)
+    assert "= w['lin.weight'] @ torch.cat([w['conv2.lin_l.weight'], w['conv2.lin_r.weight']], 1)" \
+        "  # (2, 1, 4) as (1, 8)" in module.code, module.code
+    assert "torch.stack(" not in module.code
+    assert_equivalent(graph, module)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(n=st.integers(1, 5), width=st.integers(1, 4), through=st.integers(1, 4), k=st.integers(2, 3),
+       seed=st.integers(0, 2**16), reader=st.sampled_from(["sum", "gather"]))
+def test_stacked_row_products_are_one_product(n, width, through, k, seed, reader):
+    """Weights that are products of one row with several matrices (NOTE: [one product of stacked
+    rows]) are one product with the matrices side by side: the same function as each alone."""
+    rng = np.random.default_rng(seed)
+    edges = rng.integers(0, n * k, 7 if reader == "sum" else 5)
+    before = side_by_side(reader, k, n, width, 1, seed, edges, through=through)
+    after = stack_products(before, SETTINGS)
+    source = generate_source(after)
+    matrices = ", ".join(f"w['A{j}0']" for j in range(k))
+    assert f"= w['L0'] @ torch.cat([{matrices}], 1)  " in source, source
+    assert "torch.stack(" not in source
+    assert_same_function(before, after, tol=1e-9)
