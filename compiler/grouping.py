@@ -42,7 +42,7 @@ _MULTIPLIERS = tuple(np.uint64(m) for m in (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5
                                             0xD6E8FEB86659FD93, 0xA0761D6478BD642F, 0xE7037ED1A0B428DB))
 _SMALL_KEYS = 1 << 10  # keys below max(4n, this) index a table directly
 _RUN_CHUNK = 1 << 20  # run_block reads the changes this many at a time
-_CHUNK = 1 << 18  # rows (or labels) per chunk of edge-sized work (NOTE: [chunks])
+CHUNK = 1 << 18  # rows (or labels) per chunk of edge-sized work (NOTE: [chunks])
 
 # NOTE: [chunks] At 100x PROTEINS a pass groups 20M labels. Every edge-sized temporary is 160 MB
 # of memory that the compile must take from the kernel unless an earlier temporary left it free,
@@ -85,8 +85,8 @@ def _first_in_table(keys: np.ndarray, bound: int) -> np.ndarray:
     n = keys.size
     dtype = row_dtype(n)
     table = np.full(bound, n, dtype=dtype)
-    for lo in range(0, n, _CHUNK):
-        np.minimum.at(table, keys[lo:lo + _CHUNK], np.arange(lo, min(lo + _CHUNK, n), dtype=dtype))
+    for lo in range(0, n, CHUNK):
+        np.minimum.at(table, keys[lo:lo + CHUNK], np.arange(lo, min(lo + CHUNK, n), dtype=dtype))
     return table[keys]
 
 
@@ -119,12 +119,12 @@ def first_rows(keys: np.ndarray, bound: int | None = None) -> np.ndarray:
             table = np.empty(1 << bits, dtype=dtype)
         slot_first = table[:1 << bits]
         slot_first.fill(m)
-        for lo in range(0, m, _CHUNK):
-            hi = min(lo + _CHUNK, m)
+        for lo in range(0, m, CHUNK):
+            hi = min(lo + CHUNK, m)
             np.minimum.at(slot_first, _slots(words[lo:hi], bits, round_), np.arange(lo, hi, dtype=dtype))
         again = []  # per chunk: rows of another key than their slot's first row
-        for lo in range(0, m, _CHUNK):
-            hi = min(lo + _CHUNK, m)
+        for lo in range(0, m, CHUNK):
+            hi = min(lo + CHUNK, m)
             chunk = words[lo:hi]
             local = slot_first[_slots(chunk, bits, round_)]
             same = words[local] == chunk
@@ -169,7 +169,8 @@ def representatives(first: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``(reps, inverse)`` of a first-row form: the distinct rows, ascending, and for every row
     the position of its representative among them (``first == reps[inverse]``)."""
     is_rep = first == np.arange(first.size)
-    rank = np.cumsum(is_rep) - 1
+    rank = np.cumsum(is_rep, dtype=row_dtype(first.size))  # the narrow type: readers' indices are composed with it
+    rank -= 1
     return np.flatnonzero(is_rep), rank[first]
 
 
@@ -295,7 +296,7 @@ def expand_segments(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
 def _multiset_hashes(labels: np.ndarray, counts: np.ndarray) -> np.ndarray:
     """Per segment: the count and the wrapping sum of the mixed labels (order-independent).
 
-    The labels are mixed and summed a run of whole segments at a time (about ``_CHUNK`` labels;
+    The labels are mixed and summed a run of whole segments at a time (about ``CHUNK`` labels;
     NOTE: [chunks]): no mixed copy of all of them."""
     n = counts.size
     sums = np.zeros(n, np.uint64)
@@ -303,8 +304,8 @@ def _multiset_hashes(labels: np.ndarray, counts: np.ndarray) -> np.ndarray:
         ends = np.cumsum(counts)
         starts = ends - counts
         # Chunks of whole segments: a chunk starts at the first segment starting at or after a
-        # multiple of _CHUNK labels.
-        cuts = np.unique(np.searchsorted(starts, np.arange(0, labels.size, _CHUNK)))
+        # multiple of CHUNK labels.
+        cuts = np.unique(np.searchsorted(starts, np.arange(0, labels.size, CHUNK)))
         cuts = np.append(cuts[cuts < n], n)
         for s0, s1 in zip(cuts[:-1], cuts[1:]):
             lo, hi = starts[s0], ends[s1 - 1]

@@ -161,7 +161,7 @@ def test_chunks_change_nothing(monkeypatch, chunk):
     whole = grouping._multiset_hashes(labels, counts)
     keys = rng.integers(0, 50, size=700)
     structured = (np.arange(700, dtype=np.int64) % 90) << 40  # several hashed rounds
-    monkeypatch.setattr(grouping, "_CHUNK", chunk)
+    monkeypatch.setattr(grouping, "CHUNK", chunk)
     assert np.array_equal(grouping._multiset_hashes(labels, counts), whole)
     for k, bound in ((keys, 50), (keys * 2**33, None), (structured, None)):
         assert first_rows(k, bound).tolist() == python_first(k.tolist())

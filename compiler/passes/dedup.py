@@ -47,6 +47,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import grouping
 from ..grouping import first_equal_multisets, first_equal_rows, first_rows, representatives, row_dtype
 from ..ir import Node, Op, Program, linear_grid
 from ..settings import Settings
@@ -61,15 +62,22 @@ _TRANSIENT = (Op.GATHER, Op.SLICE, Op.TILE, Op.INTERLEAVE, Op.LINEAR)  # edge-si
 _PAIR_LIMIT = 2**62
 
 
-def _pair(a: np.ndarray, a_bound: int, b: np.ndarray, b_bound: int) -> tuple[np.ndarray, int]:
+def _pair(a: np.ndarray, a_bound: int, b: np.ndarray, b_bound: int,
+          a_rows: np.ndarray | None = None, b_rows: np.ndarray | None = None) -> tuple[np.ndarray, int]:
     """Exact labels of the pairs ``(a[i], b[i])``: ``a * b_bound + b`` (compacted first if that
-    could overflow)."""
+    could overflow). With ``a_rows`` (``b_rows``), side ``a`` (``b``) is read as ``a[a_rows]``: a
+    gathered side is read a chunk of rows at a time (NOTE: [chunks]), never made whole."""
     if a_bound * b_bound >= _PAIR_LIMIT:
-        a, a_bound = first_rows(a, a_bound), a.size
-        b, b_bound = first_rows(b, b_bound), b.size
+        a, a_bound = first_rows(a if a_rows is None else a[a_rows], a_bound), (a if a_rows is None else a_rows).size
+        b, b_bound = first_rows(b if b_rows is None else b[b_rows], b_bound), (b if b_rows is None else b_rows).size
+        a_rows = b_rows = None
     bound = max(a_bound * b_bound, 1)
-    pairs = np.multiply(a, b_bound, dtype=row_dtype(bound))  # int32 where every pair (and b_bound) fits
-    pairs += b
+    n = (a if a_rows is None else a_rows).size
+    pairs = np.empty(n, row_dtype(bound))  # int32 where every pair (and b_bound) fits
+    for lo in range(0, n, grouping.CHUNK):
+        hi = min(lo + grouping.CHUNK, n)
+        np.multiply(a[lo:hi] if a_rows is None else a[a_rows[lo:hi]], b_bound, out=pairs[lo:hi], dtype=pairs.dtype)
+        pairs[lo:hi] += b[lo:hi] if b_rows is None else b[b_rows[lo:hi]]
     return pairs, bound
 
 
@@ -303,11 +311,15 @@ class RowIds:
         if node.op is Op.LINEAR:
             w, x = (e.nodes[s] for s in node.srcs)
             _, g2 = linear_grid(node, w, x)
-            w_ids, w_bound = self.labels(w.name)
-            x_ids, x_bound = self.labels(x.name)
-            w_ids = _side(w_ids, node.attrs.get("w_layout", "full"), node.count, g2)
-            x_ids = _side(x_ids, node.attrs.get("x_layout", "full"), node.count, g2)
-            return _pair(w_ids, w_bound, x_ids, x_bound)
+            sides = []  # (labels, rows of them or None, bound) of w, then of x
+            for side, layout in ((w, node.attrs.get("w_layout", "full")), (x, node.attrs.get("x_layout", "full"))):
+                if layout == "full":
+                    sides.append(self._gathered(side.name))
+                else:
+                    ids, bound = self.labels(side.name)
+                    sides.append((_side(ids, layout, node.count, g2), None, bound))
+            (w_ids, w_rows, w_bound), (x_ids, x_rows, x_bound) = sides
+            return _pair(w_ids, w_bound, x_ids, x_bound, w_rows, x_rows)
         if node.op is Op.REDUCE:
             counts = e.constants[node.attrs["counts"]]
             inputs, bound = self.labels(node.srcs[0])
@@ -324,11 +336,28 @@ class RowIds:
             return first_equal_rows(e.constants[node.attrs["const"]]), max(node.count, 1)
         return np.arange(node.count, dtype=row_dtype(node.count)), max(node.count, 1)  # FACT: every row its own
 
+    def _gathered(self, name: str) -> tuple[np.ndarray, np.ndarray | None, int]:
+        """Node ``name``'s labels as ``(ids, rows, bound)``: its labels are ``ids[rows]``, or ``ids``
+        where ``rows`` is None. A GATHER whose labels are not at hand gives its source's labels and
+        its index, which ``_pair`` reads a chunk at a time: at 100x PROTEINS the labels of a
+        convolution's gathered weights and inputs are two edge-sized arrays (20M rows) less."""
+        node = self.editor.nodes[name]
+        known = self.known.get(name)
+        if (node.op is not Op.GATHER or name in self.memo
+                or (known is not None and (known.ids is not None or known.distinct is not None))):
+            ids, bound = self.labels(name)
+            return ids, None, bound
+        source = node.srcs[0]
+        ids, bound = self.labels(source)
+        if self.editor.nodes[source].op in _TRANSIENT:  # dropped once read, as labels() does
+            self.memo.pop(source, None)
+        return ids, self.editor.constants[node.attrs["index"]], bound
+
     def _weight_ids(self, node: Node) -> tuple[np.ndarray, int]:
         """Rows naming the same weight are equal (an upward fold may name a weight twice)."""
         weights = {w.name: w for w in self.editor.program.weights}
         seen: dict[object, int] = {}
-        ids = np.empty(node.count, dtype=np.int64)
+        ids = np.empty(node.count, dtype=row_dtype(node.count))  # gathered per edge: the narrow type
         for row, name in enumerate(node.attrs["names"]):  # one per weight of the stack, not per edge
             weight = weights.get(name)
             key = name

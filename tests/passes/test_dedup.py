@@ -1,7 +1,9 @@
 """Deduplication of linear ops and aggregations, with downward gather propagation (thesis 5.2.6)."""
 import numpy as np
+import pytest
 import torch
 from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 
 import neurovec
 from neurovec.compiler.ir import Node, Op, Program
@@ -358,3 +360,46 @@ def test_labels_are_freed_when_a_pass_returns(monkeypatch):
         assert len(made) == 3 and all(ref() is None for ref in made)
     finally:
         gc.enable()
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_pair_of_gathered_sides_reads_them_a_chunk_at_a_time(data):
+    from neurovec.compiler import grouping
+    from neurovec.compiler.passes.dedup import _pair
+    chunk = data.draw(st.sampled_from([1, 3, 64, 1 << 18]))
+    a_bound, b_bound = data.draw(st.integers(1, 50)), data.draw(st.integers(1, 2**40))
+    a = np.array(data.draw(st.lists(st.integers(0, a_bound - 1), min_size=1, max_size=30)), np.int32)
+    b = np.array(data.draw(st.lists(st.integers(0, b_bound - 1), min_size=1, max_size=30)), np.int64)
+    n = data.draw(st.integers(0, 40))
+    a_rows = np.array(data.draw(st.lists(st.integers(0, a.size - 1), min_size=n, max_size=n)), np.int64)
+    b_rows = np.array(data.draw(st.lists(st.integers(0, b.size - 1), min_size=n, max_size=n)), np.int32)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(grouping, "CHUNK", chunk)
+        pairs, bound = _pair(a, a_bound, b, b_bound, a_rows, b_rows)
+    assert bound == a_bound * b_bound and pairs.size == n
+    assert pairs.tolist() == [int(a[i]) * b_bound + int(b[j]) for i, j in zip(a_rows, b_rows)]
+    assert _pair(a[a_rows], a_bound, b[b_rows], b_bound)[0].tolist() == pairs.tolist()
+
+
+def test_labels_in_chunks_merge_as_whole_labels(monkeypatch, tu_dir):
+    """iso_compression and dedup label a LINEAR over gathers a chunk of rows at a time: with
+    chunks of 1, 7 and 64 rows the programs are the ones of a single chunk."""
+    from neurovec.compiler import grouping
+    from neurovec.compiler.passes.dedup_facts import dedup_facts
+    from neurovec.compiler.passes.iso_compression import iso_compress
+    from neurovec.compiler.vectorizer import vectorize
+    from neurovec.datasets import gcn, load_tu
+    graph = gcn(load_tu("MUTAG", tu_dir))
+
+    def passes():
+        program = dedup_facts(vectorize(graph), SETTINGS)
+        for step in (iso_compress, dedup_linear, dedup_aggregations):
+            program = step(program, SETTINGS)
+        return program
+
+    whole = passes()
+    assert whole.node("conv1_agg").count < graph.layers[1].counts.size  # something merged
+    for chunk in (1, 7, 64):
+        monkeypatch.setattr(grouping, "CHUNK", chunk)
+        assert _same_program(passes(), whole)
