@@ -24,7 +24,7 @@ from ..grouping import first_equal_rows, first_rows, representatives
 from ..ir import Op, Program
 from ..rewrite import is_input_fact
 from ..settings import Settings
-from .dedup import compress
+from .dedup import compress, hand_over_distinct_facts
 from .upward import SHRINK, Editor, RowPlanner
 
 __all__ = ["dedup_facts"]
@@ -34,6 +34,7 @@ def dedup_facts(program: Program, settings: Settings) -> Program:
     editor = Editor(program)
     planner = RowPlanner(editor, settings, SHRINK)
     dynamic = set(settings.dynamic_facts)
+    distinct = []  # facts left as they were, their rows pairwise distinct: for iso_compression
     for node in program.nodes:
         if not is_input_fact(node) or node.attrs["fact_layer"] in dynamic or not editor.is_live(node.name):
             continue
@@ -53,4 +54,8 @@ def dedup_facts(program: Program, settings: Settings) -> Program:
             reps, inverse = representatives(first)
         if reps.size < node.count:
             compress(editor, planner, node.name, reps, inverse)
-    return editor.finish()
+        else:  # every row read, and no two alike
+            distinct.append(node.name)
+    result = editor.finish()
+    hand_over_distinct_facts(result, distinct, dynamic)
+    return result

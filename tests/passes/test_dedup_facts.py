@@ -112,3 +112,32 @@ def test_mutag_one_hot_features_shrink_to_seven_rows(tu_dir):
     program = build_program(graph, Settings.preset("unoptimized", dedup_facts=True))
     assert program.node("f_x").count == 7  # thesis Fig. 6.9: x is (7, 7)
     assert_equivalent(graph, CompiledModule(program, torch.float64))
+
+
+def test_iso_compression_takes_the_distinct_facts_from_dedup_facts(monkeypatch):
+    """Facts that dedup_facts found distinct bit for bit and left alone are not hashed again by
+    iso_compression (fact y, with two equal rows, is), and the program is the one iso_compression
+    makes when it hashes them itself."""
+    from neurovec.compiler.passes import dedup
+    from neurovec.compiler.passes.iso_compression import iso_compress
+    b = Builder()
+    b.fact("x", [[1.0, 2.0], [-0.0, 2.0], [0.0, 2.0]])  # distinct by their bytes
+    b.fact("y", [[5.0, 5.0]] * 2)
+    b.weights("W", (2, 2))
+    b.gather("w", "W", [0] * 5)
+    b.gather("v", "x", [0, 1, 2, 2, 1])
+    b.linear("lin", "w", "v")
+    b.reduce("r", "lin", [2, 3])
+    b.gather("u", "y", [0, 1])
+    b.reduce("s", "u", [1, 1])
+    b.concat("out", "r", "s")
+    program = dedup_facts(b.build("out"), SETTINGS)
+    hashed = []
+    original = dedup.first_equal_rows
+    monkeypatch.setattr(dedup, "first_equal_rows", lambda values: hashed.append(values.shape) or original(values))
+    after = iso_compress(program, SETTINGS)
+    assert hashed == [(1, 2)]  # y (deduplicated to one row) only
+    hashed.clear()
+    again = iso_compress(program.replace(), SETTINGS)  # another program object: nothing handed over
+    assert sorted(hashed) == [(1, 2), (3, 2)]
+    assert str(after) == str(again) and all(np.array_equal(after.constants[k], again.constants[k]) for k in again.constants)
