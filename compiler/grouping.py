@@ -34,7 +34,7 @@ import math
 
 import numpy as np
 
-__all__ = ["row_dtype", "first_rows", "first_equal_rows", "first_equal_multisets", "representatives", "all_distinct",
+__all__ = ["row_dtype", "equal_arrays", "first_rows", "first_equal_rows", "first_equal_multisets", "representatives", "all_distinct",
            "mix64", "row_hashes", "expand_segments", "dense_ranks", "stable_order", "is_identity", "run_block"]
 
 # Odd 64-bit multipliers (from splitmix64 and the golden ratio) for the rounds of slot hashing.
@@ -176,6 +176,18 @@ def representatives(first: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def all_distinct(first: np.ndarray) -> bool:
     return bool(np.all(first == np.arange(first.size)))
+
+
+def equal_arrays(a: np.ndarray, b: np.ndarray) -> bool:
+    """``np.array_equal(a, b)`` for 1-d arrays, a chunk at a time: it stops at the first chunk that
+    differs (most candidate periods of an edge-sized index differ early), and makes no array of
+    the length of both (NOTE: [chunks])."""
+    if a.shape != b.shape:
+        return False
+    for lo in range(0, a.size, CHUNK):
+        if not np.array_equal(a[lo:lo + CHUNK], b[lo:lo + CHUNK]):
+            return False
+    return True
 
 
 def is_identity(index: np.ndarray, count: int) -> bool:

@@ -170,6 +170,16 @@ def test_chunks_change_nothing(monkeypatch, chunk):
 
 
 @settings(max_examples=200, deadline=None)
+@given(a=st.lists(st.integers(0, 3), max_size=20), b=st.lists(st.integers(0, 3), max_size=20),
+       chunk=st.sampled_from([1, 3, 1 << 18]))
+def test_equal_arrays_is_array_equal_a_chunk_at_a_time(a, b, chunk):
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(grouping, "CHUNK", chunk)
+        for x, y in ((a, b), (a, a), (a, a[:-1] + [4]), (a, [4] + a[1:])):
+            assert grouping.equal_arrays(np.array(x), np.array(y)) == np.array_equal(x, y)
+
+
+@settings(max_examples=200, deadline=None)
 @given(ranges=st.lists(st.tuples(st.integers(0, 2**40), st.integers(0, 5)), max_size=30))
 def test_expand_segments_concatenates_the_ranges(ranges):
     """Empty ranges anywhere (first, last, in a row) and starts that go down or repeat."""

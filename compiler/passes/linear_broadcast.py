@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..grouping import is_identity, run_block
+from ..grouping import equal_arrays, is_identity, run_block
 from ..ir import Node, Op, Program, compact_index, unique_name, users_of
 from ..settings import Settings
 
@@ -104,7 +104,7 @@ def tile_period(index: np.ndarray) -> int:
     for factor in _prime_factors(n):
         candidate = period // factor
         # (The single-element test first rejects most candidates without a full comparison.)
-        if index[candidate] == index[0] and np.array_equal(index[candidate:], index[:-candidate]):
+        if index[candidate] == index[0] and equal_arrays(index[candidate:], index[:-candidate]):
             period = candidate
     return period
 
