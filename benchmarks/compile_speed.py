@@ -29,7 +29,7 @@ import numpy as np
 
 from neurovec import datasets
 from neurovec.compiler import Settings, build_program, vectorize
-from neurovec.compiler.allocation import reusing_freed_memory
+from neurovec.memory import reusing_freed_memory
 from neurovec.compiler.pipeline import PIPELINE
 from neurovec.engines.torch_module import CompiledModule
 from neurovec.sources.graph import FactLayer, Graph, NeuronLayer, Weight

@@ -17,7 +17,7 @@ import torch
 from ..engines.torch_module import CompiledModule
 from ..progress import Progress
 from ..sources.graph import FactLayer, Graph
-from .allocation import reusing_freed_memory
+from ..memory import reusing_freed_memory
 from .ir import IRError, Program
 from .passes import (broadcast_adds, cleanup, coefficients, compose_gathers, compose_sums, dedup, dedup_facts, fold_constants,
                      fuse_fact_products, iso_compression, join_sums, kernels, linear_broadcast, padding, reorder_linear, segments,
@@ -195,6 +195,6 @@ def compile(graph: Graph, settings: Settings | str | dict | None = None, dtype: 
         raise TypeError(f"neurovec.compile: dtype must be one of {', '.join(map(str, FLOAT_DTYPES))} "
                         f"(got {dtype!r}); weights are learnable, so the module computes in floating point")
     # The module's tensors too take the pages the passes freed (at 100x PROTEINS building the
-    # module took 1.5 s outside and 0.8 s inside): see compiler/allocation.py.
+    # module took 1.5 s outside and 0.8 s inside): see memory.py.
     with reusing_freed_memory():
         return CompiledModule(build_program(graph, resolve_settings(settings)), dtype)
