@@ -96,6 +96,32 @@ Tensor csr_sum(const Tensor& x_in, const Tensor& ptr_in, const Tensor& col_in, c
     return y;
 }
 
+// y[j] += bias for every row j, in place: bias is one row of y's row shape. Each element gets
+// the same rounding as torch's y + bias (one IEEE addition), so fusing the add changes no bit.
+void add_row(Tensor& y, const Tensor& bias_in) {
+    TORCH_CHECK(bias_in.scalar_type() == y.scalar_type() && bias_in.sizes() == y.sizes().slice(1),
+                "neurovec_cpu::gather_sum: bias must be one row of the result, shape ", y.sizes().slice(1), " and ",
+                y.scalar_type(), ", got ", bias_in.sizes(), " and ", bias_in.scalar_type());
+    const Tensor bias = bias_in.contiguous();
+    const int64_t w = row_width(y);
+    AT_DISPATCH_FLOATING_TYPES(y.scalar_type(), "neurovec_cpu::add_row", [&] {
+        scalar_t* out = y.data_ptr<scalar_t>();
+        const scalar_t* b = bias.data_ptr<scalar_t>();
+        at::parallel_for(0, y.size(0), std::max<int64_t>(1, 32768 / std::max<int64_t>(w, 1)), [&](int64_t r0, int64_t r1) {
+            for (int64_t r = r0; r < r1; ++r)
+                for (int64_t k = 0; k < w; ++k) out[r * w + k] += b[k];
+        });
+    });
+}
+
+// A @ x, plus bias (if given) added to each row last.
+Tensor csr_sum_biased(const Tensor& x, const Tensor& ptr, const Tensor& col, const OptionalTensor& values,
+                      const OptionalTensor& bias) {
+    Tensor y = csr_sum(x, ptr, col, values, std::nullopt);
+    if (bias.has_value() && bias->defined()) add_row(y, *bias);
+    return y;
+}
+
 // out[e] = values[e] * g[j] / divide[j] for the entries e of segment j: the transpose of a segment sum.
 Tensor broadcast(const Tensor& g_in, const Tensor& ptr_in, const OptionalTensor& values_in,
                  const OptionalTensor& divide_in, int64_t n_entries) {
@@ -170,11 +196,15 @@ Tensor extremum_backward_differentiable(const Tensor& grad, const Tensor& x, con
 struct GatherSum : public torch::autograd::Function<GatherSum> {
     static Tensor forward(AutogradContext* ctx, const Tensor& x, const Tensor& ptr, const Tensor& col,
                           const OptionalTensor& values, const Tensor& t_ptr, const Tensor& t_col,
-                          const OptionalTensor& t_values) {
+                          const OptionalTensor& t_values, const OptionalTensor& bias) {
         auto& saved = ctx->saved_data;
         saved["ptr"] = ptr, saved["col"] = col, saved["values"] = values;
         saved["t_ptr"] = t_ptr, saved["t_col"] = t_col, saved["t_values"] = t_values;
-        return csr_sum(x, ptr, col, values, std::nullopt);
+        // needs_input_grad counts the tensor inputs that are given: the bias's position
+        // among them (x, ptr, col, t_ptr, t_col and values/t_values where defined), -1 if none.
+        const auto given = [](const OptionalTensor& t) { return int64_t(t.has_value() && t->defined()); };
+        saved["bias_edge"] = given(bias) ? 5 + given(values) + given(t_values) : int64_t(-1);
+        return csr_sum_biased(x, ptr, col, values, bias);
     }
 
     static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -185,11 +215,16 @@ struct GatherSum : public torch::autograd::Function<GatherSum> {
             const OptionalTensor t_values = saved["t_values"].toOptional<Tensor>();
             if (at::GradMode::is_enabled())
                 grad_x = apply(grads[0], t_ptr, t_col, t_values, saved["ptr"].toTensor(), saved["col"].toTensor(),
-                               saved["values"].toOptional<Tensor>());
+                               saved["values"].toOptional<Tensor>(), std::nullopt);
             else
                 grad_x = csr_sum(grads[0], t_ptr, t_col, t_values, std::nullopt);
         }
-        return {grad_x, Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor()};
+        // The bias is added to every row: its gradient is the sum of the rows' gradients
+        // (a differentiable at::sum, so double backward goes through it too).
+        Tensor grad_bias;
+        const int64_t bias_edge = ctx->saved_data["bias_edge"].toInt();
+        if (bias_edge >= 0 && ctx->needs_input_grad(bias_edge) && grads[0].defined()) grad_bias = grads[0].sum(0);
+        return {grad_x, Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), grad_bias};
     }
 };
 
@@ -263,14 +298,17 @@ struct SegmentExtremum : public torch::autograd::Function<SegmentExtremum> {
 // ---------------------------------------------------------------- registration
 
 Tensor gather_sum_cpu(const Tensor& x, const Tensor& ptr, const Tensor& col, const OptionalTensor& values,
-                      const Tensor& t_ptr, const Tensor& t_col, const OptionalTensor& t_values) {
-    return csr_sum(x, ptr, col, values, std::nullopt);
+                      const Tensor& t_ptr, const Tensor& t_col, const OptionalTensor& t_values,
+                      const OptionalTensor& bias) {
+    return csr_sum_biased(x, ptr, col, values, bias);
 }
 
 Tensor gather_sum_autograd(const Tensor& x, const Tensor& ptr, const Tensor& col, const OptionalTensor& values,
-                           const Tensor& t_ptr, const Tensor& t_col, const OptionalTensor& t_values) {
-    if (!needs_graph(x)) return csr_sum(x, ptr, col, values, std::nullopt);
-    return GatherSum::apply(x, ptr, col, values, t_ptr, t_col, t_values);
+                           const Tensor& t_ptr, const Tensor& t_col, const OptionalTensor& t_values,
+                           const OptionalTensor& bias) {
+    const bool bias_graph = bias.has_value() && bias->defined() && needs_graph(*bias);
+    if (!needs_graph(x) && !bias_graph) return csr_sum_biased(x, ptr, col, values, bias);
+    return GatherSum::apply(x, ptr, col, values, t_ptr, t_col, t_values, bias);
 }
 
 Tensor segment_sum_cpu(const Tensor& x, const Tensor& ptr, const OptionalTensor& values,
@@ -299,7 +337,7 @@ Tensor segment_extremum_autograd(const Tensor& x, const Tensor& ptr, bool max) {
 
 TORCH_LIBRARY(neurovec_cpu, m) {
     m.def("gather_sum(Tensor x, Tensor ptr, Tensor col, Tensor? values, Tensor t_ptr, Tensor t_col, "
-          "Tensor? t_values) -> Tensor");
+          "Tensor? t_values, Tensor? bias=None) -> Tensor");
     m.def("segment_sum(Tensor x, Tensor ptr, Tensor? values, Tensor? divide) -> Tensor");
     m.def("segment_broadcast(Tensor g, Tensor ptr, Tensor? values, Tensor? divide, int n_entries) -> Tensor");
     m.def("segment_extremum(Tensor x, Tensor ptr, bool max) -> Tensor");

@@ -60,6 +60,8 @@ def _expression(node: Node, nodes: dict[str, Node], rows: dict[str, str] | None 
     srcs = [nodes[s] for s in node.srcs]
     if biased and node.name in biased:  # NOTE: [bias in the GEMM]
         product, bias = nodes[biased[node.name]], rows[node.srcs[1]]
+        if product.op is Op.REDUCE:  # NOTE: [bias in the sparse sum]
+            return f"gather_sum({product.srcs[0]}, self.csr_{product.name}, {bias})"
         if node.name in rows:  # two rows: a matrix times a vector, plus a vector
             m, v = (rows[s] for s in product.srcs)
             return f"torch.addmv({bias}, {m}, {v})"
@@ -396,6 +398,36 @@ def _biased_products(program: Program, nodes: dict[str, Node], rows: dict[str, s
     return result
 
 
+# NOTE: [bias in the sparse sum] A sparse sum plus a row-stored bias, ``A @ x + b`` (MUTAG's
+# readout: the pooled sums plus the output bias), is one ``gather_sum(x, csr, b)``: the C++
+# operator adds ``b`` to each row after summing it, one op and one autograd node fewer. Each
+# element is the same sum plus the same ``b``, one IEEE addition as in ``y + b``, so the numbers
+# are bitwise those of the separate add (no zero-sign caveat as for addmm); where the operator
+# does not run (ctypes fallback, no compiler, torch.compile) runtime.gather_sum adds it separately.
+# The function after it may still overwrite the sum in place (``torch.sigmoid_``): the operator's
+# autograd node saves no output, and the fallbacks' separate add is a plain add.
+
+def _biased_sums(program: Program, nodes: dict[str, Node], rows: dict[str, str]) -> dict[str, str]:
+    """``{addition: reduction}`` for the additions of a row-stored bias of the result's row shape
+    to a sparse-matmul sum that nothing else reads (NOTE: [bias in the sparse sum])."""
+    readers = program.users()
+    result = {}
+    for node in program.nodes:
+        if node.op is not Op.ADD or "hcat" in node.attrs or node.name in rows:
+            continue
+        reduction, bias = (nodes[s] for s in node.srcs)
+        if reduction.op is not Op.REDUCE or reduction.attrs.get("kernel") != "sparse_mm" \
+                or reduction.attrs["aggregation"] not in ("sum", "mean"):
+            continue
+        if bias.name not in rows or bias.shape != node.shape or reduction.shape != node.shape \
+                or reduction.count != node.count:
+            continue
+        if readers[reduction.name] != [node.name] or reduction.name in rows or reduction.name == program.output:
+            continue
+        result[node.name] = reduction.name
+    return result
+
+
 # NOTE: [one product of stacked rows] Row products of one row and several matrices, stacked
 # (``torch.stack([v @ A, v @ B])``: the readout's ``lin.weight`` moved into GraphSAGE's last
 # two products by push_linear_down) are one product with the matrices side by side,
@@ -456,7 +488,7 @@ def generate_source(program: Program) -> str:
     lines.append("    w = self.weights")
     rows = _row_values(program, nodes)
     in_place = _in_place(program, nodes, rows)
-    biased = _biased_products(program, nodes, rows)
+    biased = {**_biased_products(program, nodes, rows), **_biased_sums(program, nodes, rows)}
     stacked = _stacked_row_products(program, nodes, rows)
     inline = {name for name, expression in rows.items() if expression != name}
     # A weight used in place (NOTE: [row-stored values]) needs no statement, nor does a value
