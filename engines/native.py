@@ -57,13 +57,11 @@ HEADER = Path(__file__).with_name("native_kernels.h")  # included by both
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
 
 _enabled = os.environ.get("NEUROVEC_NATIVE", "1").strip().lower() not in ("0", "false", "no", "off")
-_lib: ctypes.CDLL | None = None
-_tried = False
 _load_lock = threading.Lock()
+#: What each library's first load gave: the library, or None where it could not be built (tried once).
+_loaded: dict[str, object] = {}
 #: What the last load did: ``path``, ``built`` (compiled in this process), ``seconds``, ``error``.
 build_info: dict = {}
-_ops: object | None = None
-_ops_tried = False
 _operators_on = True  # see without_operators()
 #: The same for :func:`operators`.
 ops_build_info: dict = {}
@@ -154,21 +152,25 @@ def _key(compiler: str, source: Path, flags: tuple[str, ...]) -> str:
 
 def library() -> ctypes.CDLL | None:
     """The loaded kernel library, built on first use; None if disabled or it cannot be built."""
-    global _lib, _tried
     if not _enabled:
         return None
-    if _tried:
-        return _lib
+    return _once("kernels", _load, build_info, "native CPU kernels unavailable, using torch kernels")
+
+
+def _once(key: str, load, info: dict, unavailable: str):
+    """``load()``'s result, loaded on the first call (under the lock) and kept; a failure is
+    kept as None and said once, in a warning, so that callers fall back for good."""
+    if key in _loaded:
+        return _loaded[key]
     with _load_lock:
-        if not _tried:
+        if key not in _loaded:
             try:
-                _lib = _load()
-            except Exception as error:  # noqa: BLE001 - any failure: fall back to torch, say why once
-                build_info["error"] = f"{type(error).__name__}: {error}"
-                log.warning("neurovec: native CPU kernels unavailable, using torch kernels (%s)", build_info["error"])
-                _lib = None
-            _tried = True
-    return _lib
+                _loaded[key] = load()
+            except Exception as error:  # noqa: BLE001 - any failure: the caller falls back, say why once
+                info["error"] = f"{type(error).__name__}: {error}"
+                log.warning("neurovec: %s (%s)", unavailable, info["error"])
+                _loaded[key] = None
+    return _loaded[key]
 
 
 def _load() -> ctypes.CDLL:
@@ -180,22 +182,10 @@ def _load() -> ctypes.CDLL:
 def operators():
     """``torch.ops.neurovec_cpu`` (see ``native_ops.cpp``), built and loaded on first use;
     None if the kernels are switched off or this library cannot be built."""
-    global _ops, _ops_tried
     if not (_enabled and _operators_on):
         return None
-    if _ops_tried:
-        return _ops
-    with _load_lock:
-        if not _ops_tried:
-            try:
-                _ops = _load_operators()
-            except Exception as error:  # noqa: BLE001 - any failure: the ctypes kernels remain, say why once
-                ops_build_info["error"] = f"{type(error).__name__}: {error}"
-                log.warning("neurovec: C++ torch operators unavailable, using the ctypes kernels (%s)",
-                            ops_build_info["error"])
-                _ops = None
-            _ops_tried = True
-    return _ops
+    return _once("operators", _load_operators, ops_build_info,
+                 "C++ torch operators unavailable, using the ctypes kernels")
 
 
 def _torch_flags() -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -282,5 +272,5 @@ def function(name: str, dtype: torch.dtype):
     arguments are int32 for ``gather_sum``, int64 for the others."""
     fn = _functions.get((name, dtype))
     if fn is None:
-        fn = _functions[(name, dtype)] = getattr(_lib, f"nv_{name}_{_SUFFIX[dtype]}")
+        fn = _functions[(name, dtype)] = getattr(_loaded["kernels"], f"nv_{name}_{_SUFFIX[dtype]}")
     return fn
