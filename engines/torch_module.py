@@ -501,15 +501,13 @@ def generate_source(program: Program) -> str:
             left_out.update(replaced)
             for product, weight in replaced.items():
                 readers[weight] = [node.name if r == product else r for r in readers[weight]]
-    for concatenation in stacked:  # the concatenation computes its products
-        for product in program.node(concatenation).srcs:
-            left_out.add(product)
-            for name, names in readers.items():
-                readers[name] = [concatenation if r == product else r for r in names]
-    for addition, product in biased.items():  # the addition computes the product: it reads what that read
-        left_out.add(product)
-        for name, names in readers.items():
-            readers[name] = [addition if r == product else r for r in names]
+    # Values another statement computes inside its own: a stacked product inside its concatenation,
+    # a biased product inside its addition. That statement reads what they read.
+    computed_by = {product: concatenation for concatenation in stacked for product in program.node(concatenation).srcs}
+    computed_by.update({product: addition for addition, product in biased.items()})
+    left_out.update(computed_by)
+    for name, names in readers.items():
+        readers[name] = [computed_by.get(r, r) for r in names]
     for node in reversed(program.nodes):
         if readers[node.name] and all(r in left_out for r in readers[node.name]) and node.name != program.output:
             left_out.add(node.name)
