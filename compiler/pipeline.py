@@ -137,6 +137,7 @@ def _run_passes(graph: Graph, settings: Settings, timings: dict | None, start: f
     if timings is not None:
         timings["vectorize"] = time.perf_counter() - start
     ran: list[str] = []
+    verified = None  # the last program that verified: its unchanged nodes are not checked again
     for name, enabled, run in PIPELINE:
         if not enabled(settings):
             continue
@@ -149,9 +150,10 @@ def _run_passes(graph: Graph, settings: Settings, timings: dict | None, start: f
         ran.append(name)
         if settings.verify:
             try:
-                program.verify()
+                program.verify(unchanged_since=verified)
             except IRError as error:
                 raise IRError(f"after pass {name!r} (ran: {', '.join(ran)}): {error}\n{program}") from error
+            verified = program
     return program
 
 

@@ -113,3 +113,22 @@ def test_cuda_matches_cpu():
     graph = fig41.fig41_graph()
     module = neurovec.compile(graph)
     torch.testing.assert_close(module.to("cuda")().cpu(), module.to("cpu")())
+
+
+def test_a_pass_that_breaks_an_index_in_place_of_another_is_caught(monkeypatch):
+    """The pipeline checks each program against the last one that verified (Program.verify's
+    ``unchanged_since``): a pass that keeps a gather's node but swaps its index array for one
+    out of range must still be caught, and named."""
+    from neurovec.compiler import build_program, pipeline
+    from neurovec.compiler.ir import IRError, Op
+
+    def breaks_a_gather(program, settings):
+        gather = next(n for n in program.nodes if n.op is Op.GATHER)
+        index = program.constants[gather.attrs["index"]]
+        return program.replace(constants={**program.constants, gather.attrs["index"]: index + 10 ** 6})
+
+    passes = list(pipeline.PIPELINE)
+    passes.insert(3, ("breaks_a_gather", lambda settings: True, breaks_a_gather))
+    monkeypatch.setattr(pipeline, "PIPELINE", passes)
+    with pytest.raises(IRError, match="after pass 'breaks_a_gather'.*GATHER index out of range"):
+        build_program(fig41.fig41_graph(), "default")

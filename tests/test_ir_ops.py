@@ -85,6 +85,31 @@ def test_weights_stack_and_verify_errors():
         Program(tuple(bad), {"c_x": np.ones((5, 2)), "c_w": np.ones((2, 2))}, (), "y").verify()
 
 
+def test_verify_since_an_earlier_program_checks_what_changed():
+    x = fact("x", np.ones((3, 2)))
+    g = Node("g", Op.GATHER, ("x",), 2, (2,), {"index": "i"})
+    good = Program((x, g), {"c_x": np.ones((3, 2)), "i": np.array([0, 2])}, (), "g")
+    good.verify()
+    # The same node object over a new index array under the same name: checked again.
+    with pytest.raises(IRError, match="GATHER index out of range"):
+        good.replace(constants={**good.constants, "i": np.array([0, 3])}).verify(unchanged_since=good)
+    # The same node object reading a new, shorter source: checked again.
+    shorter = x.with_(count=2)
+    with pytest.raises(IRError, match="GATHER index out of range"):
+        good.replace(nodes=(shorter, g), constants={**good.constants, "c_x": np.ones((2, 2))}
+                     ).verify(unchanged_since=good)
+    # A new node object: checked.
+    with pytest.raises(IRError, match="GATHER index out of range"):
+        good.replace(nodes=(x, g.with_(srcs=("x",)))).replace(
+            constants={**good.constants, "i": np.array([5, 0])}).verify(unchanged_since=good)
+    # Unchanged nodes are not scanned again: an earlier program that (wrongly) passed as verified
+    # vouches for them, which is what saves the scans after passes that change few nodes.
+    bad = good.replace(constants={**good.constants, "i": np.array([0, 3])})
+    bad.verify(unchanged_since=bad)
+    with pytest.raises(IRError, match="GATHER index out of range"):
+        bad.verify()
+
+
 def test_indices_are_int32_in_the_program_and_the_module(tu_dir):
     import neurovec
     from neurovec import datasets
