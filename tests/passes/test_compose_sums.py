@@ -9,7 +9,8 @@ import neurovec
 from neurovec import datasets
 from neurovec.benchmarks.tasks import replicate_tu
 from neurovec.compiler.ir import Op
-from neurovec.compiler.passes.compose_sums import compose_sums
+from neurovec.compiler.passes import compose_sums as compose_sums_module
+from neurovec.compiler.passes.compose_sums import _merge_repeated_columns, compose_sums
 from neurovec.compiler.passes.kernels import choose_kernels
 from neurovec.compiler.pipeline import build_program
 from neurovec.compiler.settings import Settings
@@ -158,6 +159,59 @@ def two_sums(draw):
 def test_random_programs_of_its_shape_keep_their_function(before):
     after = compose_sums(before, SETTINGS)
     assert_same_function(before, after, tol=1e-9)
+
+
+def merged_by_a_stable_sort(columns, coef, lengths):
+    """What the pass must give, the plain way: entries stably sorted by (row, column), then the
+    coefficients of each run of equal entries summed by ``np.add.reduceat``."""
+    rows = np.repeat(np.arange(lengths.size), lengths)
+    order = np.lexsort((columns, rows))  # stable
+    keys = np.stack([rows[order], columns[order]])
+    starts = np.flatnonzero(np.concatenate([[True], np.any(keys[:, 1:] != keys[:, :-1], axis=0)]))
+    return keys[1, starts], np.bincount(keys[0, starts], minlength=lengths.size), np.add.reduceat(coef[order], starts)
+
+
+@st.composite
+def entries(draw):
+    """Rows (some empty) of entries whose columns repeat; their spans narrow (the uint16 keys) or
+    wide (over 2^16: the int64 keys); coefficients with repeats, signed zeros and mixed magnitudes
+    so that the summation order shows in the bits."""
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    lengths = rng.integers(0, draw(st.integers(1, 30)), draw(st.integers(1, 12)))
+    assume(lengths.sum() > 0)
+    n = int(lengths.sum())
+    width = draw(st.sampled_from([3, 40, 70_000, 2**31 - 1]))
+    columns = rng.integers(0, width, n).astype(draw(st.sampled_from([np.int32, np.int64])))
+    coef = rng.choice([0.1, 1e16, -1e16, 1.0, -0.0, 0.0, 1 / 3], n) * rng.choice([1.0, 1 + 2**-40], n)
+    return columns, coef, lengths
+
+
+@settings(max_examples=200, deadline=None)
+@given(case=entries())
+def test_repeated_columns_merge_as_a_stable_sort_merges_them(case):
+    """Bit for bit: the same entries, in the same order, with the same sums (NOTE: [merging in chunks])."""
+    columns, coef, lengths = case
+    index, counts, merged = _merge_repeated_columns(columns, coef.copy(), lengths)
+    expected = merged_by_a_stable_sort(columns, coef, lengths)
+    assert index.tolist() == expected[0].tolist() and counts.tolist() == expected[1].tolist()
+    assert merged.view(np.int64).tolist() == expected[2].view(np.int64).tolist()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(before=two_sums(), chunk=st.integers(1, 5))
+def test_rows_merged_a_few_at_a_time_give_the_same_matrix(before, chunk):
+    """Chunks of whole rows (NOTE: [merging in chunks]) change no bit of the composed matrix."""
+    whole = compose_sums(before, SETTINGS)
+    old = compose_sums_module.CHUNK_ENTRIES
+    compose_sums_module.CHUNK_ENTRIES = chunk
+    try:
+        chunked = compose_sums(before, SETTINGS)
+    finally:
+        compose_sums_module.CHUNK_ENTRIES = old
+    assert [n for n in chunked.nodes] == [n for n in whole.nodes]
+    assert chunked.constants.keys() == whole.constants.keys()
+    for key, value in whole.constants.items():
+        assert chunked.constants[key].dtype == value.dtype and chunked.constants[key].tobytes() == value.tobytes()
 
 
 def gcn_readout(n_samples=12, seed=0) -> neurovec.Graph:
