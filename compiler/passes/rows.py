@@ -28,7 +28,9 @@ __all__ = ["Origins", "trace_rows", "constant_values", "layout_rows", "static_fa
 
 @dataclass
 class Origins:
-    """``node[r] = coef[r] * bases[which[r]][row[r]]`` for every row ``r`` (see the module doc)."""
+    """``node[r] = coef[r] * bases[which[r]][row[r]]`` for every row ``r`` (see the module doc).
+
+    ``which`` and ``coef`` may be read-only (broadcast zeros and ones): copy them to write."""
 
     bases: list[str]
     which: np.ndarray
@@ -153,8 +155,10 @@ def trace_rows(program: Program, nodes: dict[str, Node], name: str, rows: np.nda
     bases = list(dict.fromkeys(p[0] for p in pieces))
     if len(pieces) == 1 and pieces[0][1] is None:  # one base, rows in order: nothing to scatter
         _, _, row, coef = pieces[0]
-        which = np.zeros(count, dtype=np.int64)
-        return Origins(bases, which, row, np.ones(count) if coef is None else coef, scaled, facts)
+        # All zeros and all ones as read-only views: edge-sized arrays of them cost a memset each
+        # (reduce_coefficients made six at 100x PROTEINS, 150 MB each).
+        which = np.broadcast_to(np.int64(0), (count,))
+        return Origins(bases, which, row, np.broadcast_to(1.0, (count,)) if coef is None else coef, scaled, facts)
     which = np.empty(count, dtype=np.int64)
     row = np.empty(count, dtype=np.result_type(*[p[2].dtype for p in pieces]) if pieces else np.int64)
     coef = np.empty(count)
