@@ -21,7 +21,8 @@ import re
 import numpy as np
 
 from ..sources.graph import NO_WEIGHT, FactLayer, Graph
-from .ir import Node, Op, Program, stored, unique_name
+from .grouping import CHUNK, row_dtype
+from .ir import Node, Op, Program, compact_index, stored, unique_name
 from .passes.prune import prune_unreachable
 
 __all__ = ["vectorize"]
@@ -65,12 +66,18 @@ class _Emitter:
 def _concat_index(e: _Emitter, base: str, sources: list[Node], which, ordinal: np.ndarray,
                   layer: str) -> Node:
     """GATHER(CONCAT(sources), offset[which] + ordinal): rows of several tensors, in any order.
-    ``which()`` gives each row's source; it is not called for a single source (edge-sized)."""
+    ``which(rows)`` gives the source of the rows ``rows`` (a slice); it is not called for a single source."""
     joined = e.concat(f"{base}_cat", sources, layer)
     if len(sources) == 1:
-        return e.gather(base, joined, np.array(ordinal), layer)  # a copy: the graph's array stays its own
+        index = compact_index(ordinal)  # int32 at once: no edge-sized int64 copy first
+        return e.gather(base, joined, index.copy() if index is ordinal else index, layer)  # the graph's array stays its own
     offsets = np.concatenate([[0], np.cumsum([s.count for s in sources])])[:-1]
-    return e.gather(base, joined, offsets[which()] + ordinal, layer)
+    # offsets[which] + ordinal a chunk at a time into one index of the stored type (NOTE: [chunks]).
+    index = np.empty(ordinal.size, dtype=row_dtype(joined.count))
+    for lo in range(0, ordinal.size, CHUNK):
+        np.add(offsets[which(slice(lo, lo + CHUNK))], ordinal[lo:lo + CHUNK], out=index[lo:lo + CHUNK],
+               casting="unsafe")
+    return e.gather(base, joined, index, layer)
 
 
 def vectorize(graph: Graph) -> Program:
@@ -110,16 +117,17 @@ def vectorize(graph: Graph) -> Program:
         out_shape = graph.layer_shapes[index]
         src, ordinal, weight = layer.input_layer, layer.input_ordinal, layer.input_weight
         value_shape_id = {s: k for k, s in enumerate(dict.fromkeys(graph.layer_shapes[:index]))}
-        value_cls = np.array([value_shape_id[s] for s in graph.layer_shapes[:index]], dtype=np.int64)[src]
+        value_cls = np.array([value_shape_id[s] for s in graph.layer_shapes[:index]], dtype=np.int64)
         # Shape groups: (value shape class, weight shape class) as one small integer per edge.
         n_weight_cls = len(shape_of_cls) + 1
-        group_key = value_cls * n_weight_cls + (weight_cls[weight] + 1)  # NO_WEIGHT (-1) -> class -1
-        group_keys = np.flatnonzero(np.bincount(group_key, minlength=len(value_shape_id) * n_weight_cls))
+        n_keys = len(value_shape_id) * n_weight_cls
+        key_of_layer = value_cls * n_weight_cls  # + the weight's class + 1 (NO_WEIGHT (-1) -> class -1)
+        group_keys = np.flatnonzero(_edge_counts(key_of_layer, src, weight_cls + 1, weight, n_keys))
         if group_keys.size > 1:
-            group_of_key = np.zeros(len(value_shape_id) * n_weight_cls, dtype=np.int64)
+            group_of_key = np.zeros(n_keys, dtype=np.int64)
             group_of_key[group_keys] = np.arange(group_keys.size)
-            group_of_edge = group_of_key[group_key]
-        del group_key, value_cls
+            group_of_edge = _edge_groups(group_of_key, key_of_layer, src, weight_cls + 1, weight)
+        del value_cls
         products: list[Node] = []
         order = []
         for g, key in enumerate(group_keys):
@@ -134,13 +142,14 @@ def vectorize(graph: Graph) -> Program:
             used = np.flatnonzero(np.bincount(g_src, minlength=index))
             local = np.full(index, -1, dtype=np.int64)
             local[used] = np.arange(used.size)
-            x = _concat_index(e, f"{tag}_x", [values[i] for i in used], lambda: local[g_src], g_ordinal, name)
+            x = _concat_index(e, f"{tag}_x", [values[i] for i in used], lambda rows: local[g_src[rows]], g_ordinal,
+                              name)
             if w_cls < 0:
                 products.append(x)
                 continue
             w_shape = shape_of_cls[w_cls]
             stack, row = weights_of_shape(w_shape)
-            w = e.gather(f"{tag}_w", stack, row[g_weight], name)
+            w = e.gather(f"{tag}_w", stack, compact_index(row)[g_weight], name)  # stored as int32: no int64 copy
             kind = "matmul" if len(w_shape) == 2 and x.shape != () else "mul"
             products.append(e.add(f"{tag}_lin", Op.LINEAR, [w.name, x.name], g_src.size, out_shape, name,
                                   kind=kind))
@@ -162,8 +171,9 @@ def vectorize(graph: Graph) -> Program:
                           fn=layer.transformation)
         values.append(value)
 
+    output_source = _local(graph.output_layer)
     out = _concat_index(e, "output", [values[i] for i in np.unique(graph.output_layer)],
-                        lambda: _local(graph.output_layer), graph.output_ordinal, "output")
+                        lambda rows: output_source[rows], graph.output_ordinal, "output")
     fact_shapes = {layer.name: tuple(layer.values.shape) for layer in graph.layers if isinstance(layer, FactLayer)}
     return Program(tuple(e.nodes), e.constants, graph.weights, out.name, fact_shapes)
 
@@ -181,6 +191,27 @@ def _add_bias(e: _Emitter, name: str, value: Node, bias: np.ndarray, graph: Grap
         joined = e.concat(f"{name}_bias_cat", [stack, zero], name)
         b = e.gather(f"{name}_bias", joined, np.where(bias == NO_WEIGHT, stack.count, row[bias]), name)
     return e.add(f"{name}_biased", Op.ADD, [value.name, b.name], value.count, value.shape, name)
+
+
+def _edge_counts(key_of_layer: np.ndarray, src: np.ndarray, key_of_weight: np.ndarray, weight: np.ndarray,
+                 n_keys: int) -> np.ndarray:
+    """How many edges have each shape-group key ``key_of_layer[src] + key_of_weight[weight]``, a
+    chunk of edges at a time: at 100x PROTEINS a layer has 20M edges, and the key of all of them at
+    once made four int64 temporaries of 160 MB each, the vectorizer's peak (NOTE: [chunks])."""
+    counts = np.zeros(n_keys, dtype=np.int64)
+    for lo in range(0, src.size, CHUNK):
+        counts += np.bincount(key_of_layer[src[lo:lo + CHUNK]] + key_of_weight[weight[lo:lo + CHUNK]],
+                              minlength=n_keys)
+    return counts
+
+
+def _edge_groups(group_of_key: np.ndarray, key_of_layer: np.ndarray, src: np.ndarray, key_of_weight: np.ndarray,
+                 weight: np.ndarray) -> np.ndarray:
+    """Every edge's group, ``group_of_key[key_of_layer[src] + key_of_weight[weight]]``, a chunk at a time."""
+    groups = np.empty(src.size, dtype=np.int32)  # a handful of groups
+    for lo in range(0, src.size, CHUNK):
+        groups[lo:lo + CHUNK] = group_of_key[key_of_layer[src[lo:lo + CHUNK]] + key_of_weight[weight[lo:lo + CHUNK]]]
+    return groups
 
 
 def _local(layers: np.ndarray) -> np.ndarray:
