@@ -154,7 +154,9 @@ def iter_plans(w: SideRows, x: SideRows, strategies, max_rows: int):
             made = _grid(by("w"), by("x"), max_rows)
         if made is not None:
             position, rows, w_new, x_new = made
+            made = None  # the caller keeps only the best plan: this one must not outlive it here
             yield RowPlan(strategy, rows, position, w_new, x_new)
+            del position, w_new, x_new
 
 
 def plan_cost(plan: RowPlan, w: SideRows, x: SideRows, broadcasting: bool, reindexable: bool) -> int:
@@ -264,6 +266,7 @@ def reorder_and_pad(program: Program, settings: Settings) -> Program:
             cost = plan_cost(plan, w, x, settings.linear_broadcasting, reindexable)
             if best is None or cost < best_cost:  # ties keep the earliest: "none" first
                 best, best_cost = plan, cost
+            del plan  # (edge-sized) while the next plan is made
         if best is None or best.strategy == "none":
             continue
         if best.is_identity() and np.array_equal(best.w_index, w.index) and np.array_equal(best.x_index, x.index):
