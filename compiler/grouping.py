@@ -286,8 +286,9 @@ def first_equal_rows(values: np.ndarray) -> np.ndarray:
 
 # -- multisets ------------------------------------------------------------------------------------------
 
-def expand_segments(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """Concatenated ranges ``[starts[k], starts[k] + lengths[k])``.
+def expand_segments(starts: np.ndarray, lengths: np.ndarray, dtype=np.int64) -> np.ndarray:
+    """Concatenated ranges ``[starts[k], starts[k] + lengths[k])``, of ``dtype`` (int32 is for
+    ranges that end below ``2**31``: then every running sum below is one of their values).
 
     Built as a running sum in one output array: steps of 1, and at the head of each range the
     jump from the previous range's last value. ``repeat(...) + arange(total)`` made three arrays
@@ -295,11 +296,11 @@ def expand_segments(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     lengths = lengths.astype(np.int64)
     total = int(lengths.sum())
     if total == 0:
-        return np.zeros(0, np.int64)
+        return np.zeros(0, dtype)
     if not np.all(lengths):  # an empty range has no head to put its jump at
         starts, lengths = starts[lengths > 0], lengths[lengths > 0]
     starts = starts.astype(np.int64)
-    out = np.ones(total, np.int64)
+    out = np.ones(total, dtype)
     out[0] = starts[0]
     out[(np.cumsum(lengths) - lengths)[1:]] = starts[1:] - (starts[:-1] + lengths[:-1] - 1)
     return np.cumsum(out, out=out)

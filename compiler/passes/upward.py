@@ -61,7 +61,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..grouping import expand_segments, is_identity
+from ..grouping import expand_segments, is_identity, row_dtype
 from ..ir import Node, Op, Program, linear_grid, stored, unique_name
 from ..rewrite import eliminate_dead_code
 from ..settings import Settings
@@ -301,7 +301,9 @@ class RowPlanner:
         ``exclusive``: every reader of ``name`` is being rewritten: redefine it in place.
         """
         node = self.editor.nodes[name]
-        index = np.asarray(index, dtype=np.int64)
+        index = np.asarray(index)
+        if index.dtype != np.int32:  # row numbers: int32 where they fit (as a REDUCE's edges are), else int64
+            index = index.astype(np.int64, copy=False)
         if is_identity(index, node.count):
             return _Plan(0, 0, lambda: name)
         shared = not exclusive and (shared or self.editor.shared(name, reader))
@@ -494,7 +496,9 @@ class RowPlanner:
             starts = (np.cumsum(counts) - counts)[index]
             element = starts[:, None] + np.arange(k)[None, :] if k else None
         consecutive_kernel = "dense" if node.attrs.get("kernel") == "strided" else node.attrs.get("kernel")
-        edges = element.reshape(-1) if element is not None else expand_segments(starts, new_counts)
+        # The edges' rows in the narrow type (at 100x PROTEINS a convolution's 20M: 80 MB less).
+        edges = element.reshape(-1) if element is not None else expand_segments(starts, new_counts,
+                                                                                row_dtype(counts.sum()))
         attrs = {**node.attrs, "counts": new_counts}
         if consecutive_kernel is None:
             attrs.pop("kernel", None)
