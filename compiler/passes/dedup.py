@@ -530,6 +530,7 @@ def _dedup(program: Program, settings: Settings, ops: tuple[Op, ...], drop_unuse
         reps, inverse = representatives(ids.first(name))
         if reps.size < editor.nodes[name].count:
             compress(editor, planner, name, reps, inverse, ids)
+        del reps, inverse  # edge-sized: not kept while the next node is labelled
     if drop_unused:
         _drop_unused_rows(editor, planner, ids)
     result = editor.finish()

@@ -53,6 +53,7 @@ def iso_compress(program: Program, settings: Settings) -> Program:
         reps, inverse = representatives(ids.first(name))
         if reps.size < editor.nodes[name].count:
             name = compress(editor, planner, name, reps, inverse, ids)  # the node with the rows `reps`
+        del reps, inverse  # not kept while the next layer end is labelled
         ids.mark_distinct(name)  # for dedup, which need not label it again (NOTE: [distinct rows])
     if editor.changed:
         # The merges hold for these fact values only: the facts stop being replaceable inputs.
