@@ -78,3 +78,29 @@ def test_tracing_leaves_no_garbage_cycle():
         assert gc.collect() == 0
     finally:
         gc.enable()
+
+
+def test_a_tiled_scalar_side_read_by_many_rows():
+    """A fixed-scalar side read more often than it has rows is traced once per row, then indexed
+    (rows._scalar_values): the same factors; and where that side also holds a learnable weight
+    that these rows never read, they are still scaled (only their own rows are traced then)."""
+    b = Builder()
+    b.fact("x", np.ones((2, 2)))
+    b.transform("h", "x", "tanh")
+    b.weights("s", (), k=2, learnable=False, values=[0.5, -2.0])
+    b.weights("t", (), k=1, learnable=True)
+    b.gather("one", "s", [1, 0, 1])
+    b.concat("mixed", "s", "t")
+    for side in ("one", "mixed"):
+        # A (2 x 3) grid: value row e // 3 (interleaved) times side row e % 3 (tiled).
+        b.linear(f"p_{side}", side, "h", count=6, w_layout="tile", x_layout="interleave")
+        b.gather(f"pick_{side}", f"p_{side}", [0, 1, 3, 4, 4, 3, 1, 0])  # side rows 0 1 0 1 1 0 1 0
+    program = b.build("pick_one")
+    nodes = program.by_name()
+    one = trace_rows(program, nodes, "pick_one", scalars=True)
+    assert one.bases == ["h"] and one.scaled
+    assert one.row.tolist() == [0, 0, 1, 1, 1, 1, 0, 0]
+    assert one.coef.tolist() == [-2.0, 0.5, -2.0, 0.5, 0.5, -2.0, 0.5, -2.0]
+    mixed = trace_rows(program, nodes, "pick_mixed", scalars=True)
+    assert mixed.bases == ["h"] and mixed.scaled
+    assert mixed.coef.tolist() == [0.5, -2.0, 0.5, -2.0, -2.0, 0.5, -2.0, 0.5]
