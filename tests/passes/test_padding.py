@@ -130,6 +130,46 @@ def test_plans_keep_every_pair(data, n, k_w, k_x):
         assert plan.w_index.max() < k_w and plan.x_index.max() < k_x
 
 
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), n=st.integers(2, 12), k_w=st.integers(1, 4), k_x=st.integers(1, 6),
+       broadcasting=st.booleans())
+def test_unpadded_plans_cost_at_least_the_bound(data, n, k_w, k_x, broadcasting):
+    # NOTE: [unpadded plans]: every reordering of the rows, under every layout, costs at least the
+    # bound that lets "auto" skip making them.
+    w = np.array(data.draw(st.lists(st.integers(0, k_w - 1), min_size=n, max_size=n)))
+    x = np.array(data.draw(st.lists(st.integers(0, k_x - 1), min_size=n, max_size=n)))
+    order = np.array(data.draw(st.permutations(range(n))))
+    w_rows, x_rows = SideRows("W", w, k_w), SideRows("X", x, k_x)
+    floor = (padding._Groups(w_rows).cheapest_unpadded(n, k_w)
+             + padding._Groups(x_rows).cheapest_unpadded(n, k_x))
+    position = np.empty(n, np.int64)
+    position[order] = np.arange(n)
+    reordered = padding.RowPlan("any", n, position, w[order], x[order])
+    plans = [reordered] + [p for p in plan_rows(w_rows, x_rows, ("left", "right", "both", "advanced-left",
+                                                                  "advanced-right"), 10 * n)
+                          if p.rows == n and p.strategy != "both"]  # "both" merges equal pairs: no reordering
+    for plan in plans:
+        assert padding.plan_cost(plan, w_rows, x_rows, broadcasting, True) >= floor, plan.strategy
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), n=st.integers(2, 12), reader=st.sampled_from(["gather", "reduce", "concat"]))
+def test_auto_chooses_the_same_without_the_unpadded_plans(data, n, reader):
+    w = data.draw(st.lists(st.integers(0, 2), min_size=n, max_size=n))
+    x = data.draw(st.lists(st.integers(0, 4), min_size=n, max_size=n))
+    read = {"gather": data.draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=8)), "reduce": None,
+            "concat": "concat"}[reader]
+    before = linear_program(w, x, n_weights=3, n_values=5, reader=read)
+    with_bound = reorder_and_pad(before, options("auto"))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(padding._Groups, "cheapest_unpadded", lambda self, rows, count: 0)  # every plan made
+        without = reorder_and_pad(before, options("auto"))
+    assert with_bound.nodes == without.nodes
+    assert with_bound.constants.keys() == without.constants.keys()
+    for key, array in with_bound.constants.items():
+        np.testing.assert_array_equal(array, without.constants[key])
+
+
 @settings(max_examples=40, deadline=None)
 @given(data=st.data(), n=st.integers(2, 10),
        strategy=st.sampled_from(["left", "right", "both", "advanced", "auto"]),
