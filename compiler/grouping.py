@@ -168,14 +168,20 @@ def _folded_slots(words: np.ndarray, bits: int) -> np.ndarray:
 def representatives(first: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``(reps, inverse)`` of a first-row form: the distinct rows, ascending, and for every row
     the position of its representative among them (``first == reps[inverse]``)."""
-    is_rep = first == np.arange(first.size)
+    is_rep = first == _rows_like(first)
     rank = np.cumsum(is_rep, dtype=row_dtype(first.size))  # the narrow type: readers' indices are composed with it
     rank -= 1
-    return np.flatnonzero(is_rep), rank[first]
+    return np.flatnonzero(is_rep).astype(row_dtype(first.size), copy=False), rank[first]
+
+
+def _rows_like(first: np.ndarray) -> np.ndarray:
+    """``arange(first.size)`` in ``first``'s type when that is int32 (compared with it: half of an
+    int64 arange's 150 MB at 20M rows)."""
+    return np.arange(first.size, dtype=first.dtype if first.dtype == np.int32 else np.int64)
 
 
 def all_distinct(first: np.ndarray) -> bool:
-    return bool(np.all(first == np.arange(first.size)))
+    return bool(np.all(first == _rows_like(first)))
 
 
 def equal_arrays(a: np.ndarray, b: np.ndarray) -> bool:
@@ -275,7 +281,7 @@ def row_hashes(values: np.ndarray) -> np.ndarray:
 def first_equal_rows(values: np.ndarray) -> np.ndarray:
     """First-row form of the rows of ``values`` (axis 0) under bitwise equality."""
     first = first_rows(row_hashes(values))
-    candidates = np.flatnonzero(first != np.arange(first.size))
+    candidates = np.flatnonzero(first != _rows_like(first))
     if candidates.size:
         words = _words(values)
         same = np.all(words[candidates] == words[first[candidates]], axis=1)
@@ -365,7 +371,7 @@ def first_equal_multisets(labels: np.ndarray, counts: np.ndarray, bound: int | N
     if up_to_scale and labels.size:
         labels, counts = _scale_free(labels, counts, bound)
     first = first_rows(_multiset_hashes(labels, counts))
-    candidates = np.flatnonzero(first != np.arange(n))
+    candidates = np.flatnonzero(first != _rows_like(first))
     if candidates.size == 0:
         return first
     reps = first[candidates]
