@@ -126,3 +126,26 @@ def test_the_heap_is_trimmed_only_when_it_holds_more_than_the_process_keeps(monk
     with reusing_freed_memory():
         pass
     assert calls == (["trim"] if trimmed else [])
+
+
+@pytest.mark.skipif(memory._HUGE_PAGES is None, reason="needs glibc and numpy's huge-page switch")
+def test_numpy_advises_no_huge_pages_inside_and_its_setting_comes_back():
+    switch = memory._HUGE_PAGES
+    for setting in (True, False):  # whatever numpy did before, it does again after
+        before = switch(setting)
+        try:
+            with reusing_freed_memory():
+                with reusing_freed_memory():
+                    assert switch(False) is False  # (reading it sets it: set it back as it was)
+                assert switch(False) is False
+            assert switch(setting) is setting
+        finally:
+            switch(before)
+
+
+def test_a_process_that_chose_numpys_huge_pages_keeps_its_choice(monkeypatch):
+    monkeypatch.setenv("NUMPY_MADVISE_HUGEPAGE", "1")
+    assert memory._numpy_huge_page_switch() is None
+    monkeypatch.delenv("NUMPY_MADVISE_HUGEPAGE")
+    from numpy._core import multiarray
+    assert memory._numpy_huge_page_switch() is getattr(multiarray, "_set_madvise_hugepage", None)
