@@ -193,24 +193,31 @@ def _add_bias(e: _Emitter, name: str, value: Node, bias: np.ndarray, graph: Grap
     return e.add(f"{name}_biased", Op.ADD, [value.name, b.name], value.count, value.shape, name)
 
 
+def _edge_keys(key_of_layer: np.ndarray, src: np.ndarray, key_of_weight: np.ndarray, weight: np.ndarray):
+    """``(edges, keys)`` a chunk of edges at a time: each edge's shape-group key,
+    ``key_of_layer[src] + key_of_weight[weight]``. At 100x PROTEINS a layer has 20M edges, and the
+    keys of all of them at once made four int64 temporaries of 160 MB each, the vectorizer's peak
+    (NOTE: [chunks])."""
+    for lo in range(0, src.size, CHUNK):
+        edges = slice(lo, lo + CHUNK)
+        yield edges, key_of_layer[src[edges]] + key_of_weight[weight[edges]]
+
+
 def _edge_counts(key_of_layer: np.ndarray, src: np.ndarray, key_of_weight: np.ndarray, weight: np.ndarray,
                  n_keys: int) -> np.ndarray:
-    """How many edges have each shape-group key ``key_of_layer[src] + key_of_weight[weight]``, a
-    chunk of edges at a time: at 100x PROTEINS a layer has 20M edges, and the key of all of them at
-    once made four int64 temporaries of 160 MB each, the vectorizer's peak (NOTE: [chunks])."""
+    """How many edges have each shape-group key."""
     counts = np.zeros(n_keys, dtype=np.int64)
-    for lo in range(0, src.size, CHUNK):
-        counts += np.bincount(key_of_layer[src[lo:lo + CHUNK]] + key_of_weight[weight[lo:lo + CHUNK]],
-                              minlength=n_keys)
+    for _, keys in _edge_keys(key_of_layer, src, key_of_weight, weight):
+        counts += np.bincount(keys, minlength=n_keys)
     return counts
 
 
 def _edge_groups(group_of_key: np.ndarray, key_of_layer: np.ndarray, src: np.ndarray, key_of_weight: np.ndarray,
                  weight: np.ndarray) -> np.ndarray:
-    """Every edge's group, ``group_of_key[key_of_layer[src] + key_of_weight[weight]]``, a chunk at a time."""
+    """Every edge's group, ``group_of_key`` of its shape-group key."""
     groups = np.empty(src.size, dtype=np.int32)  # a handful of groups
-    for lo in range(0, src.size, CHUNK):
-        groups[lo:lo + CHUNK] = group_of_key[key_of_layer[src[lo:lo + CHUNK]] + key_of_weight[weight[lo:lo + CHUNK]]]
+    for edges, keys in _edge_keys(key_of_layer, src, key_of_weight, weight):
+        groups[edges] = group_of_key[keys]
     return groups
 
 
