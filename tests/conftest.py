@@ -33,3 +33,28 @@ def mutagenesis_dir() -> Path:
     if not path.is_dir():
         pytest.skip(f"Mutagenesis CSVs not found at {path} (set NEUROVEC_SHARED_DATA)")
     return path
+
+
+def _shared(name: str) -> Path:
+    path = SHARED_DATA / name
+    if not path.is_dir():
+        pytest.skip(f"{name} data not found at {path} (set NEUROVEC_SHARED_DATA)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def planetoid_dir() -> Path:
+    """The Planetoid root: ``planetoid_dir / "Cora" / "raw"`` holds Cora's raw files."""
+    return _shared("planetoid")
+
+
+@pytest.fixture(scope="session")
+def kg_dir() -> Path:
+    """Knowledge-graph triples: ``kg_dir / "kinships" / "train.txt"``, and ``umls``."""
+    return _shared("kg")
+
+
+@pytest.fixture(scope="session")
+def circuits_dir() -> Path:
+    """SDD circuits with their vtrees: ``circuits_dir / "sudoku_4.sdd"``, ``road_r``, ``4-grid``."""
+    return _shared("circuits")
