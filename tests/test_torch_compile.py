@@ -273,3 +273,19 @@ def test_inductor_every_aggregation(preset):
     eager = neurovec.compile(graph, preset, torch.float64)
     module = neurovec.compile(graph, preset, torch.float64)
     _assert_same(eager, torch.compile(module, backend="inductor", fullgraph=True), module, tol=1e-10)
+
+
+def test_weights_named_like_module_attributes_compile():
+    """Weights named ``half``, ``train``, ``training`` ... (NOTE: [weights are not attributes])
+    trace as one graph and train like any others."""
+    _require("aot_eager")
+    from .test_module import ATTRIBUTE_NAMES, _graph_with_weight_names
+    graph = _graph_with_weight_names(ATTRIBUTE_NAMES)
+    eager = neurovec.compile(graph, "default", torch.float64)
+    module = neurovec.compile(graph, "default", torch.float64)
+    call = torch.compile(module, backend="aot_eager", fullgraph=True)
+    _assert_same(eager, call, module)
+    _sgd_step(eager, eager)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        _sgd_step(module, call)
+        _assert_same(eager, call, module)
