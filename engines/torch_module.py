@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import itertools
 import linecache
+import types
+from collections.abc import Mapping
 
 import numpy as np
 import torch
@@ -554,15 +556,19 @@ class CompiledModule(nn.Module):
     as a constant and may have folded it into others), and a replacement must
     have the layer's shape.
     ``module.weights[name]`` is the parameter (or fixed buffer) of a graph weight.
-    ``print(module.code)`` shows the generated ``forward``.
+    ``print(module.code)`` shows the generated ``forward``. The module takes no input
+    tensor (the graph and its facts are compiled in): ``module(x)``, a keyword other than
+    ``facts`` or facts that are not a dict get a ``TypeError`` that says how it is called.
 
     NOTE: [A class per program] As with torch.fx's ``GraphModule``, every compiled
     program gets its own subclass of ``CompiledModule`` whose ``forward`` is the
     generated code. Each module thus has its own ``forward`` code object, which is
     what ``torch.compile`` caches compiled code on: twenty modules compile twenty
-    times instead of sharing one cache entry (and its recompile limit). Pickling
-    (``torch.save``, ``copy.deepcopy``) stores the generated source with the
-    module's state and rebuilds the class on load (see ``__reduce__``).
+    times instead of sharing one cache entry (and its recompile limit). ``__call__``,
+    which checks the arguments and is where ``torch.compile(module)`` starts tracing, is
+    likewise a copy per class. Pickling (``torch.save``, ``copy.deepcopy``) stores the
+    generated source with the module's state and rebuilds the class on load (see
+    ``__reduce__``).
     """
 
     code: str = ""  # the generated forward's source, set on each program's class
@@ -612,6 +618,49 @@ class CompiledModule(nn.Module):
         # source, then restore the whole state (parameters, buffers, hooks, training flag).
         return _rebuild_module, (type(self).code, self.__getstate__())
 
+    def __call__(self, *args, **kwargs):
+        # The one argument is ``facts``; anything else gets an error that says how a compiled
+        # module is called (a positional tensor, the PyG habit, or a misspelled keyword).
+        # Each program's class has its own copy of this code (NOTE: [A class per program]).
+        if args and (len(args) > 1 or kwargs or not (args[0] is None or isinstance(args[0], Mapping))) \
+                or kwargs and (len(kwargs) > 1 or "facts" not in kwargs):
+            raise self._call_error(args, kwargs)
+        return nn.Module.__call__(self, *args, **kwargs)
+
+    def _call_error(self, args: tuple, kwargs: dict) -> Exception:
+        unknown = [k for k in kwargs if k != "facts"]
+        if unknown:
+            return TypeError(f"CompiledModule got unexpected keyword argument{'s' * (len(unknown) > 1)} "
+                             f"{', '.join(map(repr, unknown))}: the only keyword it takes is facts={{fact layer: "
+                             "tensor}. " + self._how_to_call())
+        if len(args) + len(kwargs) > 1:
+            return TypeError(f"CompiledModule takes at most one argument, facts={{fact layer: tensor}} "
+                             f"(got {len(args)} positional{' and facts=' if kwargs else ''}). " + self._how_to_call())
+        return self._facts_error(args[0])
+
+    def _facts_error(self, facts) -> Exception:
+        if isinstance(facts, (torch.Tensor, np.ndarray)):
+            return TypeError(f"CompiledModule takes no input tensor (got a {type(facts).__name__} of shape "
+                             f"{tuple(facts.shape)}). " + self._how_to_call())
+        return TypeError(f"facts must be a dict {{fact layer name: tensor}} (got {type(facts).__name__}). "
+                         + self._how_to_call())
+
+    def _how_to_call(self) -> str:
+        """How a compiled module is called, with this module's own fact layers."""
+        program = self.program
+        text = ("The graph and its facts are compiled into the module: call it as module()")
+        declared = [layer for layer in program.dynamic_facts if layer in program.fact_shapes]
+        if declared:
+            text += ", or module(facts={" + ", ".join(f"{layer!r}: tensor of shape {tuple(program.fact_shapes[layer])}"
+                                                      for layer in declared[:4]) + "}) to replace features for one call"
+        else:
+            shown = ", ".join(f"{layer!r} {tuple(shape)}" for layer, shape in list(program.fact_shapes.items())[:6])
+            more = len(program.fact_shapes) - 6
+            text += (". To replace features per call, compile with Settings(dynamic_facts=(<layer>,)) and call "
+                     f"module(facts={{<layer>: tensor}}) (fact layers: {shown}{f' and {more} more' if more > 0 else ''})")
+        return text + (". New graphs are compiled anew, then load_state_dict gives them the trained weights "
+                       "(docs/export.md).")
+
     def fact_inputs(self, facts: dict | None = None) -> dict[str, torch.Tensor]:
         """The values of the dynamic fact layers for one call: the stored ones, or ``facts[layer]``.
 
@@ -621,8 +670,10 @@ class CompiledModule(nn.Module):
         still checked, then ignored.
         """
         values = {layer: getattr(self, const) for layer, const in self._inputs.items()}
-        if not facts:
+        if facts is None:
             return values
+        if not isinstance(facts, Mapping):
+            raise self._facts_error(facts)
         for layer, value in facts.items():
             if layer not in self.program.dynamic_facts:
                 known = layer in self.program.fact_shapes
@@ -698,8 +749,14 @@ def _program_class(source: str) -> type:
     """A new subclass of :class:`CompiledModule` whose ``forward`` is ``source`` (see
     NOTE: [A class per program])."""
     forward = _load(source)
+    # torch.compile(module) starts tracing at __call__ (ours, not nn.Module's, which dynamo
+    # skips): a copy of its code object per class, so that no two programs share a cache entry.
+    call = CompiledModule.__call__
+    call = types.FunctionType(call.__code__.replace(), call.__globals__, call.__name__, call.__defaults__,
+                              call.__closure__)
+    call.__qualname__ = CompiledModule.__call__.__qualname__
     return type(CompiledModule.__name__, (CompiledModule,),
-                {"forward": forward, "code": source, "__module__": CompiledModule.__module__})
+                {"forward": forward, "__call__": call, "code": source, "__module__": CompiledModule.__module__})
 
 
 def _rebuild_module(source: str, state: dict) -> CompiledModule:

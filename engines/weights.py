@@ -121,6 +121,20 @@ class WeightStore(_Group):
     def items(self):
         return [(name, self[name]) for name in self._names]
 
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        # Before torch copies anything: a learnable weight of another shape is refused with its
+        # name (torch would also turn a (1,) tensor into a scalar weight without a word).
+        for name in self._names:
+            value = state_dict.get(prefix + name)
+            if name not in self._fixed and isinstance(value, torch.Tensor) and tuple(value.shape) != self[name].shape:
+                raise GraphError(
+                    f"load_state_dict: weight {name!r} (key {prefix + name!r}) has shape {tuple(value.shape)} in the "
+                    f"state dict, but {tuple(self[name].shape)} in this module's graph; load weights trained on a "
+                    "graph built by the same template with the same sizes (hidden, layers, feature columns)")
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+
     def _apply(self, fn, recurse=True):
         # Fixed weights are constants: re-create them exactly after a dtype change.
         super()._apply(fn, recurse)

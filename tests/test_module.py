@@ -249,3 +249,30 @@ def test_weights_named_like_attributes_are_shared_by_a_mini_batch_model():
 def test_a_weight_that_is_a_prefix_of_another_is_named():
     with pytest.raises(neurovec.GraphError, match=r"weight name 'a.half' clashes with weight 'a'.*rename one"):
         neurovec.compile(_graph_with_weight_names(["a", "a.half"]))
+
+
+def test_load_state_dict_of_another_shape_names_the_weight(mutag):
+    small = neurovec.compile(datasets.gcn(mutag, hidden=8, layers=2, samples=[0, 1]), dtype=torch.float64)
+    wide = datasets.gcn(mutag, hidden=16, layers=2, samples=[0, 1])
+    key = next(k for k, v in small.state_dict().items() if v.ndim == 2)
+    name = key.removeprefix("weights.")
+    expected_shape = tuple(small.weights[name].shape)
+    for target in (neurovec.compile(wide), neurovec.ReferenceModule(wide)):
+        before = {k: v.clone() for k, v in target.state_dict().items()}
+        shape = tuple(target.weights[name].shape)
+        with pytest.raises(neurovec.GraphError, match=rf"load_state_dict: weight {name!r} \(key {key!r}\) has shape "
+                                                      rf"\({expected_shape[0]}, {expected_shape[1]}\) in the state "
+                                                      rf"dict, but \({shape[0]}, {shape[1]}\) in this module's graph; "
+                                                      r"load weights trained on a graph built by the same template"):
+            target.load_state_dict(small.state_dict(), strict=False)
+        for k, v in target.state_dict().items():  # nothing was loaded
+            assert torch.equal(v, before[k])
+    # torch would turn a (1,) tensor into a scalar weight without a word.
+    b = neurovec.GraphBuilder()
+    scale, x = b.weight("scale", 2.0), b.facts("x", np.ones((2, 3)))
+    b.output(b.layer("h").neuron([(x[0], scale), (x[1], scale)]))
+    module = neurovec.compile(b.build())
+    with pytest.raises(neurovec.GraphError, match=r"weight 'scale' \(key 'weights.scale'\) has shape \(1,\) in the "
+                                                  r"state dict, but \(\) in this module's graph"):
+        module.load_state_dict({"weights.scale": torch.tensor([3.0])})
+    assert module.weights["scale"].item() == 2.0
