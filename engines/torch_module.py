@@ -57,7 +57,10 @@ def _single_element(node: Node) -> bool:
 
 def _expression(node: Node, nodes: dict[str, Node], rows: dict[str, str] | None = None,
                 in_place: set[str] = frozenset(), biased: dict[str, str] | None = None,
-                stacked: dict[str, tuple[str, list[str], bool]] | None = None) -> str:
+                stacked: dict[str, tuple[str, list[str], bool]] | None = None,
+                standard: dict[str, str] | None = None) -> str:
+    if standard is not None and node.op is Op.REDUCE and node.name in standard:  # NOTE: [standard ops]
+        return standard[node.name]
     rows = rows or {}
     srcs = [nodes[s] for s in node.srcs]
     if biased and node.name in biased:  # NOTE: [bias in the GEMM]
@@ -478,8 +481,35 @@ def input_facts(program: Program) -> list[Node]:
     return [n for n in program.nodes if n.op is Op.FACT and n.attrs.get("fact_layer") in dynamic]
 
 
-def generate_source(program: Program) -> str:
-    """The Python source of ``forward(self, facts=None)`` for ``program``."""
+# NOTE: [standard ops] ``generate_source(program, standard_ops=True)`` writes every reduction
+# that would call a neurovec kernel (C++ operators, registered ``torch.ops.neurovec`` ops) with
+# standard torch ops instead: a fused gather + sum becomes ``index_select`` (alone where each
+# segment has one row and no coefficient: a gather written as a sum) then ``scatter_reduce``,
+# and a CSR segment reduction ``scatter_reduce`` over the segment ids, i.e. the "scatter" kernel,
+# whose outputs and gradients the equivalence suites check under every preset. Dense and strided
+# reductions are standard already. The program, its constants and weights stay the same. Such
+# a forward exports anywhere torch does (torch.export without neurovec's ops, ONNX) at the
+# cost of the kernels' speed; engines/export.py builds it for exporting.
+
+def _standard_reduction(node: Node, constants: dict[str, np.ndarray]) -> str | None:
+    """A reduction that calls neurovec's kernels, in standard torch ops (NOTE: [standard ops]);
+    None for other nodes."""
+    kernel = node.attrs.get("kernel", "scatter") if node.op is Op.REDUCE else None
+    if kernel not in ("segment", "sparse_mm"):
+        return None
+    key, agg, coef, x = node.attrs["counts"], node.attrs["aggregation"], node.attrs.get("coef"), node.srcs[0]
+    if kernel == "sparse_mm":
+        x = f"{x}.index_select(0, self.{node.attrs['index']})"
+        if coef is None and agg in ("sum", "mean") and bool(np.all(constants[key] == 1)):
+            return x  # one row per segment: a gather
+    if coef:
+        x = f"{x} * self.{coef}{_rows(node.shape)}"
+    return f"scatter_reduce({x}, self.seg_{key}, {node.count}, {agg!r}, self.cnt_{key})"
+
+
+def generate_source(program: Program, standard_ops: bool = False) -> str:
+    """The Python source of ``forward(self, facts=None)`` for ``program``; with ``standard_ops``,
+    in standard torch ops only (NOTE: [standard ops])."""
     nodes = program.by_name()
     inputs = {n.name for n in input_facts(program)}
     lines = ["def forward(self, facts=None):"]
@@ -490,7 +520,11 @@ def generate_source(program: Program) -> str:
     lines.append("    w = self.weights")
     rows = _row_values(program, nodes)
     in_place = _in_place(program, nodes, rows)
-    biased = {**_biased_products(program, nodes, rows), **_biased_sums(program, nodes, rows)}
+    standard = None
+    if standard_ops:
+        standard = {n.name: _standard_reduction(n, program.constants) for n in program.nodes}
+        standard = {name: code for name, code in standard.items() if code is not None}
+    biased = {**_biased_products(program, nodes, rows), **({} if standard_ops else _biased_sums(program, nodes, rows))}
     stacked = _stacked_row_products(program, nodes, rows)
     inline = {name for name, expression in rows.items() if expression != name}
     # A weight used in place (NOTE: [row-stored values]) needs no statement, nor does a value
@@ -522,18 +556,19 @@ def generate_source(program: Program) -> str:
         if node.name in inputs:
             code = f"    {node.name} = inputs[{node.attrs['fact_layer']!r}]"
         else:
-            code = f"    {node.name} = {_expression(node, nodes, rows, in_place, biased, stacked)}"
+            code = f"    {node.name} = {_expression(node, nodes, rows, in_place, biased, stacked, standard)}"
         shape = ", ".join(map(str, node.shape if node.name in rows else (node.count,) + node.shape))
         if node.name in stacked and stacked[node.name][2]:  # stored as its one row
             shape += f") as (1, {node.count * node.shape[-1]}"
         lines.append(f"{code:<72}  # ({shape}{',' if len(node.shape) == 1 and node.name in rows else ''})")
         if node.name in signed_zeros:
-            lines.extend(_order_signed_zeros(node, nodes, rows))
+            lines.extend(_order_signed_zeros(node, nodes, rows, program.constants if standard_ops else None))
     lines.append(f"    return {program.output}")
     return "\n".join(lines) + "\n"
 
 
-def _order_signed_zeros(node: Node, nodes: dict[str, Node], rows: dict[str, str]) -> list[str]:
+def _order_signed_zeros(node: Node, nodes: dict[str, Node], rows: dict[str, str],
+                        standard_constants: dict[str, np.ndarray] | None = None) -> list[str]:
     """Statements that give the ties of 0.0 and -0.0 in max or min ``node`` the zero IEEE 754
     chooses (NOTE: [signed zeros in max and min]): the same reduction of the indicator of that
     zero among the inputs says which segments have it."""
@@ -541,7 +576,11 @@ def _order_signed_zeros(node: Node, nodes: dict[str, Node], rows: dict[str, str]
     zeros = x.with_(name=f"{node.name}_zeros")
     while zeros.name in nodes:
         zeros = zeros.with_(name=f"{zeros.name}_")
-    reduced = _expression(node.with_(srcs=(zeros.name,) + node.srcs[1:]), {**nodes, zeros.name: zeros}, rows)
+    indicator = node.with_(srcs=(zeros.name,) + node.srcs[1:])
+    standard = None
+    if standard_constants is not None:  # NOTE: [standard ops]
+        standard = {indicator.name: _standard_reduction(indicator, standard_constants)}
+    reduced = _expression(indicator, {**nodes, zeros.name: zeros}, rows, standard=standard)
     return [f"    {zeros.name} = preferred_zeros({x.name}, {agg!r})",
             f"    {node.name} = order_signed_zeros({node.name}, {reduced}, {agg!r})"]
 
@@ -626,6 +665,14 @@ class CompiledModule(nn.Module):
                 or kwargs and (len(kwargs) > 1 or "facts" not in kwargs):
             raise self._call_error(args, kwargs)
         return nn.Module.__call__(self, *args, **kwargs)
+
+    def __prepare_scriptable__(self):
+        # torch.jit.script calls this first: say what works instead of failing inside the generated code.
+        raise TypeError("torch.jit.script cannot compile a neurovec CompiledModule: its forward reads weights by "
+                        "their names (any string) and checks facts in Python, which TorchScript cannot express, "
+                        "and torch 2.13 deprecates TorchScript. Use neurovec.engines.export.export(module) "
+                        "(torch.export) or export_onnx(module, path); torch.jit.trace(standard_ops(module), "
+                        "example_kwarg_inputs={'facts': {...}}, check_trace=False) works too (docs/export.md)")
 
     def _call_error(self, args: tuple, kwargs: dict) -> Exception:
         unknown = [k for k in kwargs if k != "facts"]
