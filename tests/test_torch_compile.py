@@ -289,3 +289,15 @@ def test_weights_named_like_module_attributes_compile():
     with torch._dynamo.config.patch(error_on_recompile=True):
         _sgd_step(module, call)
         _assert_same(eager, call, module)
+
+
+@pytest.mark.parametrize("preset", ["unoptimized"] + PRESETS)
+def test_standard_ops_view_compiles_as_one_graph(preset):
+    """The forward in standard torch ops (NOTE: [standard ops], what engines/export.py exports)
+    traces as one graph too, every aggregation included."""
+    _require("aot_eager")
+    from neurovec.engines.export import standard_ops
+    graph = aggregation_graph()
+    eager = neurovec.compile(graph, preset, torch.float64)
+    view = standard_ops(neurovec.compile(graph, preset, torch.float64))
+    _assert_same(eager, torch.compile(view, backend="aot_eager", fullgraph=True), view)
