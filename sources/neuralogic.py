@@ -397,6 +397,7 @@ def from_neuralogic(model, built, *, warn: bool = True) -> Graph:
         transformations["Transposition"] = ("identity", None, ())
     plan[computed] = _per_neuron(nr, np.flatnonzero(computed), nr.transformation, transformations,
                                  "transformation")
+    _refuse_stuck_at_one(nr, computed)
     # NeuraLogic replaces a softmax or sparsemax of a single input by the constant 1 (ConstantOne) and then
     # reports neither a combination nor a transformation: ask those neurons' states what they compute with.
     silent = np.flatnonzero(computed & (nr.combination == "") & (nr.transformation == ""))
@@ -837,6 +838,36 @@ def _leaky_relu_layers(name: str, size: int, slope: float, constants: _Constants
         input_weight=np.tile([NO_WEIGHT, constants.get(repr(-slope), -slope)], size)))
 
 
+def _refuse_stuck_at_one(nr: _Neurons, computed: np.ndarray) -> None:
+    """Refuse a neuron whose running sum or average NeuraLogic keeps in its constant ONE (a softmax of one value).
+
+    NeuraLogic 0.9.2 sets a sum's (or average's) accumulator up from its inputs' values when it builds the
+    network: the first of them, cloned, with the others added in (the offset, where there is one, comes first).
+    Where that first value is the shared constant ONE (a softmax aggregation of a single grounding, which NeuraLogic
+    replaces by the constant, or a neuron passing it on), the clone is the constant itself, which ignores being
+    zeroed and every increment: the neuron computes 1 (an average 1/n) whatever its inputs, at every evaluation.
+    Chain pruning comes after that set-up: it removes the single-input softmax neuron, so the inputs then look
+    ordinary, but the accumulator is still the constant. Found by experiment: ``h :- softmax of one grounding``
+    then ``h :- 0.5 b`` gives h = 1 pruned or not (1.15 with the rules swapped; pruned, 0.15 plus the score).
+    So ``model.test`` does not compute this neuron's function, and neurovec refuses rather than give other numbers.
+    The check reads the accumulators themselves (JavaReader.stuck_at_one), not the inputs' order.
+    """
+    stuck = np.flatnonzero(nr.java.stuck_at_one() & computed)
+    if stuck.size:
+        j = int(stuck[0])
+        raise NeuraLogicImportError(
+            f"{nr.describe(j)}: NeuraLogic computes it as a constant (1 for a sum, 1/n for an average), whatever "
+            "its inputs: its running sum was set up from NeuraLogic's constant ONE, the value of a softmax "
+            "aggregation over a single grounding (which NeuraLogic replaces by that constant) read as its first "
+            "input, directly or through identity neurons, and NeuraLogic 0.9.2 then adds the other inputs into "
+            "that constant and loses them (with chain pruning too, which removes the softmax neuron but not the "
+            f"constant in this neuron's sum; {stuck.size} neuron(s) in all). So model.test does not compute this "
+            "neuron's function, and neurovec refuses rather than give other numbers: give every softmax "
+            "aggregation two or more groundings, or put another input first (order the rules so that the "
+            "softmax's rule is not the first of its head, or give this neuron an offset, which NeuraLogic "
+            "puts first)")
+
+
 def _refuse_constant_one_first(nr: _Neurons, is_one: np.ndarray, combines: np.ndarray) -> None:
     """Refuse a neuron that combines several values (``combines``) and whose first input is NeuraLogic's
     constant ONE (``is_one``, or a chain of identities of it): NeuraLogic 0.9.2 accumulates the other values into that constant, which
@@ -860,9 +891,8 @@ def _refuse_constant_one_first(nr: _Neurons, is_one: np.ndarray, combines: np.nd
             f"{nr.describe(j)}: its first input, {nr.describe(one)}, is NeuraLogic's constant ONE (a softmax "
             "of a single value, which NeuraLogic replaces by that constant, or a neuron passing it on); NeuraLogic then adds the neuron's other inputs into that "
             "constant and loses them (0.9.2), so model.test does not compute this neuron's function. neurovec "
-            "refuses rather than give other numbers: give the softmax aggregation two or more groundings, order "
-            "the rules so that its rule is not the first of this head, or build with chain_pruning=True (which "
-            "removes single-input softmax neurons)")
+            "refuses rather than give other numbers: give the softmax aggregation two or more groundings, or order "
+            "the rules so that its rule is not the first of this head")
 
 
 def _unique(name: str, layers: list) -> str:
