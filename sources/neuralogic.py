@@ -408,7 +408,6 @@ def from_neuralogic(model, built, *, warn: bool = True) -> Graph:
         if unknown.size:
             raise NeuraLogicImportError(f"{nr.describe(silent[unknown[0]])}: it computes with {function[unknown[0]]} "
                                         "but reports no combination or transformation; not supported")
-        _refuse_constant_one_first(nr, aggregation == "one", computed & ((counts > 1) | (nr.offset != _ZERO_WEIGHT)))
     pick_index = _split_softmaxes(nr, picks, aggregation, owner) if picks.size else None
     # A softmax combination is the concatenation of the inputs, then softmax; the neuron's own transformation
     # comes after that, as extra steps (NeuraLogic computes T(softmax(inputs))).
@@ -866,33 +865,6 @@ def _refuse_stuck_at_one(nr: _Neurons, computed: np.ndarray) -> None:
             "aggregation two or more groundings, or put another input first (order the rules so that the "
             "softmax's rule is not the first of its head, or give this neuron an offset, which NeuraLogic "
             "puts first)")
-
-
-def _refuse_constant_one_first(nr: _Neurons, is_one: np.ndarray, combines: np.ndarray) -> None:
-    """Refuse a neuron that combines several values (``combines``) and whose first input is NeuraLogic's
-    constant ONE (``is_one``, or a chain of identities of it): NeuraLogic 0.9.2 accumulates the other values into that constant, which
-    keeps it 1 (found by experiment: ``h :- softmax-of-one-grounding`` plus ``h :- 0.5 b`` gives h = 1, and
-    1.15 with the rules swapped), so its ``model.test`` is not the neuron's function."""
-    # NeuraLogic hands the constant on unchanged through single, unweighted, untransformed inputs.
-    first_input = nr.inputs[np.minimum(nr.ptr[:-1], nr.inputs.size - 1)]
-    passes = ~combines & (np.diff(nr.ptr) == 1) & (nr.kind != _FACT) & np.isin(nr.transformation, ("", "Identity"))
-    passes[passes] = nr.edge_weight[nr.ptr[:-1][passes]] == _UNIT_WEIGHT
-    while True:
-        grown = is_one | (passes & is_one[first_input])
-        if np.array_equal(grown, is_one):
-            break
-        is_one = grown
-    neurons = np.flatnonzero(combines)
-    first_input = first_input[neurons]
-    bad = np.flatnonzero(is_one[first_input])
-    if bad.size:
-        j, one = int(neurons[bad[0]]), int(first_input[bad[0]])
-        raise NeuraLogicImportError(
-            f"{nr.describe(j)}: its first input, {nr.describe(one)}, is NeuraLogic's constant ONE (a softmax "
-            "of a single value, which NeuraLogic replaces by that constant, or a neuron passing it on); NeuraLogic then adds the neuron's other inputs into that "
-            "constant and loses them (0.9.2), so model.test does not compute this neuron's function. neurovec "
-            "refuses rather than give other numbers: give the softmax aggregation two or more groundings, or order "
-            "the rules so that its rule is not the first of this head")
 
 
 def _unique(name: str, layers: list) -> str:

@@ -326,6 +326,25 @@ def test_softmax_aggregation_of_one_grounding(settings):
         from_neuralogic(model, build(model, ds, **settings), warn=False)
 
 
+@pytest.mark.parametrize("settings", [UNPRUNED, dict(chain_pruning=True, iso_value_compression=False)],
+                         ids=["unpruned", "pruned"])
+def test_constant_one_after_an_offset(tmp_path, settings):
+    """NeuraLogic lists a neuron's offset first: q's sum starts from its offset 0.2, then adds 1.5 times the
+    softmax of one grounding (the constant ONE), so model.test computes q's function, 0.2 + 1.5 = 1.7. It was
+    refused (the check read q's first listed input, the constant)."""
+    model = template("h(Y) :- 2.0 a(Y, X). [aggregation=softmax]\n"
+                     "q :- 1.5 h(Y), 0.2. [transformation=identity]\n"
+                     "h/1 [transformation=identity]\nq/0 [transformation=identity]\n", tmp_path)
+    ds = Dataset()
+    for a in (0.7, -1.3):
+        ds.add(R.q[0.0], [R.a("x", "1")[a]])
+    built = build(model, ds, **settings)
+    if settings is UNPRUNED:
+        np.testing.assert_allclose(neuralogic_outputs(model, built), [1.7, 1.7], atol=1e-6)  # 0.2 is a float32
+    graph = assert_same(model, built)
+    assert_same_gradients(model, built, graph)
+
+
 @pytest.mark.parametrize("aggregation", [Aggregation.SOFTMAX, Aggregation.CONCAT])
 def test_outputs_of_different_lengths(aggregation):
     """A softmax or concat aggregation is as long as its groundings: samples whose outputs differ in length
