@@ -115,6 +115,8 @@ class SQLGrounder(Grounder):
         with self.database.connect() as self.conn:
             if self.conn.dialect.name == "sqlite":  # temporary tables in memory, not in a file
                 self._execute("PRAGMA temp_store = MEMORY")
+            for name, relation in self.database.relations.items():
+                self._check_columns(name, relation)
             self._examples()
             used = self._relevant_predicates()
             for key, relation in self.relations.items():
@@ -131,6 +133,41 @@ class SQLGrounder(Grounder):
         return result
 
     # -- helpers ---------------------------------------------------------------------------------------------------
+    def _check_columns(self, name: str, relation: SQLRelation) -> None:
+        """Every column the relation names is one of its source's: a table's columns as the database's schema
+        lists them (SQLAlchemy's inspector), a ``SELECT``'s as its result names them. Without the check a
+        misspelled column is no error on SQLite, which reads a quoted unknown name as a string constant: every
+        fact gets that string as its example or argument, and the rules silently ground to something else."""
+        from sqlalchemy import inspect
+        from sqlalchemy.exc import DBAPIError, NoSuchTableError
+
+        source = relation.source.strip()
+        if " " in source:
+            try:
+                columns = list(self._execute(f"SELECT * FROM {_source(relation)} LIMIT 0").keys())
+            except DBAPIError as error:
+                raise TemplateError(f"relation {name!r}: its source {source!r} fails in the database "
+                                    f"({self.database.engine.url!r}): {error.orig}") from None
+        else:
+            inspector = inspect(self.conn)
+            try:
+                columns = [column["name"] for column in inspector.get_columns(source)]
+            except NoSuchTableError:
+                tables = sorted(inspector.get_table_names() + inspector.get_view_names())
+                raise TemplateError(f"relation {name!r}: the database ({self.database.engine.url!r}) has no table "
+                                    f"or view {source!r} (it has {tables})") from None
+        # SQLite matches column names in any case; other databases match a quoted name exactly.
+        fold = str.lower if self._sqlite else (lambda text: text)
+        known = {fold(column) for column in columns}
+        roles = [("example", relation.example)] + [(f"argument {k}", c) for k, c in enumerate(relation.args)] + \
+            [("value" if len(relation.value_columns) == 1 else f"value {k}", c)
+             for k, c in enumerate(relation.value_columns)]
+        for role, column in roles:
+            if column is not None and fold(str(column)) not in known:
+                why = "; SQLite would read the unknown name as a string constant" if self._sqlite else ""
+                raise TemplateError(f"relation {name!r}: its {role} column {column!r} is not a column of {source!r} "
+                                    f"(its columns: {columns}){why}")
+
     def _name(self) -> str:
         return f"nv_{next(self._names)}"
 
