@@ -73,7 +73,6 @@ def test_missing_dataset_without_download(tmp_path):
     ("A", "1, 3000\n", r"MUTAG_A\.txt, line 1: edge joins nodes of different graphs"),
     ("graph_labels", "1\n-1\n", "graph_labels.txt has 2 lines, expected 188"),
     ("node_labels", "0\n", "node_labels.txt has 1 lines, expected 3371"),
-    ("graph_indicator", "1\n1\n3\n", "graph 2 has no nodes"),
 ])
 def test_malformed_files(tu_dir, tmp_path, file, content, message):
     folder = _copy(tu_dir, tmp_path)
