@@ -136,6 +136,22 @@ def test_sql_columns_are_checked_against_the_schema(small_db, relation, match):
     ground(t, Database(small_db, {**relations, "c": SQLRelation("c", args="X", values="V", example="EX")}), R.q)
 
 
+def test_sql_text_values_and_missing_databases_are_named(small_db, tmp_path):
+    """A value column holding text failed in numpy ("could not convert string to float"); a database path in a
+    missing folder failed inside the first statement (sqlite3.OperationalError), and a missing file was created
+    empty."""
+    t = Template()
+    t += R.q <= R.a(V.X)
+    with pytest.raises(TemplateError, match=r"relation a/1: its value column 'x' holds 'x' \(a str\), not a number"):
+        ground(t, Database(small_db, {"a": SQLRelation("a", args="x", values="x", example="ex")}), R.q)
+    with pytest.raises(TemplateError, match=r"Database\('.*nowhere/m.db'\): no SQLite database there \(its folder "
+                                            r"'.*nowhere' does not exist\)"):
+        Database(tmp_path / "nowhere" / "m.db", {})
+    with pytest.raises(TemplateError, match=r"no SQLite database there \(no such file\)"):
+        Database(tmp_path / "m.db", {})
+    assert not (tmp_path / "m.db").exists()
+
+
 def test_facts_given_twice_are_named_wherever_they_come_from(small_db):
     """On SQLite the unique index of a fact table is the check: a relation without examples, and the template's own
     facts, given twice, are errors naming the fact (one per example: every example holds them)."""

@@ -28,7 +28,7 @@ import numpy as np
 from .data import Query, Relation
 from .encoding import Vocabulary, encode_relation
 from .joins import ColumnIndex, distinct, join, lookup, row_keys
-from .plan import Plan, Stratum, make_plan
+from .plan import Plan, Stratum, _Where, make_plan
 from .template import Constant, Rule, Template, TemplateError, Variable
 
 __all__ = ["ground", "Grounding", "Table", "Groundings", "Stage"]
@@ -455,6 +455,29 @@ class Grounder:
 
 
 
+def _check_join_types(template: Template, relations: dict) -> None:
+    """A variable that joins two relations' columns joins constants of one type: an int never equals a string, so a
+    join of ints with strings grounds to nothing (and the queries then "match nothing", far from the cause)."""
+    for rule in template.rules:
+        seen = {}   # variable -> (relation key, argument, kind) where it first reads a relation's column
+        for lit in rule.body:
+            relation = None if lit.special else relations.get(lit.key)
+            if relation is None:
+                continue
+            for c, term in enumerate(lit.terms):
+                column = relation.args[c]
+                if not isinstance(term, Variable) or column.size == 0:
+                    continue
+                kind = "strings" if column.dtype.kind in "US" else "ints"
+                first = seen.setdefault(term.name, (lit.key, c, kind))
+                if first[2] != kind:
+                    raise TemplateError(
+                        f"{_Where(rule)}: variable {term.name} joins argument {first[1]} of relation {first[0]} "
+                        f"({first[2]}) with argument {c} of relation {lit.key} ({kind}); an int never equals a "
+                        "string, so this rule would ground to nothing: give both columns one type (e.g. "
+                        "Relation(column.astype(str)) or ints for both)")
+
+
 def relations_by_key(template: Template, relations) -> dict:
     """``{predicate key: relation}`` for ``(name, arity, relation)`` triples, checked: one relation
     per predicate, and none for a predicate that the template's own facts define."""
@@ -482,6 +505,7 @@ class NumpyGrounder(Grounder):
                                     f"{type(relation).__name__}); build one with Relation(...) or Relation.from_frame")
         relations = relations_by_key(template, ((name, r.arity, r) for name, r in facts.items()))
         self.plan = make_plan(template, {key: r.value_shape for key, r in relations.items()}, seed)
+        _check_join_types(template, relations)
         self.queries = queries
         self.tables: dict[str, Table] = {}
         self._indexes: list[tuple[np.ndarray, np.ndarray, ColumnIndex | None]] = []  # see _shared_index

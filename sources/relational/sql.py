@@ -81,6 +81,7 @@ class Database:
         else:
             text = str(url_or_engine)
             self.engine = create_engine(text if "://" in text else f"sqlite:///{text}")
+            _check_sqlite_file(self.engine)
         for name, relation in relations.items():
             if not isinstance(relation, SQLRelation):
                 raise TemplateError(f"relation {name!r}: expected an SQLRelation (got {type(relation).__name__})")
@@ -88,6 +89,20 @@ class Database:
 
     def connect(self):
         return self.engine.connect()
+
+
+def _check_sqlite_file(engine) -> None:
+    """An SQLite database named by a path must exist: SQLite would create an empty one (or fail deep inside the first
+    statement when its folder is missing)."""
+    from pathlib import Path
+    path = engine.url.database
+    if engine.dialect.name != "sqlite" or not path or path == ":memory:" or path.startswith("file:"):
+        return
+    path = Path(path)
+    if not path.is_file():
+        where = f"its folder {str(path.parent)!r} does not exist" if not path.parent.is_dir() else "no such file"
+        raise TemplateError(f"Database({str(path)!r}): no SQLite database there ({where}); give the path of an "
+                            "existing database file (datasets.create_database writes one for Mutagenesis)")
 
 
 def _source(relation: SQLRelation) -> str:
@@ -276,7 +291,14 @@ class SQLGrounder(Grounder):
         data = None
         if relation.values is not None:
             fetched = self._execute(values).cursor.fetchall()
-            data = np.array(fetched, dtype=np.float64).reshape((len(fetched),) + relation.value_shape)
+            try:
+                data = np.array(fetched, dtype=np.float64).reshape((len(fetched),) + relation.value_shape)
+            except (TypeError, ValueError):
+                row, c = next((r, c) for r, row in enumerate(fetched) for c, v in enumerate(row)
+                              if not isinstance(v, (int, float)) or isinstance(v, bool))
+                raise TemplateError(f"relation {key}: its value column {relation.value_columns[c]!r} holds "
+                                    f"{fetched[row][c]!r} (a {type(fetched[row][c]).__name__}), not a number; values "
+                                    "must be numbers (cast the column in a SELECT, or name a numeric column)") from None
             if not np.all(np.isfinite(data)):
                 raise TemplateError(f"relation {key}: values contain NULL, NaN or inf")
         return FactTable(key, None, None, value_row, data, sql=name)
