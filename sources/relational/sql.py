@@ -34,8 +34,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .encoding import FactTable, Vocabulary
-from .grounding import (Grounder, Groundings, Table, _as_ids, _input_positions, relations_by_key,
-                        template_facts)
+from .grounder import (Grounder, Groundings, Table, _as_ids, _input_positions, needs_dedup, relations_by_key,
+                       template_facts)
 from .plan import make_plan
 from .template import Constant, Template, TemplateError, Variable
 
@@ -477,10 +477,7 @@ class SQLGrounder(Grounder):
         sql = f"SELECT {distinct}{', '.join(columns)} FROM {' CROSS JOIN '.join(sources)}"
         return (sql + (f" WHERE {' AND '.join(where)}" if where else "")), params
 
-    @staticmethod
-    def _needs_dedup(rule) -> bool:
-        from .grounding import NumpyGrounder
-        return NumpyGrounder._needs_dedup(rule)
+    _needs_dedup = staticmethod(needs_dedup)
 
     # -- queries and messages --------------------------------------------------------------------------------------
     def encoded(self, table: Table) -> Table:

@@ -619,10 +619,15 @@ class Template:
         return "\n".join([str(f) + "." for f in self.facts] + [str(r) for r in self.rules] +
                          [str(p) for p in self.predicates.values()])
 
+    # The grounding entry point, set by .grounding when it is imported (as importing neurovec.relational does): this
+    # module stays below the grounders and imports none of them.
+    _ground = None
+
     def ground(self, facts, queries, **options):
         """Ground this template on ``facts`` for ``queries``: a :class:`neurovec.Graph` (see :func:`.ground`)."""
-        from .grounding import ground
-        return ground(self, facts, queries, **options).graph
+        if Template._ground is None:
+            raise RuntimeError("import neurovec.sources.relational (or neurovec.relational) to ground templates")
+        return Template._ground(self, facts, queries, **options).graph
 
 
 def _merge(old: PredicateSpec, new: PredicateSpec) -> Metadata:
