@@ -254,11 +254,14 @@ def load_tu(name: str, data_dir: str | os.PathLike | None = None, download: bool
         looked = ", ".join(str(p) for p in _candidates(where, name))
         problem = "does not exist" if not where.exists() else f"has no {name}_A.txt"
         raise TUFormatError(f"TU dataset {name!r} not found: data_dir {str(where)!r} {problem} (looked in "
-                            f"{looked}); leave data_dir out to use $NEUROVEC_DATA or download it into "
-                            f"{DEFAULT_CACHE}")
+                            f"{looked}); give the folder that holds {name}/ (or tu/{name}/), or give no data_dir "
+                            f"(no --data-dir) to search $NEUROVEC_DATA and {DEFAULT_CACHE}")
     searched = " and ".join(filter(None, [os.environ.get("NEUROVEC_DATA"), str(DEFAULT_CACHE)]))
     if not download:
-        raise TUFormatError(f"TU dataset {name!r} not found (looked in {searched}) and download=False")
+        hint = "" if os.environ.get("NEUROVEC_DATA") else " ($NEUROVEC_DATA is not set)"
+        raise TUFormatError(f"TU dataset {name!r} not found (looked in {searched}){hint}: set NEUROVEC_DATA to the "
+                            f"folder that holds {name}/ or tu/{name}/ (e.g. NEUROVEC_DATA=../shared/data), pass "
+                            "that folder as data_dir (--data-dir), or allow a download (download=True, --download)")
     logger.warning("TU dataset %r not found in %s: downloading it from %s into %s",
                    name, searched, TU_URL, DEFAULT_CACHE)
     return read_tu_folder(_download(name, DEFAULT_CACHE), name)

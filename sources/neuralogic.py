@@ -32,6 +32,7 @@ them.
 """
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import warnings
@@ -112,9 +113,13 @@ def _require_neuralogic():
     try:
         import neuralogic  # noqa: F401
     except ImportError as e:  # pragma: no cover - depends on the environment
-        raise ImportError("from_neuralogic needs PyNeuraLogic: pip install 'neurovec[neuralogic]'") from e
-    if shutil.which("java") is None:  # pragma: no cover
-        raise RuntimeError("PyNeuraLogic needs a Java runtime (java >= 11) on the PATH")
+        raise ImportError("from_neuralogic needs PyNeuraLogic 0.9.2: pip install -e \".[neuralogic]\" in the neurovec "
+                          "checkout") from e
+    import jpype
+    # The model was built, so NeuraLogic's JVM is running already: Java was found (on the PATH or through JAVA_HOME).
+    if not jpype.isJVMStarted() and shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        raise RuntimeError("PyNeuraLogic needs a Java runtime (java >= 11): none is on the PATH and JAVA_HOME is "
+                           "not set")  # pragma: no cover
 
 
 _READER = None

@@ -505,6 +505,18 @@ def test_bad_relations_and_metadata_name_what_is_wrong():
     _ground([R.q <= (R.a(V.X), R.b(V.Y, V.X))], {"a": Relation([1, 2]), "b": Relation((["u", "v"], [1, 2]))})
 
 
+def test_explicit_query_without_examples_in_the_data():
+    """With no example column anywhere, the data is one example: Query("h", args=...) needs no example=0 (it was
+    refused, saying "the data has examples"); with example columns the message names the relations that have them."""
+    t = Template()
+    t += R.h(V.X)[2.0] <= R.a(V.X)
+    graph = ground(t, {"a": Relation([1, 2])}, Query("h", args=[[2, 1]])).graph
+    assert graph.output_layer.size == 2
+    with pytest.raises(TemplateError, match=r"query h/1: say in which examples \(example=...\): relations "
+                                            r"\['a/1'\] have an example column"):
+        ground(t, {"a": Relation([1, 2], example=[0, 1])}, Query("h", args=[[2, 1]]))
+
+
 def test_error_duplicate_fact():
     with pytest.raises(TemplateError, match=r"relation a/1: the fact a\(1\) is given twice in example 0"):
         _ground([R.q <= R.a(V.X)], {"a": Relation([1, 1], example=[0, 0])})

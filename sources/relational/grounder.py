@@ -113,6 +113,11 @@ class Grounder:
     It sets ``plan``, ``queries``, ``fact_tables``, ``tables``, ``constants``, ``examples`` and ``scope``.
     """
 
+    @property
+    def has_examples(self) -> bool:
+        """Whether some relation has an example column (else the data is one example, id 0)."""
+        return any(r.example is not None for r in self.relations.values())
+
     # -- grounding -------------------------------------------------------------------------------------------------
     def run(self) -> tuple[list, dict]:
         self.current: dict[str, str] = {}   # predicate -> the table body literals read
@@ -358,11 +363,12 @@ class Grounder:
                     example, named = np.repeat(example, args[0].size), np.repeat(named, args[0].size)
             elif not args:
                 example = self.scope
-            elif self.examples.size == 0:
+            elif not self.has_examples:   # one example, implicit (no relation has an example column)
                 example = np.zeros(args[0].size, np.int64)
             else:
-                raise TemplateError(f"query {q.describe()}: say in which examples (example=...): the data has "
-                                    "examples")
+                with_examples = sorted(k for k, r in self.relations.items() if r.example is not None)
+                raise TemplateError(f"query {q.describe()}: say in which examples (example=...): relations "
+                                    f"{with_examples} have an example column, so the data has several examples")
         keys_table, keys_probe = row_keys([table.example] + table.args,
                                           [np.maximum(example, 0)] + [np.maximum(a, 0) for a in args])
         found = lookup(keys_table, keys_probe, np.arange(table.size) if table.in_order else None)   # sorted keys

@@ -131,7 +131,7 @@ class NumpyGrounder(Grounder):
         relations = relations_by_key(template, ((name, r.arity, r) for name, r in facts.items()))
         self.plan = make_plan(template, {key: r.value_shape for key, r in relations.items()}, seed)
         _check_join_types(template, relations)
-        self.queries = queries
+        self.queries, self.relations = queries, relations
         self.tables: dict[str, Table] = {}
         self._indexes: list[tuple[np.ndarray, np.ndarray, ColumnIndex | None]] = []  # see _shared_index
         self._encode(relations)
