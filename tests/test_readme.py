@@ -24,7 +24,7 @@ tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
-SHARED_DATA = Path(os.environ.get("NEUROVEC_SHARED_DATA", ROOT.parent / "shared" / "data"))
+SHARED_DATA = Path(os.environ.get("NEUROVEC_DATA", ROOT.parent / "shared" / "data"))  # the one data variable
 
 
 def blocks(language: str) -> list[tuple[str, str]]:
