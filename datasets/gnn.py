@@ -36,10 +36,12 @@ edges into ``i``; ``act`` = ReLU after every convolution except the last):
   only the edges among ``samples`` are kept and degrees are those of that subgraph.
 * **dropout** (``dropout`` after every convolution but the last, ``input_dropout``
   on the input features): ``h * mask`` by a neuron layer ``prod`` of ``h`` and a fact
-  layer ``dropout[p=P]:NAME`` of the same shape, all ones in the graph (so the
-  compiled module computes the eval-mode model). The fact layers are meant to be
-  declared dynamic and fed fresh masks in training: :mod:`neurovec.dropout` does
-  that (``Dropout(graph)``), seeded; the PyG twin takes the same masks.
+  layer ``dropout[p=P]:convK`` of the same shape, all ones in the graph (so the
+  compiled module computes the eval-mode model). Input dropout only declares a
+  fact layer ``dropout[p=P]:x`` (one row, read by nothing): the features layer
+  ``x`` itself is replaced by ``x * mask`` at call time. :mod:`neurovec.dropout`
+  declares those layers dynamic and feeds them fresh seeded masks in training
+  (``neurovec.dropout.compile(graph)``); the PyG twin takes the same masks.
 
 A neuron needs at least one input, so an isolated node's empty neighbour
 aggregation (0 in PyG) is expressed as its own value times the fixed weight 0.
@@ -274,10 +276,18 @@ def _gcn_norm(weights: WeightTable, src: np.ndarray, dst: np.ndarray, n: int, de
 
 
 def _dropout(stack: _Stack, p: float, what: str, h: int, n: int, width: int) -> int:
-    """``h * mask``: a neuron per node multiplying (``prod``) its row of ``h`` and of a mask fact layer."""
+    """``h * mask``: a neuron per node multiplying (``prod``) its row of ``h`` and of a mask fact layer.
+
+    On the input features (a fact layer) the mask layer is only declared, read by nothing:
+    :class:`neurovec.dropout.Dropout` replaces the features themselves by ``x * mask`` at call
+    time (NOTE: [input dropout] in :mod:`neurovec.dropout`).
+    """
     if p == 0.0:
         return h
-    mask = stack.add(FactLayer(dropout_layer_name(p, what), np.ones((n, width)), copy=False))
+    mask = stack.add(FactLayer(dropout_layer_name(p, what), np.ones((1, 1) if isinstance(stack.layers[h], FactLayer)
+                                                                       else (n, width)), copy=False))
+    if isinstance(stack.layers[h], FactLayer):
+        return h
     nodes = np.arange(n)
     return stack.add(NeuronLayer(f"{what}.dropout", np.full(n, 2), np.stack([np.full(n, h), np.full(n, mask)], 1).ravel(),
                                  np.repeat(nodes, 2), aggregation="prod", copy=False))
