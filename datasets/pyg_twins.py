@@ -32,7 +32,9 @@ class GNNTwin(nn.Module):
     row per node, the last convolution's output (no pooling, no ``lin``). ``masks`` maps
     the template's dropout layer names (``dropout[p=0.5]:x``, ``dropout[p=0.5]:conv1``)
     to the masks to multiply by, as :mod:`neurovec.dropout` draws them for the
-    neurovec module; without them the twin applies no dropout (eval mode).
+    neurovec module; without them the twin applies no dropout (eval mode). ``edge_weight``
+    goes to GCN convolutions as is (set their ``normalize`` False to pass precomputed
+    normalisation weights, self loops listed).
     """
 
     def __init__(self, spec: GNNSpec):
@@ -58,7 +60,7 @@ class GNNTwin(nn.Module):
             self.lin = nn.Linear(in_dim, spec.out_dim)
 
     def forward(self, x: torch.Tensor, edge_index: torch.Tensor, batch: torch.Tensor | dict | None = None,
-                n_samples: int | None = None) -> torch.Tensor:
+                n_samples: int | None = None, edge_weight: torch.Tensor | None = None) -> torch.Tensor:
         from torch_geometric.nn import global_add_pool, global_max_pool, global_mean_pool
 
         spec = self.spec
@@ -67,7 +69,8 @@ class GNNTwin(nn.Module):
             x = x * masks[dropout_layer_name(spec.input_dropout, "x")]
         last = len(spec.hidden)
         for k in range(1, last + 1):
-            x = getattr(self, f"conv{k}")(x, edge_index)
+            conv = getattr(self, f"conv{k}")
+            x = conv(x, edge_index) if edge_weight is None else conv(x, edge_index, edge_weight)
             if k < last:
                 x = _ACTIVATIONS[spec.activation](x)
                 if masks and spec.dropout:
