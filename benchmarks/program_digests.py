@@ -96,9 +96,19 @@ def suite_graphs(data_dir: Path, programs=PROGRAMS):
         yield f"{dataset}/{model} {features}", task.graph
 
 
+def _fresh_names_from_zero() -> None:
+    """Names that ``rewrite.fresh_const`` mints take their suffix from a process-wide counter: a
+    program's names would depend on what the process compiled before. Start it afresh for each."""
+    import itertools
+    from neurovec.compiler import rewrite
+    if hasattr(rewrite, "_counter"):
+        rewrite._counter = itertools.count()
+
+
 def digests(graph, settings) -> tuple[list[tuple[str, str]], Program]:
     """Every step's ``(name, program digest)`` and the final program."""
     settings = resolve_settings(settings)
+    _fresh_names_from_zero()
     program = vectorize(graph).replace(dynamic_facts=tuple(settings.dynamic_facts))
     steps = [("vectorize", program_digest(program))]
     for name, enabled, run in PIPELINE:
