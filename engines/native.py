@@ -3,8 +3,8 @@
 The kernels reduce sorted, static CSR segments -- a fused gather -> per-edge
 coefficient -> sum (and its transpose for the backward), plain segment sums and
 means, segment max / min and their tie-splitting backward -- without ever
-materialising per-edge rows, on OpenMP threads (as many as ``torch.get_num_threads()``).
-They are built twice, into two libraries:
+materialising per-edge rows, on as many threads as ``torch.get_num_threads()`` (NOTE:
+[threads on a busy machine]). They are built twice, into two libraries:
 
 * :func:`library`: ``native_kernels.cpp``, plain C functions without torch headers
   (a few seconds to build), called through ctypes from ``engines/ops.py``'s Python
@@ -188,6 +188,44 @@ def operators():
                  "C++ torch operators unavailable, using the ctypes kernels")
 
 
+# NOTE: [threads on a busy machine] The operators split their segments among torch's own
+# intra-op threads (at::parallel_for): the threads torch's ops use, as many as
+# torch.get_num_threads(), never a second pool beside them. In torch's CPU wheels those are an
+# OpenMP team, and unless OMP_WAIT_POLICY=passive is set before torch starts, a thread waiting
+# for the next parallel region or at its end barrier spins for a while before it sleeps. With other
+# processes on the CPUs that is ruinous: a thread spins on a CPU that the thread it waits for needs,
+# and every parallel op of a step -- torch's matmuls, elementwise ops and fused Adam as much as these
+# kernels (torch.profiler, PROTEINS GCN at 2 threads on a loaded 2-CPU machine: mm 7.6 ms a call,
+# threshold_backward 31 ms, the gather_sum backward 23 ms, for a step of 1 ms at 1 thread) -- waits
+# for scheduler time slices. No scheme inside these kernels changes how torch's ops wait, so
+# neurovec says so once (_warn_if_spinning_on_a_busy_machine) and benchmarks/kernels_loaded.py
+# measures a step idle and beside a competing process under both wait policies.
+
+def _spinning_on_a_busy_machine() -> str | None:
+    """Why torch's threads will spin against other processes here (see NOTE: [threads on a busy
+    machine]), or None: more than one thread, OpenMP's default (active) waiting, and a 1-minute load
+    average of at least the number of CPUs this process may use."""
+    threads = torch.get_num_threads()
+    if threads <= 1 or "OMP_WAIT_POLICY" in os.environ or "GOMP_SPINCOUNT" in os.environ:
+        return None
+    if "OpenMP" not in torch.__config__.parallel_info():
+        return None
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    load = os.getloadavg()[0]
+    if load < cpus:
+        return None
+    return (f"the CPUs are busy (load average {load:.1f} on {cpus} CPUs) and torch's {threads} OpenMP threads "
+            "wait actively (OMP_WAIT_POLICY unset): each parallel operation may wait for a thread that another "
+            "process keeps off its CPU, and training steps can run 10-100x slower. Set OMP_WAIT_POLICY=passive "
+            "in the environment before Python starts, or call torch.set_num_threads(1)")
+
+
+def _warn_if_spinning_on_a_busy_machine() -> None:
+    reason = _spinning_on_a_busy_machine()
+    if reason:
+        log.warning("neurovec: %s", reason)
+
+
 def _torch_flags() -> tuple[tuple[str, ...], tuple[str, ...]]:
     """Compile flags (torch's headers, its C++ standard and ABI) and link flags (its libraries)."""
     root = Path(torch.__file__).parent
@@ -203,6 +241,7 @@ def _load_operators():
     path = _cached_build(OPS_SOURCE, compile_flags, link_flags, "libneurovec_ops.so", ops_build_info)
     if not hasattr(torch.ops.neurovec_cpu, "gather_sum"):  # loaded already, e.g. by a second import of neurovec
         torch.ops.load_library(str(path))
+    _warn_if_spinning_on_a_busy_machine()  # once: operators() loads once
     return torch.ops.neurovec_cpu
 
 

@@ -4,6 +4,21 @@
 // per source hash; the kernels themselves are in native_kernels.h.
 //
 // Exported symbols are extern "C" and named nv_<kernel>_<f32|f64>.
+#include <omp.h>
+
+#include <cstdint>
+
+namespace {
+
+// The tasks of native_kernels.h's for_segments, one per thread of an OpenMP team.
+template <typename Task>
+void run_tasks(int64_t n_tasks, const Task& task) {
+#pragma omp parallel for num_threads(n_tasks)
+    for (int64_t i = 0; i < n_tasks; ++i) task(i);
+}
+
+}  // namespace
+
 #include "native_kernels.h"
 // ---------------------------------------------------------------- C interface
 //

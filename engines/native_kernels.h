@@ -15,7 +15,7 @@
 
 #include <cmath>
 #include <cstdint>
-#include <omp.h>
+#include <algorithm>
 
 namespace {
 
@@ -42,7 +42,10 @@ int64_t split_point(const I* ptr, int64_t n_rows, int t, int n_threads) {
     return lo;
 }
 
-// Run body(row_begin, row_end) over all segments, split among the threads.
+// Run body(row_begin, row_end) over all segments, split into n_threads tasks of about
+// equal entries. The file that includes this header says how the tasks run, defining
+//   template <typename Task> void run_tasks(int64_t n_tasks, const Task& task);
+// which calls task(i) once for every i in [0, n_tasks), each on one thread.
 template <typename I, typename Body>
 void for_segments(const I* ptr, int64_t n_rows, int64_t width, int n_threads, Body body) {
     const int64_t work = (int64_t)ptr[n_rows] * (width > 0 ? width : 1);
@@ -50,11 +53,9 @@ void for_segments(const I* ptr, int64_t n_rows, int64_t width, int n_threads, Bo
         body((int64_t)0, n_rows);
         return;
     }
-#pragma omp parallel num_threads(n_threads)
-    {
-        const int t = omp_get_thread_num(), n = omp_get_num_threads();
-        body(split_point(ptr, n_rows, t, n), split_point(ptr, n_rows, t + 1, n));
-    }
+    run_tasks(n_threads, [&](int64_t t) {
+        body(split_point(ptr, n_rows, (int)t, n_threads), split_point(ptr, n_rows, (int)t + 1, n_threads));
+    });
 }
 
 // The feature width as a template argument for the common narrow widths (W > 0),

@@ -26,6 +26,20 @@
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
+namespace {
+
+// The tasks of native_kernels.h's for_segments run on torch's intra-op threads (at::parallel_for):
+// the threads torch's own ops use, as many as torch.get_num_threads(), one at a time inside another
+// parallel region. See NOTE: [threads on a busy machine] in engines/native.py.
+template <typename Task>
+void run_tasks(int64_t n_tasks, const Task& task) {
+    at::parallel_for(0, n_tasks, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) task(i);
+    });
+}
+
+}  // namespace
+
 #include "native_kernels.h"
 
 namespace {
