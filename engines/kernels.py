@@ -344,8 +344,9 @@ class SegmentProd(torch.autograd.Function):
     Per segment and feature, with ``z`` the number of zero rows:
     ``z = 0``: ``grad_x = grad_y * (y / x)`` (``torch.prod``'s own formula);
     ``z = 1``: the zero row gets ``grad_y * prod(nonzero rows)``, the others 0;
-    ``z >= 2``: all 0. Only first derivatives are supported; with infinite inputs
-    next to zeros the gradient is unspecified (NaN where torch.prod may give 0).
+    ``z >= 2``: all 0. With infinite inputs next to zeros the gradient is unspecified
+    (NaN where torch.prod may give 0). Under ``create_graph`` the backward is
+    differentiable again (NOTE: [second derivatives of prod]).
     """
 
     @staticmethod
@@ -356,9 +357,10 @@ class SegmentProd(torch.autograd.Function):
         return out
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, grad):
         x, out, ptr, seg_id = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph
+            return _prod_backward_differentiable(grad, x, ptr, seg_id), None, None, None
         if _fused_prod_backward is not None:
             try:
                 return _fused_prod_backward(grad.contiguous(), out, x, "prod", offsets=ptr, axis=0), None, None, None
@@ -377,6 +379,27 @@ class SegmentProd(torch.autograd.Function):
         grad_x = torch.where(zero, torch.where(lone, g * others.index_select(0, seg_id), torch.zeros_like(x)),
                              grad_x)
         return grad_x, None, None, None
+
+
+# NOTE: [second derivatives of prod] The first derivative of a product depends on the inputs
+# themselves (the product of the other rows), so a Hessian-vector product differentiates the
+# backward in x, not only in grad. A once_differentiable backward gets that silently wrong: torch
+# refuses the second derivative only where the incoming grad needs a gradient, and where it is a
+# constant (loss = (y * c).sum()) the backward's result is taken as a constant, so every term
+# through the product's backward is dropped (issue 23, item 4). Under create_graph the backward
+# therefore lays the segments out as a (segments, longest, ...) block padded with ones and lets
+# torch differentiate its prod(1): torch.prod's own first and second derivatives, zeros included,
+# as the reference engine's per-neuron prod; only the first derivative takes the fast path.
+
+def _prod_backward_differentiable(grad: torch.Tensor, x: torch.Tensor, ptr: torch.Tensor,
+                                  seg_id: torch.Tensor) -> torch.Tensor:
+    """``grad``'s pull-back through the segment products of ``x``, differentiable in ``grad`` and ``x``."""
+    counts = ptr.diff()
+    longest = int(counts.max()) if counts.numel() else 0
+    position = torch.arange(x.shape[0], device=x.device) - ptr.index_select(0, seg_id)
+    padded = x.new_ones((counts.numel(), longest) + tuple(x.shape[1:])).index_put((seg_id, position), x)
+    (grad_padded,) = torch.autograd.grad(padded.prod(1), padded, grad, create_graph=True)
+    return grad_padded[seg_id, position]
 
 
 def _cpp_problem(x: torch.Tensor) -> str:
