@@ -344,6 +344,16 @@ def build_gnn(ds, spec: GNNSpec, samples=None, seed: int = 0) -> Graph:
     if spec.kind == "gcn" and spec.normalize:
         gcn_source, gcn_owner, gcn_weight, gcn_scale = _gcn_norm(weights, src, dst, n, degree)
 
+    sorted_inputs: dict[str, tuple] = {}
+
+    def inputs_once(key: str, make) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``csr(*make())``, made once: every convolution reads the same adjacency, and its layers share
+        these (read-only) arrays instead of sorting and holding one copy each."""
+        if key not in sorted_inputs:
+            owner, source, weight = make()
+            sorted_inputs[key] = csr(owner, n, source, weight)
+        return sorted_inputs[key]
+
     last = len(spec.hidden)
     for k, width in enumerate(spec.hidden, start=1):
         act = spec.activation if k < last else "identity"
@@ -352,10 +362,9 @@ def build_gnn(ds, spec: GNNSpec, samples=None, seed: int = 0) -> Graph:
             w, b = _layer_init(rng, width, in_dim)
             lin = stack.add(_dense(f"{conv}.lin", n, h, weights.add(f"{conv}.lin.weight", w), None, "identity"))
             if spec.normalize:
-                owner, source, weight = gcn_owner, gcn_source, gcn_weight
+                counts, source, weight = inputs_once("gcn", lambda: (gcn_owner, gcn_source, gcn_weight))
             else:
-                owner, source, weight = neighbours_or_zero()
-            counts, source, weight = csr(owner, n, source, weight)
+                counts, source, weight = inputs_once("neighbours", neighbours_or_zero)
             bias = weights.add(f"{conv}.bias", b)
             if spec.normalize and gcn_scale is not None:  # NOTE: [GCN normalisation], factorised
                 agg = stack.add(NeuronLayer(f"{conv}.agg", counts, np.full(source.size, lin), source, weight,
@@ -368,8 +377,7 @@ def build_gnn(ds, spec: GNNSpec, samples=None, seed: int = 0) -> Graph:
         elif spec.kind == "sage":
             w_l, b_l = _layer_init(rng, width, in_dim)
             w_r, _ = _layer_init(rng, width, in_dim)
-            owner, source, weight = neighbours_or_zero()
-            counts, source, weight = csr(owner, n, source, weight)
+            counts, source, weight = inputs_once("neighbours", neighbours_or_zero)
             mean = stack.add(NeuronLayer(f"{conv}.mean", counts, np.full(source.size, h), source, weight,
                                          aggregation="mean", copy=False))
             i_l = weights.add(f"{conv}.lin_l.weight", w_l)
@@ -383,10 +391,9 @@ def build_gnn(ds, spec: GNNSpec, samples=None, seed: int = 0) -> Graph:
         else:  # gin
             self_weight = -1 if spec.eps == 0 else weights.add(f"{conv}.one_plus_eps", 1.0 + spec.eps,
                                                                learnable=False)
-            owner = np.concatenate([np.arange(n), dst])
-            source = np.concatenate([np.arange(n), src])
-            weight = np.concatenate([np.full(n, self_weight), np.full(src.size, -1)])
-            counts, source, weight = csr(owner, n, source, weight)
+            counts, source, weight = inputs_once(f"gin{self_weight}", lambda: (
+                np.concatenate([np.arange(n), dst]), np.concatenate([np.arange(n), src]),
+                np.concatenate([np.full(n, self_weight), np.full(src.size, -1)])))
             agg = stack.add(NeuronLayer(f"{conv}.agg", counts, np.full(source.size, h), source, weight, copy=False))
             w1, b1 = _layer_init(rng, width, in_dim)
             w2, b2 = _layer_init(rng, width, width)
