@@ -58,7 +58,7 @@ import numpy as np
 from .graph import NO_WEIGHT, FactLayer, Graph, GraphError, NeuronLayer, Weight
 
 __all__ = ["SEMIRINGS", "LITERALS", "CircuitError", "Vtree", "Circuit", "read_vtree", "read_sdd",
-           "to_graph", "settings", "compile", "WMCModule"]
+           "to_graph", "schedule", "settings", "compile", "WMCModule"]
 
 #: The semirings :func:`to_graph` builds: ``real`` (probabilities; sum and product) and
 #: ``log`` (log-probabilities; logsumexp and sum).
@@ -659,18 +659,16 @@ def to_graph(circuit: Circuit, batch: int = 1, semiring: str = "real", literal_w
         layer_of[negative], ordinal_of[negative] = len(layers) - 1, np.arange(negative.size)
 
     inner = np.flatnonzero(kind >= AND)
-    # Layers: by level, products before sums; nodes in circuit order within a layer.
-    order = inner[np.lexsort((inner, kind[inner], circuit.level[inner]))]
-    key = circuit.level[order] * 2 + (kind[order] == OR)
+    level = schedule(circuit)
+    # Layers: by level, products before sums.
+    order = inner[np.lexsort((inner, kind[inner], level[inner]))]
+    key = level[order] * 2 + (kind[order] == OR)
     bounds = np.flatnonzero(np.diff(key)) + 1
     groups = np.split(order, bounds) if order.size else []
     for group in groups:
-        level, is_or = int(circuit.level[group[0]]), bool(kind[group[0]] == OR)
-        counts = ptr[group + 1] - ptr[group]
-        edges = _ranges(ptr[group], counts)
-        src = children[edges]
-        src_layer, src_ordinal = layer_of[src], ordinal_of[src]
-        name = f"{'or' if is_or else 'and'}{level}"
+        is_or = bool(kind[group[0]] == OR)
+        group, counts, src_layer, src_ordinal = _sorted_inputs(group, ptr, children, layer_of, ordinal_of)
+        name = f"{'or' if is_or else 'and'}{int(level[group[0]])}"
         if not is_or:
             layers.append(NeuronLayer(name, counts, src_layer, src_ordinal,
                                       aggregation="sum" if log else "prod", copy=False))
@@ -691,6 +689,51 @@ def to_graph(circuit: Circuit, batch: int = 1, semiring: str = "real", literal_w
     else:
         out_layer, out_ordinal = int(layer_of[root]), int(ordinal_of[root])
     return Graph(layers, weights, output_layer=[out_layer], output_ordinal=[out_ordinal])
+
+
+def schedule(circuit: Circuit) -> np.ndarray:
+    """The level of each node's layer: a sum at its longest path from the literals, a product
+    as late as its readers allow (one level below the earliest reader; the root keeps its own).
+
+    In an SDD a product (an element) is read by the one decision it belongs to, so the
+    children of the sums of a level are then one layer: the sum gathers from one tensor
+    instead of a concatenation of every earlier level. Readers come first: products are
+    placed from the deepest down, each round one longest-path level, whole-array.
+    """
+    kind, ptr, children, asap = circuit.kind, circuit.ptr, circuit.children, circuit.level
+    level = asap.copy()
+    n = circuit.n_nodes
+    reader = np.repeat(np.arange(n), np.diff(ptr))[np.argsort(children, kind="stable")]
+    reader_ptr = np.concatenate([[0], np.cumsum(np.bincount(children, minlength=n))])
+    products = np.flatnonzero((kind == AND) & (reader_ptr[1:] > reader_ptr[:-1]))
+    for depth in np.unique(asap[products])[::-1].tolist():
+        nodes = products[asap[products] == depth]
+        counts = reader_ptr[nodes + 1] - reader_ptr[nodes]
+        readers = reader[_ranges(reader_ptr[nodes], counts)]
+        level[nodes] = np.minimum.reduceat(level[readers], np.concatenate([[0], np.cumsum(counts)[:-1]])) - 1
+    return level
+
+
+def _sorted_inputs(group, ptr, children, layer_of, ordinal_of):
+    """A layer's neurons and inputs, ordered so that inputs from one source layer form long runs.
+
+    A product's two inputs go source-layer first (products commute); a sum's inputs by
+    source layer and row (sums commute: this changes only the rounding order); neurons by
+    their inputs' sources and rows. The compiler gathers each run of one source as one
+    index (or slice), so few runs mean few gathers and no concatenation of whole layers.
+    Returns ``(group, counts, input layers, input ordinals)`` in that order.
+    """
+    counts = ptr[group + 1] - ptr[group]
+    edges = _ranges(ptr[group], counts)
+    owner = np.repeat(np.arange(group.size), counts)
+    src_layer, src_ordinal = layer_of[children[edges]], ordinal_of[children[edges]]
+    within = np.lexsort((src_ordinal, src_layer, owner))  # each neuron's inputs by (layer, row)
+    src_layer, src_ordinal = src_layer[within], src_ordinal[within]
+    first = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    last = first + counts - 1
+    neurons = np.lexsort((src_ordinal[last], src_ordinal[first], src_layer[last], src_layer[first]))
+    edges = _ranges(first[neurons], counts[neurons])
+    return group[neurons], counts[neurons], src_layer[edges], src_ordinal[edges]
 
 
 def _logsumexp_layers(name, first, counts, src_layer, src_ordinal, minus_one):
