@@ -82,13 +82,15 @@ class Engine:
         return self.module(x).reshape(-1)
 
 
-def build_engines(names, path: Path, circuit, batch: int, budget: float) -> list[Engine]:
+def build_engines(names, path: Path, circuit, batch: int, budget: float, overrides: dict) -> list[Engine]:
     engines = []
     for name in names:
         begin = time.perf_counter()
         if name == "default":
-            module = circuits.compile(circuit, batch)
-            engines.append(Engine(name, module, time.perf_counter() - begin))
+            settings = circuits.settings("default", **overrides) if overrides else "default"
+            module = circuits.compile(circuit, batch, preset=settings)
+            engines.append(Engine(name, module, time.perf_counter() - begin,
+                                  f"settings {json.dumps(overrides)}" if overrides else ""))
         elif name == "autotune":
             graph = circuits.to_graph(circuit, batch)
             presets = [circuits.settings(p) for p in neurovec.list_presets()]
@@ -163,7 +165,7 @@ def run(args) -> dict:
                                                  "skipped": f"edge values {gb:.1f} GB > --max-gb {args.max_gb}"})
                 continue
             torch.set_num_threads(max(args.threads))
-            engines = build_engines(args.engines, path, circuit, batch, args.autotune_budget)
+            engines = build_engines(args.engines, path, circuit, batch, args.autotune_budget, json.loads(args.override))
             for engine in engines:
                 results["compile"].append({"circuit": name, "batch": batch, "engine": engine.name,
                                            "seconds": engine.compile_s, "note": engine.note})
@@ -230,6 +232,9 @@ def main(argv=None) -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--autotune-budget", type=float, default=60.0)
     parser.add_argument("--max-gb", type=float, default=3.0, help="skip cells whose edge values pass this")
+    parser.add_argument("--override", default="{}",
+                        help="JSON settings over the default preset, e.g. '{\"iso_compression\": false}' "
+                             "(shown in the compile table)")
     parser.add_argument("--data", default=str(DATA))
     parser.add_argument("--cache", default=str(Path.home() / ".cache" / "neurovec" / "circuits"))
     parser.add_argument("--out", default="circuits-results")

@@ -55,7 +55,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .graph import NO_WEIGHT, FactLayer, Graph, GraphError, NeuronLayer, Weight
+from .graph import AGGREGATIONS, NO_WEIGHT, FactLayer, Graph, GraphError, NeuronLayer, Weight
 
 __all__ = ["SEMIRINGS", "LITERALS", "CircuitError", "Vtree", "Circuit", "read_vtree", "read_sdd",
            "to_graph", "schedule", "settings", "compile", "WMCModule"]
@@ -674,6 +674,8 @@ def to_graph(circuit: Circuit, batch: int = 1, semiring: str = "real", literal_w
                                       aggregation="sum" if log else "prod", copy=False))
         elif not log:
             layers.append(NeuronLayer(name, counts, src_layer, src_ordinal, aggregation="sum", copy=False))
+        elif "logsumexp" in AGGREGATIONS:  # an IR aggregation, once there is one: one layer, exact at -inf
+            layers.append(NeuronLayer(name, counts, src_layer, src_ordinal, aggregation="logsumexp", copy=False))
         else:
             layers.extend(_logsumexp_layers(name, len(layers), counts, src_layer, src_ordinal, MINUS_ONE))
         layer_of[group], ordinal_of[group] = len(layers) - 1, np.arange(group.size)
