@@ -13,7 +13,10 @@ training nodes of all ranks, so training equals one process's full-graph trainin
 Datasets: ``cora`` (Planetoid's public split, ``--data-dir``), ``arxiv-like`` and
 ``products-like`` (synthetic R-MAT graphs, ``neurovec.datasets.synthetic``), and
 ``toy`` (a small random graph with self loops, repeated edges and isolated nodes,
-for tests). For several machines, run the same command on each with
+for tests), or ``npz:FILE``, your own graph as arrays (``np.savez(FILE, x=..., edge_index=...,
+y=..., train_mask=...)``). ``--whole`` trains the whole graph in one process without
+partitioning (plain ``neurovec.compile``; no torchrun needed), the baseline the
+benchmark compares with. For several machines, run the same command on each with
 ``--nnodes N --node_rank K --rdzv_endpoint HOST:PORT`` (and ``--rdzv_backend c10d``)
 instead of ``--standalone``.
 
@@ -46,7 +49,8 @@ from neurovec import distributed, partition
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="torchrun ... examples/train_partitioned.py",
                                      description=__doc__.split("\n\n")[0])
-    parser.add_argument("--dataset", default="cora", help="cora, arxiv-like, products-like or toy")
+    parser.add_argument("--dataset", default="cora", help="cora, arxiv-like, products-like, toy, or npz:FILE "
+                                                           "(arrays x, edge_index, y, train_mask from np.savez)")
     parser.add_argument("--models", nargs="+", default=["gcn"], choices=list(partition.gnn.KINDS))
     parser.add_argument("--presets", nargs="+", default=["default"], help="compile presets (default: default)")
     parser.add_argument("--hidden", type=int, default=16)
@@ -59,6 +63,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--partition", default="auto", choices=list(partition.METHODS))
     parser.add_argument("--parts", default=None, help="a .npy file of one rank per node (made beforehand)")
     parser.add_argument("--data-dir", default="../shared/data/planetoid")
+    parser.add_argument("--whole", action="store_true", help="one process, the whole graph, no partition")
     parser.add_argument("--out", default=None, help="folder for rank<r>.json, outputs<r>.pt and weights.pt")
     return parser.parse_args(argv)
 
@@ -79,6 +84,12 @@ def toy_dataset(seed: int = 0, n: int = 60, classes: int = 3) -> dict:
 def load_dataset(name: str, data_dir: str, seed: int) -> dict:
     if name == "toy":
         return toy_dataset(seed)
+    if name.startswith("npz:"):  # arrays saved with np.savez: x, edge_index, y, train_mask (and num_classes)
+        with np.load(name[4:]) as arrays:
+            data = {key: arrays[key] for key in ("x", "edge_index", "y", "train_mask")}
+            data["num_classes"] = int(arrays["num_classes"]) if "num_classes" in arrays else int(data["y"].max()) + 1
+        data["name"] = Path(name[4:]).stem
+        return data
     if name == "cora":
         from neurovec.datasets.planetoid import load_planetoid
         ds = load_planetoid("Cora", data_dir=data_dir)
@@ -150,25 +161,59 @@ def train_one(args, data, parts, kind: str, preset: str, ctx, dtype) -> dict:
             "outputs": final.cpu(), "output_ids": ids.cpu(), "state": {k: v.cpu() for k, v in model.weights.state_dict().items()}}
 
 
+def train_whole(args, data, kind: str, preset: str, dtype) -> dict:
+    """The baseline: the whole graph compiled and trained in this process (plain neurovec.compile)."""
+    widths = (args.hidden,) * (args.layers - 1) + (int(data["num_classes"]),)
+    start = time.perf_counter()
+    graph = partition.NodeGNN(kind, data["x"], data["edge_index"], widths, seed=args.seed).graph()
+    built = time.perf_counter() - start
+    start = time.perf_counter()
+    module = neurovec.compile(graph, preset, dtype)
+    compiled = time.perf_counter() - start
+    del graph
+    after_compile_mb = current_mb()
+    labels, train = torch.as_tensor(data["y"]), torch.as_tensor(data["train_mask"])
+    optimizer = torch.optim.Adam(module.parameters(), lr=args.lr)
+    epoch_seconds, losses = [], []
+    for _ in range(args.epochs):
+        start = time.perf_counter()
+        loss = F.cross_entropy(module()[train], labels[train])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        epoch_seconds.append(time.perf_counter() - start)
+        losses.append(loss.item())
+    with torch.no_grad():
+        final = module()
+    return {"model": kind, "preset": preset, "build_seconds": built, "plan_seconds": 0.0, "compile_seconds": compiled,
+            "epoch_seconds": epoch_seconds, "losses": losses, "step_bytes": [[0, 0]] * args.epochs,
+            "values_sent": 0, "values_received": 0, "halo_rows": {}, "owned_outputs": int(final.shape[0]),
+            "after_compile_mb": after_compile_mb, "outputs": final, "output_ids": torch.arange(final.shape[0]),
+            "state": dict(module.weights.state_dict())}
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     neurovec.set_progress(False)
-    ctx = distributed.init()
+    ctx = distributed.Context(0, 1, torch.device("cpu"), "none") if args.whole else distributed.init()
     dtype = getattr(torch, args.dtype)
     start = time.perf_counter()
     data = load_dataset(args.dataset, args.data_dir, args.seed)
     load_seconds = time.perf_counter() - start
     loaded_mb = current_mb()
-    parts = node_parts(args, data, ctx)
+    parts = np.zeros(data["x"].shape[0], np.int64) if args.whole else node_parts(args, data, ctx)
     quality = partition.partition_quality(data["edge_index"], parts, ctx.world_size, args.partition)
     if ctx.rank == 0:
-        print(f"{data['name']}: {data['x'].shape[0]:,} nodes, {data['edge_index'].shape[1]:,} edges; {quality}",
-              flush=True)
+        print(f"{data['name']}: {data['x'].shape[0]:,} nodes, {data['edge_index'].shape[1]:,} edges; "
+              f"{'whole graph, one process' if args.whole else quality}", flush=True)
     runs = []
     for kind in args.models:
         for preset in args.presets:
-            run = train_one(args, data, parts, kind, preset, ctx, dtype)
+            if args.whole:
+                run = train_whole(args, data, kind, preset, dtype)
+            else:
+                run = train_one(args, data, parts, kind, preset, ctx, dtype)
             runs.append(run)
             if ctx.rank == 0:
                 print(f"{kind} {preset}: compile {run['compile_seconds']:.2f} s (rank 0), loss "
@@ -178,6 +223,7 @@ def main(argv=None) -> None:
         folder = Path(args.out)
         folder.mkdir(parents=True, exist_ok=True)
         record = {"rank": ctx.rank, "world_size": ctx.world_size, "backend": ctx.backend, "dataset": data["name"],
+                  "whole": args.whole,
                   "load_seconds": load_seconds, "loaded_mb": loaded_mb, "peak_mb": peak_mb(),
                   "quality": quality.as_dict(), "owned_nodes": int(np.sum(parts == ctx.rank)),
                   "runs": [{k: v for k, v in run.items() if k not in ("outputs", "output_ids", "state")}
@@ -188,8 +234,9 @@ def main(argv=None) -> None:
         if ctx.rank == 0:
             torch.save({(r["model"], r["preset"]): r["state"] for r in runs}, folder / "weights.pt")
             np.save(folder / "parts.npy", parts)
-    dist.barrier()
-    dist.destroy_process_group()
+    if not args.whole:
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -66,28 +66,42 @@ class NodeGNN:
         if not widths or min(widths) < 1:
             raise PartitionError(f"widths: need at least one convolution of positive width (got {widths})")
         self.kind, self.x, self.n_nodes, self.widths, self.activation = kind, x, n, widths, activation
-        self.src, self.dst = edge_index.astype(np.int64)
+        self.src, self.dst = np.asarray(edge_index, dtype=np.int64)  # no copy of int64 input
         self._build_weights(seed)
         self._layers()
 
     # -- the layer skeleton and weights -------------------------------------------------------
 
+    def _neighbour_edges(self, mask: np.ndarray | None = None) -> np.ndarray:
+        """The edges a neighbour aggregation reads (GCN: listed self loops left out), optionally
+        only those where ``mask`` (one flag per edge) holds: their ids, in listed order."""
+        if self.kind == "sage":
+            return np.arange(self.src.size) if mask is None else np.flatnonzero(mask)
+        keep = self.src != self.dst
+        if mask is not None:
+            keep &= mask
+        return np.flatnonzero(keep)
+
     def _build_weights(self, seed: int) -> None:
         rng = np.random.default_rng(seed)
         table = WeightTable()
-        n, src, dst = self.n_nodes, self.src, self.dst
+        n = self.n_nodes
         self._weight_ids: list[dict[str, int]] = []
         self._zero = None
         if self.kind == "gcn":
-            listed = src != dst  # GCNConv: one self loop per node, listed ones replaced
-            self._gcn_src, self._gcn_dst = (src, dst) if listed.all() else (src[listed], dst[listed])
-            self.degree = np.bincount(self._gcn_dst, minlength=n) + 1
-            products = np.concatenate([self.degree * self.degree,
-                                       self.degree[self._gcn_dst] * self.degree[self._gcn_src]])
-            norm = table.fixed_scalars("gcn_norm.deg", products, lambda p: 1.0 / np.sqrt(p))
-            self._norm_self, self._norm_edge = norm[:n], norm[n:]
+            # GCNConv: one self loop per node (listed ones replaced), c_ij = 1/sqrt(deg_i deg_j): one fixed
+            # weight per distinct degree product, looked up per edge when a rank's rows are built.
+            edges = self._neighbour_edges()
+            self.degree = np.bincount(self.dst[edges], minlength=n) + 1
+            self._products = sorted_unique(np.concatenate([self.degree * self.degree,
+                                                           self.degree[self.dst[edges]] * self.degree[self.src[edges]]]))
+            del edges
+            first = len(table.weights)
+            for p in self._products.tolist():
+                table.add(f"gcn_norm.deg{p}", 1.0 / np.sqrt(p), learnable=False)
+            self._product_weight = first + np.arange(self._products.size)
         else:
-            self._isolated = np.bincount(dst, minlength=n) == 0
+            self._isolated = np.bincount(self.dst, minlength=n) == 0
             if self._isolated.any():
                 self._zero = table.add("fixed.zero", 0.0, learnable=False)
         in_dim = self.x.shape[1]
@@ -144,11 +158,14 @@ class NodeGNN:
     def owners(self, parts: np.ndarray, world_size: int) -> dict[int, np.ndarray]:
         return {index: parts for index in range(1, len(self.names))}
 
+    def _norm(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+        """The fixed weight of c_ij for each edge ``src -> dst`` (a self loop: ``i -> i``)."""
+        return self._product_weight[np.searchsorted(self._products, self.degree[dst] * self.degree[src])]
+
     def crossing(self, owners: dict[int, np.ndarray]) -> set[tuple[int, int]]:
         """Which layers read others across ranks: the neighbour aggregations, where an edge is cut."""
         parts = owners[1]
-        src, dst = (self._gcn_src, self._gcn_dst) if self.kind == "gcn" else (self.src, self.dst)
-        if not np.any(parts[src] != parts[dst]):
+        if not np.any(parts[self.src] != parts[self.dst]):  # self loops never cross
             return set()
         if self.kind == "gcn":  # conv k reads conv k.lin of its neighbours
             return {(2 * k + 2, 2 * k + 1) for k in range(len(self.widths))}
@@ -156,9 +173,8 @@ class NodeGNN:
 
     def sent(self, layer: int, owners: dict[int, np.ndarray], rank: int) -> tuple[np.ndarray, np.ndarray]:
         parts = owners[1]
-        src, dst = (self._gcn_src, self._gcn_dst) if self.kind == "gcn" else (self.src, self.dst)
-        mask = (parts[src] == rank) & (parts[dst] != rank)
-        keys = sorted_unique(parts[dst[mask]] * np.int64(self.n_nodes) + src[mask])
+        mask = np.flatnonzero((parts[self.src] == rank) & (parts[self.dst] != rank))  # never a self loop
+        keys = sorted_unique(parts[self.dst[mask]] * np.int64(self.n_nodes) + self.src[mask])
         return keys // self.n_nodes, keys % self.n_nodes
 
     def fact_rows(self, index: int, rows: np.ndarray) -> np.ndarray:
@@ -177,27 +193,24 @@ class NodeGNN:
             return Rows(rows, np.full(m, 2, np.int64), np.repeat([index - 1, h], m).reshape(2, m).T.ravel(),
                         np.repeat(rows, 2), np.tile([ids["l"], ids["r"]], m), np.full(m, ids["b"]))
         # A neighbour aggregation: self loop first (GCN), then the in-edges in listed order.
-        if self.kind == "gcn":
-            src, dst, weight = self._gcn_src, self._gcn_dst, self._norm_edge
-            read = index - 1
-        else:
-            src, dst, weight = self.src, self.dst, None
-            read = h
         wanted = np.zeros(self.n_nodes, bool)
         wanted[rows] = True
-        edges = np.flatnonzero(wanted[dst])
-        owner = dst[edges]
-        source = src[edges]
-        edge_weight = weight[edges] if weight is not None else np.full(edges.size, -1, np.int64)
+        edges = self._neighbour_edges(wanted[self.dst])
+        owner, source = self.dst[edges], self.src[edges]
+        del edges
         if self.kind == "gcn":
+            read = index - 1
+            edge_weight = np.concatenate([self._norm(rows, rows), self._norm(source, owner)])
             owner = np.concatenate([rows, owner])
             source = np.concatenate([rows, source])
-            edge_weight = np.concatenate([self._norm_self[rows], edge_weight])
-        elif self._zero is not None:
-            lonely = rows[self._isolated[rows]]
-            owner = np.concatenate([owner, lonely])
-            source = np.concatenate([source, lonely])
-            edge_weight = np.concatenate([edge_weight, np.full(lonely.size, self._zero)])
+        else:
+            read = h
+            edge_weight = np.full(owner.size, -1, np.int64)
+            if self._zero is not None:
+                lonely = rows[self._isolated[rows]]
+                owner = np.concatenate([owner, lonely])
+                source = np.concatenate([source, lonely])
+                edge_weight = np.concatenate([edge_weight, np.full(lonely.size, self._zero)])
         order = np.argsort(owner, kind="stable")
         counts = np.bincount(owner, minlength=self.n_nodes)[rows]
         bias = np.full(m, ids["bias"]) if self.kind == "gcn" else none

@@ -451,6 +451,13 @@ def _unit(source, t, stage, members, outputs, local, owned, halo, kept) -> Unit:
         dynamic.append((source.names[s], s))
     for k, index in enumerate(members):
         new_index[index], numbering[index] = len(layers) + k, owned[index]
+    # Only the weights these rows use, renumbered (fixed weights such as GCN's normalisation scalars
+    # can number tens of thousands; learnable ones are shared by name).
+    used = [local[i].input_weight for i in members] + [local[i].bias for i in members]
+    used = sorted_unique(np.concatenate(used))
+    used = used[used >= 0]
+    renumber = np.full(len(source.weights) + 1, -1, np.int64)  # index -1 (no weight) stays -1
+    renumber[used] = np.arange(used.size)
     for index in members:
         rows = local[index]
         input_layer = np.empty_like(rows.input_layer)
@@ -460,9 +467,10 @@ def _unit(source, t, stage, members, outputs, local, owned, halo, kept) -> Unit:
             input_layer[mask] = new_index[s]
             input_ordinal[mask] = _positions(numbering[s], rows.input_ordinal[mask])
         info = source.layer_info(index)
-        layers.append(NeuronLayer(source.names[index], rows.counts, input_layer, input_ordinal, rows.input_weight,
-                                  rows.bias, info["aggregation"], info["transformation"], copy=False))
+        layers.append(NeuronLayer(source.names[index], rows.counts, input_layer, input_ordinal,
+                                  renumber[rows.input_weight], renumber[rows.bias], info["aggregation"],
+                                  info["transformation"], copy=False))
     out_layer = np.concatenate([np.full(kept[i].size, new_index[i]) for i in outputs])
     out_ordinal = np.concatenate([np.searchsorted(owned[i], kept[i]) for i in outputs])
-    graph = Graph(layers, source.weights, out_layer, out_ordinal)
+    graph = Graph(layers, [source.weights[i] for i in used.tolist()], out_layer, out_ordinal)
     return Unit(graph, tuple(dynamic), tuple((i, int(kept[i].size)) for i in outputs))

@@ -118,6 +118,7 @@ class RankModule(nn.Module):
         self.weights = weights if weights is not None else WeightStore(learnable, dtype)
         reference = next(iter(self.weights.parameters()), None)
         dtype = reference.dtype if reference is not None else (dtype or torch.get_default_dtype())
+        self.register_buffer("_probe", torch.zeros((), dtype=dtype), persistent=False)  # dtype and device
         self.units = nn.ModuleList()
         self.timings = {"compile": 0.0}
         specs, stage_units = [], []
@@ -178,7 +179,7 @@ class RankModule(nn.Module):
     # -- running ----------------------------------------------------------------------------------
 
     def _like(self) -> torch.Tensor:
-        return next(iter(self.weights.parameters()))
+        return self._probe
 
     def steps(self):
         """The forward as a generator: yields ``(exchange, rows to send)`` after each stage and
