@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import itertools
 import linecache
+import types
+from collections.abc import Mapping
 
 import numpy as np
 import torch
@@ -55,7 +57,10 @@ def _single_element(node: Node) -> bool:
 
 def _expression(node: Node, nodes: dict[str, Node], rows: dict[str, str] | None = None,
                 in_place: set[str] = frozenset(), biased: dict[str, str] | None = None,
-                stacked: dict[str, tuple[str, list[str], bool]] | None = None) -> str:
+                stacked: dict[str, tuple[str, list[str], bool]] | None = None,
+                standard: dict[str, str] | None = None) -> str:
+    if standard is not None and node.op is Op.REDUCE and node.name in standard:  # NOTE: [standard ops]
+        return standard[node.name]
     rows = rows or {}
     srcs = [nodes[s] for s in node.srcs]
     if biased and node.name in biased:  # NOTE: [bias in the GEMM]
@@ -476,8 +481,35 @@ def input_facts(program: Program) -> list[Node]:
     return [n for n in program.nodes if n.op is Op.FACT and n.attrs.get("fact_layer") in dynamic]
 
 
-def generate_source(program: Program) -> str:
-    """The Python source of ``forward(self, facts=None)`` for ``program``."""
+# NOTE: [standard ops] ``generate_source(program, standard_ops=True)`` writes every reduction
+# that would call a neurovec kernel (C++ operators, registered ``torch.ops.neurovec`` ops) with
+# standard torch ops instead: a fused gather + sum becomes ``index_select`` (alone where each
+# segment has one row and no coefficient: a gather written as a sum) then ``scatter_reduce``,
+# and a CSR segment reduction ``scatter_reduce`` over the segment ids, i.e. the "scatter" kernel,
+# whose outputs and gradients the equivalence suites check under every preset. Dense and strided
+# reductions are standard already. The program, its constants and weights stay the same. Such
+# a forward exports anywhere torch does (torch.export without neurovec's ops, ONNX) at the
+# cost of the kernels' speed; engines/export.py builds it for exporting.
+
+def _standard_reduction(node: Node, constants: dict[str, np.ndarray]) -> str | None:
+    """A reduction that calls neurovec's kernels, in standard torch ops (NOTE: [standard ops]);
+    None for other nodes."""
+    kernel = node.attrs.get("kernel", "scatter") if node.op is Op.REDUCE else None
+    if kernel not in ("segment", "sparse_mm"):
+        return None
+    key, agg, coef, x = node.attrs["counts"], node.attrs["aggregation"], node.attrs.get("coef"), node.srcs[0]
+    if kernel == "sparse_mm":
+        x = f"{x}.index_select(0, self.{node.attrs['index']})"
+        if coef is None and agg in ("sum", "mean") and bool(np.all(constants[key] == 1)):
+            return x  # one row per segment: a gather
+    if coef:
+        x = f"{x} * self.{coef}{_rows(node.shape)}"
+    return f"scatter_reduce({x}, self.seg_{key}, {node.count}, {agg!r}, self.cnt_{key})"
+
+
+def generate_source(program: Program, standard_ops: bool = False) -> str:
+    """The Python source of ``forward(self, facts=None)`` for ``program``; with ``standard_ops``,
+    in standard torch ops only (NOTE: [standard ops])."""
     nodes = program.by_name()
     inputs = {n.name for n in input_facts(program)}
     lines = ["def forward(self, facts=None):"]
@@ -488,7 +520,11 @@ def generate_source(program: Program) -> str:
     lines.append("    w = self.weights")
     rows = _row_values(program, nodes)
     in_place = _in_place(program, nodes, rows)
-    biased = {**_biased_products(program, nodes, rows), **_biased_sums(program, nodes, rows)}
+    standard = None
+    if standard_ops:
+        standard = {n.name: _standard_reduction(n, program.constants) for n in program.nodes}
+        standard = {name: code for name, code in standard.items() if code is not None}
+    biased = {**_biased_products(program, nodes, rows), **({} if standard_ops else _biased_sums(program, nodes, rows))}
     stacked = _stacked_row_products(program, nodes, rows)
     inline = {name for name, expression in rows.items() if expression != name}
     # A weight used in place (NOTE: [row-stored values]) needs no statement, nor does a value
@@ -520,18 +556,19 @@ def generate_source(program: Program) -> str:
         if node.name in inputs:
             code = f"    {node.name} = inputs[{node.attrs['fact_layer']!r}]"
         else:
-            code = f"    {node.name} = {_expression(node, nodes, rows, in_place, biased, stacked)}"
+            code = f"    {node.name} = {_expression(node, nodes, rows, in_place, biased, stacked, standard)}"
         shape = ", ".join(map(str, node.shape if node.name in rows else (node.count,) + node.shape))
         if node.name in stacked and stacked[node.name][2]:  # stored as its one row
             shape += f") as (1, {node.count * node.shape[-1]}"
         lines.append(f"{code:<72}  # ({shape}{',' if len(node.shape) == 1 and node.name in rows else ''})")
         if node.name in signed_zeros:
-            lines.extend(_order_signed_zeros(node, nodes, rows))
+            lines.extend(_order_signed_zeros(node, nodes, rows, program.constants if standard_ops else None))
     lines.append(f"    return {program.output}")
     return "\n".join(lines) + "\n"
 
 
-def _order_signed_zeros(node: Node, nodes: dict[str, Node], rows: dict[str, str]) -> list[str]:
+def _order_signed_zeros(node: Node, nodes: dict[str, Node], rows: dict[str, str],
+                        standard_constants: dict[str, np.ndarray] | None = None) -> list[str]:
     """Statements that give the ties of 0.0 and -0.0 in max or min ``node`` the zero IEEE 754
     chooses (NOTE: [signed zeros in max and min]): the same reduction of the indicator of that
     zero among the inputs says which segments have it."""
@@ -539,7 +576,11 @@ def _order_signed_zeros(node: Node, nodes: dict[str, Node], rows: dict[str, str]
     zeros = x.with_(name=f"{node.name}_zeros")
     while zeros.name in nodes:
         zeros = zeros.with_(name=f"{zeros.name}_")
-    reduced = _expression(node.with_(srcs=(zeros.name,) + node.srcs[1:]), {**nodes, zeros.name: zeros}, rows)
+    indicator = node.with_(srcs=(zeros.name,) + node.srcs[1:])
+    standard = None
+    if standard_constants is not None:  # NOTE: [standard ops]
+        standard = {indicator.name: _standard_reduction(indicator, standard_constants)}
+    reduced = _expression(indicator, {**nodes, zeros.name: zeros}, rows, standard=standard)
     return [f"    {zeros.name} = preferred_zeros({x.name}, {agg!r})",
             f"    {node.name} = order_signed_zeros({node.name}, {reduced}, {agg!r})"]
 
@@ -554,15 +595,19 @@ class CompiledModule(nn.Module):
     as a constant and may have folded it into others), and a replacement must
     have the layer's shape.
     ``module.weights[name]`` is the parameter (or fixed buffer) of a graph weight.
-    ``print(module.code)`` shows the generated ``forward``.
+    ``print(module.code)`` shows the generated ``forward``. The module takes no input
+    tensor (the graph and its facts are compiled in): ``module(x)``, a keyword other than
+    ``facts`` or facts that are not a dict get a ``TypeError`` that says how it is called.
 
     NOTE: [A class per program] As with torch.fx's ``GraphModule``, every compiled
     program gets its own subclass of ``CompiledModule`` whose ``forward`` is the
     generated code. Each module thus has its own ``forward`` code object, which is
     what ``torch.compile`` caches compiled code on: twenty modules compile twenty
-    times instead of sharing one cache entry (and its recompile limit). Pickling
-    (``torch.save``, ``copy.deepcopy``) stores the generated source with the
-    module's state and rebuilds the class on load (see ``__reduce__``).
+    times instead of sharing one cache entry (and its recompile limit). ``__call__``,
+    which checks the arguments and is where ``torch.compile(module)`` starts tracing, is
+    likewise a copy per class. Pickling (``torch.save``, ``copy.deepcopy``) stores the
+    generated source with the module's state and rebuilds the class on load (see
+    ``__reduce__``).
     """
 
     code: str = ""  # the generated forward's source, set on each program's class
@@ -612,6 +657,57 @@ class CompiledModule(nn.Module):
         # source, then restore the whole state (parameters, buffers, hooks, training flag).
         return _rebuild_module, (type(self).code, self.__getstate__())
 
+    def __call__(self, *args, **kwargs):
+        # The one argument is ``facts``; anything else gets an error that says how a compiled
+        # module is called (a positional tensor, the PyG habit, or a misspelled keyword).
+        # Each program's class has its own copy of this code (NOTE: [A class per program]).
+        if args and (len(args) > 1 or kwargs or not (args[0] is None or isinstance(args[0], Mapping))) \
+                or kwargs and (len(kwargs) > 1 or "facts" not in kwargs):
+            raise self._call_error(args, kwargs)
+        return nn.Module.__call__(self, *args, **kwargs)
+
+    def __prepare_scriptable__(self):
+        # torch.jit.script calls this first: say what works instead of failing inside the generated code.
+        raise TypeError("torch.jit.script cannot compile a neurovec CompiledModule: its forward reads weights by "
+                        "their names (any string) and checks facts in Python, which TorchScript cannot express, "
+                        "and torch 2.13 deprecates TorchScript. Use neurovec.engines.export.export(module) "
+                        "(torch.export) or export_onnx(module, path); torch.jit.trace(standard_ops(module), "
+                        "example_kwarg_inputs={'facts': {...}}, check_trace=False) works too (docs/export.md)")
+
+    def _call_error(self, args: tuple, kwargs: dict) -> Exception:
+        unknown = [k for k in kwargs if k != "facts"]
+        if unknown:
+            return TypeError(f"CompiledModule got unexpected keyword argument{'s' * (len(unknown) > 1)} "
+                             f"{', '.join(map(repr, unknown))}: the only keyword it takes is facts={{fact layer: "
+                             "tensor}. " + self._how_to_call())
+        if len(args) + len(kwargs) > 1:
+            return TypeError(f"CompiledModule takes at most one argument, facts={{fact layer: tensor}} "
+                             f"(got {len(args)} positional{' and facts=' if kwargs else ''}). " + self._how_to_call())
+        return self._facts_error(args[0])
+
+    def _facts_error(self, facts) -> Exception:
+        if isinstance(facts, (torch.Tensor, np.ndarray)):
+            return TypeError(f"CompiledModule takes no input tensor (got a {type(facts).__name__} of shape "
+                             f"{tuple(facts.shape)}). " + self._how_to_call())
+        return TypeError(f"facts must be a dict {{fact layer name: tensor}} (got {type(facts).__name__}). "
+                         + self._how_to_call())
+
+    def _how_to_call(self) -> str:
+        """How a compiled module is called, with this module's own fact layers."""
+        program = self.program
+        text = ("The graph and its facts are compiled into the module: call it as module()")
+        declared = [layer for layer in program.dynamic_facts if layer in program.fact_shapes]
+        if declared:
+            text += ", or module(facts={" + ", ".join(f"{layer!r}: tensor of shape {tuple(program.fact_shapes[layer])}"
+                                                      for layer in declared[:4]) + "}) to replace features for one call"
+        else:
+            shown = ", ".join(f"{layer!r} {tuple(shape)}" for layer, shape in list(program.fact_shapes.items())[:6])
+            more = len(program.fact_shapes) - 6
+            text += (". To replace features per call, compile with Settings(dynamic_facts=(<layer>,)) and call "
+                     f"module(facts={{<layer>: tensor}}) (fact layers: {shown}{f' and {more} more' if more > 0 else ''})")
+        return text + (". New graphs are compiled anew, then load_state_dict gives them the trained weights "
+                       "(docs/export.md).")
+
     def fact_inputs(self, facts: dict | None = None) -> dict[str, torch.Tensor]:
         """The values of the dynamic fact layers for one call: the stored ones, or ``facts[layer]``.
 
@@ -621,8 +717,10 @@ class CompiledModule(nn.Module):
         still checked, then ignored.
         """
         values = {layer: getattr(self, const) for layer, const in self._inputs.items()}
-        if not facts:
+        if facts is None:
             return values
+        if not isinstance(facts, Mapping):
+            raise self._facts_error(facts)
         for layer, value in facts.items():
             if layer not in self.program.dynamic_facts:
                 known = layer in self.program.fact_shapes
@@ -698,8 +796,14 @@ def _program_class(source: str) -> type:
     """A new subclass of :class:`CompiledModule` whose ``forward`` is ``source`` (see
     NOTE: [A class per program])."""
     forward = _load(source)
+    # torch.compile(module) starts tracing at __call__ (ours, not nn.Module's, which dynamo
+    # skips): a copy of its code object per class, so that no two programs share a cache entry.
+    call = CompiledModule.__call__
+    call = types.FunctionType(call.__code__.replace(), call.__globals__, call.__name__, call.__defaults__,
+                              call.__closure__)
+    call.__qualname__ = CompiledModule.__call__.__qualname__
     return type(CompiledModule.__name__, (CompiledModule,),
-                {"forward": forward, "code": source, "__module__": CompiledModule.__module__})
+                {"forward": forward, "__call__": call, "code": source, "__module__": CompiledModule.__module__})
 
 
 def _rebuild_module(source: str, state: dict) -> CompiledModule:
