@@ -91,6 +91,13 @@ class Source(Protocol):
     def sent(self, layer: int, owners: dict[int, np.ndarray], rank: int) -> tuple[np.ndarray, np.ndarray]: ...
 
 
+def present(values: np.ndarray, size: int) -> np.ndarray:
+    """The distinct values of ``values`` (all in ``0..size-1``), ascending: one pass with a mask, no sort."""
+    mask = np.zeros(size, bool)
+    mask[values] = True
+    return np.flatnonzero(mask)
+
+
 def _select_edges(ptr: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """The edge ids of ``rows`` of a CSR layer, row after row (whole arrays)."""
     counts = ptr[rows + 1] - ptr[rows]
@@ -152,7 +159,7 @@ class GraphSource:
         """(L, S) for every neuron layer L and every layer S that L reads."""
         for index, layer in enumerate(self.graph.layers):
             if isinstance(layer, NeuronLayer):
-                for s in np.unique(layer.input_layer).tolist():
+                for s in present(layer.input_layer, len(self.names)).tolist():
                     yield index, s
 
     def rows(self, index: int, rows: np.ndarray) -> Rows:
@@ -170,7 +177,7 @@ class GraphSource:
             if index not in owners:
                 continue
             reader = np.repeat(owners[index], layer.counts)
-            for s in np.unique(layer.input_layer).tolist():
+            for s in present(layer.input_layer, len(self.names)).tolist():
                 if s in owners:
                     mask = layer.input_layer == s
                     yield index, s, reader[mask], layer.input_ordinal[mask]
@@ -387,7 +394,7 @@ def _node_count(source: Source, parts: np.ndarray) -> int:
 def _exchange(source, s, owners, owned, local, rank, world_size) -> Exchange:
     # Receive: distinct remote rows of s read by this rank's neurons, by owner then row.
     remote = [rows.input_ordinal[rows.input_layer == s] for rows in local.values()]
-    remote = sorted_unique(np.concatenate(remote)) if remote else np.zeros(0, np.int64)
+    remote = present(np.concatenate(remote), source.sizes[s]) if remote else np.zeros(0, np.int64)
     remote = remote[owners[s][remote] != rank]
     recv_owner = owners[s][remote]
     order = np.argsort(recv_owner, kind="stable")  # rows stay ascending within each owner
@@ -401,11 +408,16 @@ def _exchange(source, s, owners, owned, local, rank, world_size) -> Exchange:
 
 
 def _positions(ids: np.ndarray, wanted: np.ndarray) -> np.ndarray:
-    """Where each of ``wanted`` stands in ``ids`` (all distinct; every wanted id present)."""
-    if ids.size and np.all(ids[1:] > ids[:-1]):
-        return np.searchsorted(ids, wanted)
-    order = np.argsort(ids, kind="stable")
-    return order[np.searchsorted(ids[order], wanted)]
+    """Where each of ``wanted`` stands in ``ids`` (all distinct, non-negative; every wanted id present).
+
+    A table over the ids' range, filled once and read per wanted id: a binary search per
+    edge (``searchsorted``) misses the cache on every step at millions of edges.
+    """
+    if ids.size == 0:
+        return np.zeros(0, np.int64)
+    table = np.empty(int(ids.max()) + 1, np.int32 if ids.size < 2**31 else np.int64)
+    table[ids] = np.arange(ids.size, dtype=table.dtype)
+    return table[wanted].astype(np.int64)
 
 
 def _stage_units(source, t, stage, local, owned, halo, kept, read_later) -> list[Unit]:
@@ -428,7 +440,7 @@ def _unit(source, t, stage, members, outputs, local, owned, halo, kept) -> Unit:
     inputs: list[int] = []
     for index in members:
         rows = local[index]
-        for s in np.unique(rows.input_layer).tolist():
+        for s in present(rows.input_layer, len(source.names)).tolist():
             if source.facts[s]:
                 fact_rows.setdefault(s, []).append(rows.input_ordinal[rows.input_layer == s])
             elif stage[s] < t and s not in inputs:
@@ -437,7 +449,7 @@ def _unit(source, t, stage, members, outputs, local, owned, halo, kept) -> Unit:
     new_index: dict[int, int] = {}
     numbering: dict[int, np.ndarray] = {}  # global ordinals of each local layer's rows, in local order
     for s in sorted(fact_rows):
-        rows = sorted_unique(np.concatenate(fact_rows[s]))
+        rows = present(np.concatenate(fact_rows[s]), source.sizes[s])
         new_index[s], numbering[s] = len(layers), rows
         layers.append(FactLayer(source.names[s], source.fact_rows(s, rows), unit=source.layer_info(s)["unit"],
                                 copy=False))
@@ -454,15 +466,15 @@ def _unit(source, t, stage, members, outputs, local, owned, halo, kept) -> Unit:
     # Only the weights these rows use, renumbered (fixed weights such as GCN's normalisation scalars
     # can number tens of thousands; learnable ones are shared by name).
     used = [local[i].input_weight for i in members] + [local[i].bias for i in members]
-    used = sorted_unique(np.concatenate(used))
-    used = used[used >= 0]
+    used = present(np.concatenate(used) + 1, len(source.weights) + 1) - 1
+    used = used[used >= 0]  # -1: no weight
     renumber = np.full(len(source.weights) + 1, -1, np.int64)  # index -1 (no weight) stays -1
     renumber[used] = np.arange(used.size)
     for index in members:
         rows = local[index]
         input_layer = np.empty_like(rows.input_layer)
         input_ordinal = np.empty_like(rows.input_ordinal)
-        for s in np.unique(rows.input_layer).tolist():
+        for s in present(rows.input_layer, len(source.names)).tolist():
             mask = rows.input_layer == s
             input_layer[mask] = new_index[s]
             input_ordinal[mask] = _positions(numbering[s], rows.input_ordinal[mask])

@@ -132,7 +132,7 @@ def test_exchange_lists_and_counts():
     parts = partition.partition_nodes(edges, n, 3, "bfs")
     model = NodeGNN("gcn", x, edges, widths=(6, 3))
     plans = [plan_rank(model, parts, r) for r in range(3)]
-    assert [len(s) for s in plans[0].stages] == [1, 1, 1]  # lin | conv1, conv2.lin | conv2
+    assert [len(s) for s in plans[0].stages] == [1, 1, 1]  # lin, src | conv1, conv2.lin, conv2.src | conv2
     src, dst = edges[:, edges[0] != edges[1]]
     for r, plan in enumerate(plans):
         remote = src[(parts[dst] == r) & (parts[src] != r)]
@@ -213,7 +213,7 @@ def test_bad_input_gets_a_clear_error():
     modules = [compile_rank(model, np.arange(n) % 2, r, 2) for r in range(2)]
     with pytest.raises(PartitionError, match="pass all 2 ranks' modules in rank order"):
         simulate(modules[::-1])
-    with pytest.raises(RuntimeError, match="exchanges layer 'conv1.lin' with other ranks"):
+    with pytest.raises(RuntimeError, match="exchanges layer 'conv1.src' with other ranks"):
         modules[0]()
     with pytest.raises(PartitionError, match="kind: unknown node-level model 'gin'"):
         NodeGNN("gin", x, edges)
