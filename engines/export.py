@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from ..sources.graph import GraphError
-from .torch_module import CompiledModule, _program_class, generate_source
+from .torch_module import CompiledModule, _program_class, choose_kernels, generate_source
 
 __all__ = ["standard_ops", "example_facts", "export", "export_onnx"]
 
@@ -43,10 +43,12 @@ def standard_ops(module: CompiledModule) -> CompiledModule:
                         "compile a graph with neurovec.compile first")
     if getattr(type(module), "standard_ops", False):
         return module
-    cls = _program_class(generate_source(module.program, standard_ops=True))
+    chosen = choose_kernels(module.program, standard_ops=True)
+    cls = _program_class(generate_source(module.program, chosen=chosen))
     cls.standard_ops = True
     view = nn.Module.__new__(cls)
     view.__dict__.update(module.__dict__)  # the same parameter, buffer and submodule dicts
+    view.reduce_kernels = chosen
     return view
 
 

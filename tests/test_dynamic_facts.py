@@ -130,10 +130,11 @@ def test_a_positional_tensor_says_how_the_module_is_called():
     features are replaced (with the module's own layers and shapes)."""
     static = neurovec.compile(_two_layer_graph())
     with pytest.raises(TypeError, match=r"CompiledModule takes no input tensor \(got a Tensor of shape \(3, 2\)\)\. "
-                                        r"The graph and its facts are compiled into the module: call it as module\(\)\. "
-                                        r"To replace features per call, compile with Settings\(dynamic_facts=\(<layer>,\)\) "
-                                        r"and call module\(facts=\{<layer>: tensor\}\) \(fact layers: 'x' \(3, 2\), "
-                                        r"'unused' \(4, 2\)\)\. New graphs are compiled anew, then load_state_dict"):
+                                        r"The graph and its facts are compiled into the module: call it as "
+                                        r"module\(\)\. To replace features per call, compile with "
+                                        r"Settings\(dynamic_facts=\(<layer>,\)\) and call module\(facts=\{<layer>: "
+                                        r"tensor\}\) \(fact layers: 'x' \(3, 2\), 'unused' \(4, 2\)\)\. "
+                                        r"New graphs are compiled anew, then load_state_dict"):
         static(torch.ones(3, 2))
     dynamic = neurovec.compile(_two_layer_graph(), neurovec.Settings(dynamic_facts=("x",)))
     message = r"call it as module\(\), or module\(facts=\{'x': tensor of shape \(3, 2\)\}\) to replace features"
