@@ -1,6 +1,6 @@
 """One graph split across 1, 2 and 4 ranks on localhost, side by side with the whole graph in one process.
 
-    python benchmarks/partitioned.py                                   # Cora, arxiv-like, products-like at 1/4
+    python benchmarks/partitioned.py                                   # Cora, arxiv-like, products-like at 1/8
     python benchmarks/partitioned.py --graphs arxiv-like --ranks 2 4 --rounds 2 --out results/partitioned
 
 Per graph, the data are made once (Cora from ``--planetoid-dir``; the synthetic
@@ -10,8 +10,12 @@ arrays; each rank count gets its partition once, here, as DistDGL partitions
 offline (METIS through pymetis where installed, else BFS blocks; its time and
 quality are reported). Then, round after round, every configuration is a real
 launch of ``examples/train_partitioned.py``: ``whole`` (the whole graph compiled by
-``neurovec.compile`` in one process, no torchrun) and ``torchrun --standalone
---nproc_per_node K`` for each rank count (gloo on CPU, one torch thread per rank).
+``neurovec.compile`` in one process, no torchrun), the same with ``fold_constants``
+off (the whole-graph compile folds the first layer's aggregation of the static
+features at compile time, in float64 per edge: most of its peak, and a step a
+partitioned rank never takes, since its first aggregation reads exchanged rows), and
+``torchrun --standalone --nproc_per_node K`` for each rank count (gloo on CPU, one
+torch thread per rank).
 
 Reported per configuration (medians over rounds): the step (forward, backward,
 gradient all-reduce, Adam) as the median over epochs after the first of the
@@ -50,10 +54,14 @@ SHAPES = ("cora", "arxiv-like", "products-like")
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python benchmarks/partitioned.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--graphs", nargs="+", default=list(SHAPES), choices=SHAPES)
-    parser.add_argument("--products-scale", type=float, default=0.25,
-                        help="nodes and edges of products-like times this (default 0.25: 612k nodes, 15.5M edges)")
+    parser.add_argument("--products-scale", type=float, default=0.125,
+                        help="nodes and edges of products-like times this (default 1/8: 306k nodes, 7.7M edges, "
+                             "the largest whose whole-graph compile fits next to the others in 24 GB)")
     parser.add_argument("--ranks", nargs="+", type=int, default=[1, 2, 4])
-    parser.add_argument("--no-whole", action="store_true", help="skip the one-process whole-graph baseline")
+    parser.add_argument("--no-whole", action="store_true", help="skip the one-process whole-graph baselines")
+    parser.add_argument("--no-fold-baseline", action="store_true",
+                        help="skip the second baseline: the whole graph with fold_constants off (the compile-time "
+                             "fold of the first aggregation of static features, which a partitioned rank never runs)")
     parser.add_argument("--model", default="gcn", choices=list(partition.gnn.KINDS))
     parser.add_argument("--preset", default="default")
     parser.add_argument("--hidden", type=int, default=None, help="default: 16 on Cora, 128 on the synthetic graphs")
@@ -96,13 +104,16 @@ def make_parts(data: Path, world: int, method: str, folder: Path) -> tuple[Path,
     return path, {"partition_seconds": seconds, **quality.as_dict()}
 
 
-def launch(args, data: Path, ranks: int | None, parts: Path | None, hidden: int, layers: int, out: Path) -> list[dict]:
+def launch(args, data: Path, ranks: int | None, parts: Path | None, hidden: int, layers: int, out: Path,
+           settings: str | None = None) -> list[dict]:
     """One run; ``ranks`` None: the whole graph in one process. Returns every rank's record."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT.parent), os.environ.get("PYTHONPATH", "")]),
            "OMP_NUM_THREADS": "1", "NEUROVEC_PROGRESS": "0"}
     example = [str(ROOT / "examples" / "train_partitioned.py"), "--dataset", f"npz:{data}", "--models", args.model,
                "--presets", args.preset, "--hidden", str(hidden), "--layers", str(layers), "--epochs",
                str(args.epochs), "--out", str(out)]
+    if settings:
+        example += ["--settings", settings]
     if ranks is None:
         command = [sys.executable, *example, "--whole"]
     else:
@@ -144,18 +155,22 @@ def median_of(summaries: list[dict]) -> dict:
 
 def table(name: str, info: dict, rows: dict, parts_info: dict) -> str:
     whole = rows.get("whole")
+    nofold = rows.get("whole-nofold")
     lines = [f"### {name}: {info['nodes']:,} nodes, {info['edges']:,} edges, {info['features']} features, "
              f"{info['classes']} classes",
              "",
              "| configuration | step s | first epoch s | compile s per rank | plan s per rank | peak RSS per rank (MB) | "
-             "largest / one process | halo rows per rank (x layers) | bytes sent per step (all ranks) | edge cut |",
+             "largest / one process (/ fold off) | halo rows per rank (x layers) | bytes sent per step (all ranks) | edge cut |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for config, s in rows.items():
         ratio = f"{max(s['peak_mb']) / max(whole['peak_mb']):.2f}x" if whole else "-"
-        cut = "-" if config in ("whole", 1) else f"{int(s['edge_cut']):,} ({100 * s['cut_fraction']:.1f}%)"
-        halo = "-" if config in ("whole", 1) else \
-            f"{', '.join(f'{h:,.0f}' for h in s['halo'])} (x {int(s['halo_layers'][0])})"
-        label = "whole graph, one process" if config == "whole" else f"{config} rank{'s' if config > 1 else ''}"
+        if nofold:
+            ratio += f" ({max(s['peak_mb']) / max(nofold['peak_mb']):.2f}x)"
+        alone = isinstance(config, str) or config == 1
+        cut = "-" if alone else f"{int(s['edge_cut']):,} ({100 * s['cut_fraction']:.1f}%)"
+        halo = "-" if alone else f"{', '.join(f'{h:,.0f}' for h in s['halo'])} (x {int(s['halo_layers'][0])})"
+        label = {"whole": "whole graph, one process", "whole-nofold": "whole graph, one process, fold_constants off"
+                 }.get(config) or f"{config} rank{'s' if config > 1 else ''}"
         lines.append(f"| {label} | {s['step']:.3f} | {s['first']:.2f} | "
                      f"{', '.join(f'{c:.2f}' for c in s['compile'])} | {', '.join(f'{c:.2f}' for c in s['plan'])} | "
                      f"{', '.join(f'{p:.0f}' for p in s['peak_mb'])} | {ratio} | {halo} | "
@@ -188,13 +203,15 @@ def main(argv=None) -> None:
                 else:
                     np.save(folder / f"{name}-1.npy", np.zeros(info["nodes"], np.int64))
                     parts[k] = folder / f"{name}-1.npy"
-            configs = ([] if args.no_whole else ["whole"]) + list(args.ranks)
+            configs = ([] if args.no_whole else ["whole"] + ([] if args.no_fold_baseline else ["whole-nofold"]))
+            configs += list(args.ranks)
             launches = {c: [] for c in configs}
             for r in range(args.rounds):
                 for config in configs:
                     target = folder / f"{name}-{config}-{r}"
-                    records = launch(args, data, None if config == "whole" else config, parts.get(config), hidden,
-                                     layers, target)
+                    whole = isinstance(config, str)
+                    records = launch(args, data, None if whole else config, parts.get(config), hidden, layers, target,
+                                     '{"fold_constants": false}' if config == "whole-nofold" else None)
                     launches[config].append(records)
                     print(f"{name} {config} round {r}: step {summarize(records)['step']:.3f} s, peak "
                           f"{max(x['peak_mb'] for x in records):.0f} MB", flush=True)

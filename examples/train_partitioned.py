@@ -53,6 +53,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                                                            "(arrays x, edge_index, y, train_mask from np.savez)")
     parser.add_argument("--models", nargs="+", default=["gcn"], choices=list(partition.gnn.KINDS))
     parser.add_argument("--presets", nargs="+", default=["default"], help="compile presets (default: default)")
+    parser.add_argument("--settings", default=None, help='settings over each preset, as JSON: \'{"fold_constants": false}\'')
     parser.add_argument("--hidden", type=int, default=16)
     parser.add_argument("--layers", type=int, default=2, help="convolutions; the last maps to the classes")
     parser.add_argument("--epochs", type=int, default=5, help="full-graph Adam steps")
@@ -100,6 +101,10 @@ def load_dataset(name: str, data_dir: str, seed: int) -> dict:
             "num_classes": ds.num_classes}
 
 
+def settings_of(args, preset: str) -> neurovec.Settings:
+    return neurovec.Settings.preset(preset, **(json.loads(args.settings) if args.settings else {}))
+
+
 def peak_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
@@ -127,7 +132,7 @@ def train_one(args, data, parts, kind: str, preset: str, ctx, dtype) -> dict:
     start = time.perf_counter()
     source = partition.NodeGNN(kind, data["x"], data["edge_index"], widths, seed=args.seed)
     built = time.perf_counter() - start
-    rank_module = partition.compile_rank(source, parts, ctx.rank, ctx.world_size, preset, dtype)
+    rank_module = partition.compile_rank(source, parts, ctx.rank, ctx.world_size, settings_of(args, preset), dtype)
     del source
     model = partition.PartitionedModule(rank_module).to(ctx.device)
     after_compile_mb = current_mb()
@@ -168,7 +173,7 @@ def train_whole(args, data, kind: str, preset: str, dtype) -> dict:
     graph = partition.NodeGNN(kind, data["x"], data["edge_index"], widths, seed=args.seed).graph()
     built = time.perf_counter() - start
     start = time.perf_counter()
-    module = neurovec.compile(graph, preset, dtype)
+    module = neurovec.compile(graph, settings_of(args, preset), dtype)
     compiled = time.perf_counter() - start
     del graph
     after_compile_mb = current_mb()
