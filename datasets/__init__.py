@@ -4,6 +4,9 @@
   templates :func:`gcn`, :func:`sage`, :func:`gin`;
 * :func:`create_database` / :func:`load_mutagenesis` (relational Mutagenesis via
   SQL), templates :func:`mutagenesis_simple`, :func:`mutagenesis_dims`;
+* :func:`load_planetoid` (Cora, CiteSeer, PubMed: one graph, a label per node) and
+  :func:`rmat_dataset` (skewed synthetic graphs, ``"arxiv-like"``, ``"products-like"``), both
+  :class:`NodeDataset`; the same templates with ``readout=None`` predict per node;
 * :func:`from_pyg` / :func:`to_pyg`: PyTorch Geometric ``Data``, ``Batch`` or
   ``InMemoryDataset`` in and out (:mod:`neurovec.datasets.pyg_convert`);
 * :mod:`neurovec.datasets.pyg_twins`: PyTorch Geometric models equal to the GNN
@@ -14,6 +17,9 @@
 from . import pyg_twins  # torch_geometric itself is imported only when a twin is built
 from ._common import DatasetError
 from .gnn import GNNSpec, TUBatch, build_gnn, gcn, gin, sage, tu_batch
+from .nodes import NodeDataset
+from .planetoid import load_planetoid, normalize_features
+from .synthetic import rmat_dataset
 from .mutagenesis import Mutagenesis, MutagenesisError, create_database, load_mutagenesis
 from .pyg_convert import PygGraphs, from_pyg, to_pyg
 from .relational import mutagenesis_dims, mutagenesis_simple, mutagenesis_template
@@ -23,5 +29,5 @@ __all__ = [
     "DatasetError", "GNNSpec", "Mutagenesis", "MutagenesisError", "TUBatch", "TUDataset", "TUFormatError",
     "build_gnn", "create_database", "gcn", "gin", "load_mutagenesis", "load_tu", "mutagenesis_dims",
     "mutagenesis_simple", "mutagenesis_template", "pyg_twins", "sage", "tu_batch", "PygGraphs", "from_pyg",
-    "to_pyg",
+    "to_pyg", "NodeDataset", "load_planetoid", "normalize_features", "rmat_dataset",
 ]
