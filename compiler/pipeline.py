@@ -7,8 +7,10 @@ program is checked after each one, and a failure names the pass.
 """
 from __future__ import annotations
 
+import contextlib
 import difflib
 import logging
+import sys
 import time
 from typing import Callable, Mapping
 
@@ -19,8 +21,8 @@ from ..progress import Progress
 from ..sources.graph import FactLayer, Graph
 from ..memory import reusing_freed_memory
 from .ir import IRError, Program
-from .passes import (broadcast_adds, cleanup, coefficients, compose_gathers, compose_sums, dedup, dedup_facts, fold_constants,
-                     fuse_fact_products, iso_compression, join_sums, kernels, linear_broadcast, padding, reorder_linear, segments,
+from .passes import (broadcast_adds, cleanup, coefficients, compose_gathers, compose_sums, dedup, fold_constants,
+                     fuse_fact_products, join_sums, kernels, linear_broadcast, padding, reorder_linear, segments,
                      simplify_gathers, split_products, stack_products, sum_parts, unit_facts, unstack_weights,
                      upward)
 from .settings import Settings
@@ -48,15 +50,13 @@ def _upward_last(s: Settings) -> bool:
 PIPELINE: list[tuple[str, Callable[[Settings], bool], Pass]] = [
     # One unit row first, so every later pass sees all unit references as the same value.
     ("merge_unit_facts", lambda s: s.merge_unit_facts, unit_facts.merge_unit_facts),
-    # Shrink the input facts before anything is computed from them.
-    ("dedup_facts", lambda s: s.dedup_facts, dedup_facts.dedup_facts),
     # W . 1 = W: drops whole products over unit facts (embeddings).
     ("simplify_unit_linear", lambda s: s.simplify_unit_linear, unit_facts.simplify_unit_linear),
-    # Merge equal values layer by layer, before dedup makes use of the smaller layers.
-    ("iso_compression", lambda s: s.iso_compression, iso_compression.iso_compress),
-    # Compute each distinct (weight, value) pair once, then each distinct aggregation group.
-    ("dedup_linear", lambda s: s.dedup_linear, dedup.dedup_linear),
-    ("dedup_aggregations", lambda s: s.dedup_aggregations, dedup.dedup_aggregations),
+    # Shrink the input facts before anything is computed from them; merge equal values layer by
+    # layer, before dedup makes use of the smaller layers; compute each distinct (weight, value)
+    # pair once, then each distinct aggregation group (one labelling, four switches).
+    ("deduplicate", lambda s: s.dedup_facts or s.iso_compression or s.dedup_linear or s.dedup_aggregations,
+     dedup.deduplicate),
     # Optionally move gathers up before the linear symmetries (it disrupts padding).
     ("upward (before linear)", _upward_first, upward.propagate_gathers_up),
     # Reorder/pad linear ops so that their sides repeat, then exploit the repetition.
@@ -143,7 +143,8 @@ def _run_passes(graph: Graph, settings: Settings, timings: dict | None, start: f
             continue
         bar.update(len(ran) + 1, name)
         start = time.perf_counter()
-        program = run(program, settings)
+        with _recursion_room(program):
+            program = run(program, settings)
         if timings is not None:
             timings[name] = timings.get(name, 0.0) + time.perf_counter() - start
         logger.debug("pass %s: %.3f s, %d nodes", name, time.perf_counter() - start, len(program.nodes))
@@ -155,6 +156,20 @@ def _run_passes(graph: Graph, settings: Settings, timings: dict | None, start: f
                 raise IRError(f"after pass {name!r} (ran: {', '.join(ran)}): {error}\n{program}") from error
             verified = program
     return program
+
+
+@contextlib.contextmanager
+def _recursion_room(program: Program):
+    """Let a pass recurse as deep as the program's layers go: labels (``dedup.RowIds``) and row
+    plans (``upward.RowPlanner``) follow a node's inputs recursively, a few calls per op, and a
+    60-layer chain nests about 2,000 calls (Python stops at 1,000). Restored afterwards."""
+    before = sys.getrecursionlimit()
+    layers = len({node.layer for node in program.nodes})
+    sys.setrecursionlimit(max(before, 1000 + 60 * layers))
+    try:
+        yield
+    finally:
+        sys.setrecursionlimit(before)
 
 
 def resolve_settings(settings: Settings | str | dict | None) -> Settings:
