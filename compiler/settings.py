@@ -15,7 +15,7 @@ from typing import Iterator, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["Settings", "list_presets", "iter_presets", "PRESETS"]
+__all__ = ["Settings", "list_presets", "iter_presets", "PRESETS", "REASSOCIATING"]
 
 
 class Settings(BaseModel):
@@ -126,12 +126,28 @@ class Settings(BaseModel):
     reduce_kernel: Literal["auto", "scatter", "segment", "dense", "sparse_mm"] = Field(
         "auto", description="Kernel for segment reductions: chosen per layer by a cost model, or forced.")
 
+    def for_dtype(self, dtype) -> "Settings":
+        """The settings a module computing in ``dtype`` (a torch dtype or its name) is compiled with:
+        in float16 the reassociating passes (``REASSOCIATING``) are off (NOTE: [half range])."""
+        name = str(dtype).removeprefix("torch.")
+        if name != "float16" or not any(getattr(self, switch) for switch in REASSOCIATING):
+            return self
+        return self.model_copy(update={switch: False for switch in REASSOCIATING})
+
     @classmethod
     def preset(cls, name: str, **overrides) -> "Settings":
         if name not in PRESETS:
             raise ValueError(f"unknown preset {name!r}; expected one of {list_presets()}")
         return cls(**{**PRESETS[name], **overrides})
 
+
+# NOTE: [half range] float16 ends at 65504. A shared weight moved after a sum (reorder_linear:
+# ``W (x_1 + ... + x_k)`` for ``W x_1 + ... + W x_k``) or two sums composed into one
+# (compose_sums: the products of their coefficients, summed once) add up other, possibly larger,
+# terms than the neuron-by-neuron order: facts of 3e4 summed six times before a weight of 0.02 give
+# inf where every neuron of the graph is finite. So a module compiled for float16 is compiled without
+# them. bfloat16 keeps float32's exponent range, where these sums overflow no sooner than in float32.
+REASSOCIATING = ("reorder_linear", "compose_sums")
 
 _ALL_OFF = dict(
     merge_unit_facts=False, simplify_unit_linear=False, dedup_facts=False, iso_compression=False,
