@@ -8,7 +8,6 @@ program is checked after each one, and a failure names the pass.
 from __future__ import annotations
 
 import contextlib
-import difflib
 import logging
 import sys
 import time
@@ -25,7 +24,7 @@ from .passes import (broadcast_adds, cleanup, coefficients, compose_gathers, com
                      fuse_fact_products, join_sums, kernels, linear_broadcast, padding, reorder_linear, segments,
                      simplify_gathers, split_products, stack_products, sum_parts, unit_facts, unstack_weights,
                      upward)
-from .settings import Settings
+from .settings import Settings, unknown_settings
 from .vectorizer import vectorize
 
 __all__ = ["compile", "build_program", "resolve_settings", "PIPELINE", "enabled_passes", "FLOAT_DTYPES",
@@ -180,12 +179,9 @@ def resolve_settings(settings: Settings | str | dict | None) -> Settings:
     if isinstance(settings, str):
         return Settings.preset(settings)
     if isinstance(settings, Mapping):
-        fields = Settings.model_fields
-        unknown = [key for key in settings if key not in fields]
+        unknown = [key for key in settings if key not in Settings.model_fields]
         if unknown:
-            close = {key: difflib.get_close_matches(str(key), fields, 1) for key in unknown}
-            hints = [f"{key!r} (did you mean {close[key][0]!r}?)" if close[key] else repr(key) for key in unknown]
-            raise ValueError(f"unknown settings {', '.join(hints)}; Settings has the fields {sorted(fields)}")
+            raise ValueError(unknown_settings(unknown))
         return Settings(**settings)
     raise TypeError(f"settings must be a neurovec.Settings, a preset name, a dict of settings or None "
                     f"(got {type(settings).__name__})")

@@ -11,21 +11,38 @@ that duplicate nothing" to "remove every gather, whatever the memory".
 """
 from __future__ import annotations
 
+import difflib
 from typing import Iterator, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-__all__ = ["Settings", "list_presets", "iter_presets", "PRESETS", "REASSOCIATING"]
+__all__ = ["Settings", "list_presets", "iter_presets", "PRESETS", "REASSOCIATING", "unknown_settings"]
 
 
 class Settings(BaseModel):
-    """How to compile a graph. Unknown fields are an error; instances are immutable.
+    """How to compile a graph. Unknown fields are an error naming the closest field; instances
+    are immutable. Values are taken as they are, never coerced: a switch is True or False (not
+    ``"no"`` or 1), a number is a number (not True or ``"0.5"``); numpy scalars count as numbers and
+    booleans, a list of fact layers as a tuple.
 
     Every optimization can be switched off on its own; passes keep the module's
     function under any combination (tested against the reference engine).
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _plain_values(cls, data):
+        if isinstance(data, dict):
+            unknown = [key for key in data if key not in cls.model_fields]
+            if unknown:
+                raise ValueError(unknown_settings(unknown))
+            data = {key: value.item() if isinstance(value, np.generic) else
+                    tuple(value) if key == "dynamic_facts" and isinstance(value, list) else value
+                    for key, value in data.items()}
+        return data
 
     # -- inputs and checking -----------------------------------------------------------
     dynamic_facts: tuple[str, ...] = Field(
@@ -186,6 +203,16 @@ PRESETS: dict[str, dict] = {"unoptimized": _ALL_OFF, "default": {}}
 for _k, (_name, _abs, _rel, _depth, _before) in enumerate(_UPWARD):
     PRESETS[f"upward-{_k:02d}-{_name}"] = dict(
         upward_growth_abs=_abs, upward_growth_rel=_rel, upward_max_depth=_depth, upward_before_linear=_before)
+
+
+def unknown_settings(keys) -> str:
+    """The error for settings that are not fields: each named, with the closest field if any."""
+    fields = list(Settings.model_fields)
+    hints = []
+    for key in keys:
+        close = difflib.get_close_matches(str(key), fields, 1)
+        hints.append(f"{key!r} (did you mean {close[0]!r}?)" if close else repr(key))
+    return f"unknown settings {', '.join(hints)}; Settings has the fields {sorted(fields)}"
 
 
 def list_presets() -> list[str]:
