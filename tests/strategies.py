@@ -89,8 +89,9 @@ def graphs(draw, max_layers: int = 4, max_neurons: int = 4, max_inputs: int = 4,
                 out_shape = shapes[sources[0]]
                 sources = [i for i, s in enumerate(shapes) if s == out_shape]
         allowed = [t for t in TRANSFORMATIONS if out_shape or t != "softmax"]
-        if tricky_values:  # the transformations that tell near-equal values and signed zeros apart
-            allowed += ["identity", "inverse"] * 4
+        if tricky_values:  # the transformations that tell near-equal values and signed zeros apart (log and
+            # sqrt in their derivatives)
+            allowed += ["identity", "inverse", "log", "sqrt"] * 4
         transformation = draw(st.sampled_from(allowed))
         aggregation = draw(st.sampled_from(AGGREGATIONS))
         size = draw(st.integers(1, max_neurons))
