@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import strategies as st
 
+from neurovec.benchmarks.compile_speed import deep_chain
 from neurovec.sources.graph import (AGGREGATIONS, TRANSFORMATIONS, FactLayer, Graph, NeuronLayer, Weight,
                                     product_shape)
 
@@ -278,34 +279,6 @@ def gnn_graphs(draw, max_nodes: int = 8) -> Graph:
                               np.full(s, weight(rng.normal(0, 0.5, out_dim))),
                               transformation=draw(st.sampled_from(["identity", "sigmoid"]))))
     return Graph(layers, weights, np.full(s, len(layers) - 1), np.arange(s))
-
-
-def deep_chain(depth: int, width: int = 4, dim: int = 3, weighted_layers: int | None = None, skip: int = 2,
-               aggregation: str = "sum", transformation: str = "tanh", seed: int = 0) -> Graph:
-    """A chain of ``depth`` layers with skip connections: neuron i of layer k reads neurons i and
-    i + 1 (mod ``width``) of layer k - 1 and neuron i of layer k - ``skip`` (the facts where that is
-    before the first layer). The first ``weighted_layers`` layers (None: all) multiply their first
-    input by a matrix of their own; the others add their inputs as they are. Every node of
-    the vectorized program is reachable through many paths (Fibonacci-many for ``skip=2``): the
-    shape on which a labelling that re-walked every path below a node never finished (issue 23)."""
-    rng = np.random.default_rng(seed)
-    layers: list = [FactLayer("x", rng.normal(size=(width, dim)))]
-    weights: list[Weight] = []
-    weighted = depth if weighted_layers is None else weighted_layers
-    i = np.arange(width)
-    for k in range(depth):
-        prev = len(layers) - 1
-        back = max(len(layers) - skip, 0)
-        w = -1
-        if k < weighted:
-            weights.append(Weight(f"W{k}", rng.normal(size=(dim, dim)) * 0.5))
-            w = len(weights) - 1
-        src = np.stack([np.full(width, prev), np.full(width, back), np.full(width, prev)], 1).ravel()
-        ordinal = np.stack([i, i, (i + 1) % width], 1).ravel()
-        wts = np.stack([np.full(width, w), np.full(width, -1), np.full(width, -1)], 1).ravel()
-        layers.append(NeuronLayer(f"h{k}", np.full(width, 3), src, ordinal, wts, aggregation=aggregation,
-                                  transformation=transformation))
-    return Graph(layers, weights, np.full(width, len(layers) - 1), np.arange(width))
 
 
 @st.composite
