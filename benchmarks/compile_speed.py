@@ -2,10 +2,15 @@
 
     python benchmarks/compile_speed.py --edges 1000000            # a random 3-layer graph
     python benchmarks/compile_speed.py --tu PROTEINS --scale 1 10  # PROTEINS GCN, continuous features
+    python benchmarks/compile_speed.py --depth 16 28 40 60         # chains with skip connections
 
 The first form builds a random 3-layer message-passing graph with the bulk array API and
 times validation (Graph construction), the Vectorizer alone, the whole pipeline of a preset
 (with its slowest passes) and module construction.
+
+The third form compiles ``deep_chain(depth)`` (a chain whose layers each read the layer before
+and the one before that: many paths to every node) under a preset and prints the compile time
+(``neurovec.compile``, median of ``--repeat``) against depth: it grows linearly under ``default``.
 
 The second form compiles a TU dataset replicated ``k`` times (distinct copies: continuous
 features, so nothing merges; ``benchmarks.tasks.replicate_tu``) with one template, and prints
@@ -52,6 +57,34 @@ def synthetic_graph(n_edges: int, n_nodes: int | None = None, dim: int = 8, laye
             input_ordinal=rng.integers(0, n_nodes, per_layer), input_weight=np.full(per_layer, k),
             aggregation=["sum", "mean", "max"][k % 3], transformation="relu"))
     return graph_layers, weights, n_nodes
+
+
+def deep_chain(depth: int, width: int = 4, dim: int = 3, weighted_layers: int | None = None, skip: int = 2,
+               aggregation: str = "sum", transformation: str = "tanh", seed: int = 0) -> Graph:
+    """A chain of ``depth`` layers with skip connections: neuron i of layer k reads neurons i and
+    i + 1 (mod ``width``) of layer k - 1 and neuron i of layer k - ``skip`` (the facts where that is
+    before the first layer). The first ``weighted_layers`` layers (None: all) multiply their first
+    input by a matrix of their own; the others add their inputs as they are. Every node of
+    the vectorized program is reachable through many paths (Fibonacci-many for ``skip=2``): the
+    shape on which a labelling that re-walked every path below a node never finished (issue 23)."""
+    rng = np.random.default_rng(seed)
+    layers: list = [FactLayer("x", rng.normal(size=(width, dim)))]
+    weights: list[Weight] = []
+    weighted = depth if weighted_layers is None else weighted_layers
+    i = np.arange(width)
+    for k in range(depth):
+        prev = len(layers) - 1
+        back = max(len(layers) - skip, 0)
+        w = -1
+        if k < weighted:
+            weights.append(Weight(f"W{k}", rng.normal(size=(dim, dim)) * 0.5))
+            w = len(weights) - 1
+        src = np.stack([np.full(width, prev), np.full(width, back), np.full(width, prev)], 1).ravel()
+        ordinal = np.stack([i, i, (i + 1) % width], 1).ravel()
+        wts = np.stack([np.full(width, w), np.full(width, -1), np.full(width, -1)], 1).ravel()
+        layers.append(NeuronLayer(f"h{k}", np.full(width, 3), src, ordinal, wts, aggregation=aggregation,
+                                  transformation=transformation))
+    return Graph(layers, weights, np.full(width, len(layers) - 1), np.arange(width))
 
 
 # -- peak memory ----------------------------------------------------------------------------------
@@ -158,6 +191,23 @@ def tu_scaling(args) -> None:
         gc.collect()
 
 
+def depth_scaling(args) -> None:
+    """Compile time against depth: ``deep_chain`` of each depth, the preset's pipeline and the module
+    (``neurovec.compile``), the median of ``--repeat`` compiles, and the program's nodes."""
+    import neurovec
+    print(f"| depth | neurons | edges | {args.preset} compile (s) | program nodes |\n|---:|---:|---:|---:|---:|")
+    for depth in args.depth:
+        graph = deep_chain(depth)
+        seconds = []
+        for _ in range(args.repeat):
+            gc.collect()
+            start = time.perf_counter()
+            module = neurovec.compile(graph, args.preset)
+            seconds.append(time.perf_counter() - start)
+        print(f"| {depth} | {graph.n_neurons} | {graph.n_edges} | {sorted(seconds)[len(seconds) // 2]:.2f} | "
+              f"{len(module.program.nodes)} |", flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--edges", type=int, default=1_000_000, help="size of the synthetic graph")
@@ -166,8 +216,13 @@ def main():
     parser.add_argument("--model", default="gcn", choices=["gcn", "sage", "gin"])
     parser.add_argument("--scale", type=int, nargs="+", default=[1, 10, 100], help="copies of the dataset")
     parser.add_argument("--data-dir", type=Path, default=Path("../shared/data/tu"))
+    parser.add_argument("--depth", type=int, nargs="+", default=None,
+                        help="compile a chain with skip connections of each depth instead (deep_chain)")
+    parser.add_argument("--repeat", type=int, default=3, help="compiles per depth (the median is shown)")
     args = parser.parse_args()
-    if args.tu:
+    if args.depth:
+        depth_scaling(args)
+    elif args.tu:
         tu_scaling(args)
     else:
         synthetic(args)

@@ -17,12 +17,12 @@ from pathlib import Path
 
 from neurovec import datasets
 from neurovec.compiler import Settings
-from neurovec.compiler.passes.iso_compression import layer_ends
+from neurovec.compiler.passes.dedup import layer_ends
 from neurovec.compiler.pipeline import PIPELINE
 from neurovec.compiler.vectorizer import vectorize
 from neurovec.sources.graph import Graph, NeuronLayer
 
-LAST_MERGING_PASS = "dedup_aggregations"
+LAST_MERGING_PASS = "deduplicate"
 
 
 def rows_per_layer(graph: Graph, settings: Settings | None = None) -> dict[str, int]:

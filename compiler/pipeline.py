@@ -7,8 +7,9 @@ program is checked after each one, and a failure names the pass.
 """
 from __future__ import annotations
 
-import difflib
+import contextlib
 import logging
+import sys
 import time
 from typing import Callable, Mapping
 
@@ -19,11 +20,11 @@ from ..progress import Progress
 from ..sources.graph import FactLayer, Graph
 from ..memory import reusing_freed_memory
 from .ir import IRError, Program
-from .passes import (broadcast_adds, cleanup, coefficients, compose_gathers, compose_sums, dedup, dedup_facts, fold_constants,
-                     fuse_fact_products, iso_compression, join_sums, kernels, linear_broadcast, padding, reorder_linear, segments,
+from .passes import (broadcast_adds, cleanup, coefficients, compose_gathers, compose_sums, dedup, fold_constants,
+                     fuse_fact_products, join_sums, kernels, linear_broadcast, padding, reorder_linear, segments,
                      simplify_gathers, split_products, stack_products, sum_parts, unit_facts, unstack_weights,
                      upward)
-from .settings import Settings
+from .settings import Settings, unknown_settings
 from .vectorizer import vectorize
 
 __all__ = ["compile", "build_program", "resolve_settings", "PIPELINE", "enabled_passes", "FLOAT_DTYPES",
@@ -48,15 +49,13 @@ def _upward_last(s: Settings) -> bool:
 PIPELINE: list[tuple[str, Callable[[Settings], bool], Pass]] = [
     # One unit row first, so every later pass sees all unit references as the same value.
     ("merge_unit_facts", lambda s: s.merge_unit_facts, unit_facts.merge_unit_facts),
-    # Shrink the input facts before anything is computed from them.
-    ("dedup_facts", lambda s: s.dedup_facts, dedup_facts.dedup_facts),
     # W . 1 = W: drops whole products over unit facts (embeddings).
     ("simplify_unit_linear", lambda s: s.simplify_unit_linear, unit_facts.simplify_unit_linear),
-    # Merge equal values layer by layer, before dedup makes use of the smaller layers.
-    ("iso_compression", lambda s: s.iso_compression, iso_compression.iso_compress),
-    # Compute each distinct (weight, value) pair once, then each distinct aggregation group.
-    ("dedup_linear", lambda s: s.dedup_linear, dedup.dedup_linear),
-    ("dedup_aggregations", lambda s: s.dedup_aggregations, dedup.dedup_aggregations),
+    # Shrink the input facts before anything is computed from them; merge equal values layer by
+    # layer, before dedup makes use of the smaller layers; compute each distinct (weight, value)
+    # pair once, then each distinct aggregation group (one labelling, four switches).
+    ("deduplicate", lambda s: s.dedup_facts or s.iso_compression or s.dedup_linear or s.dedup_aggregations,
+     dedup.deduplicate),
     # Optionally move gathers up before the linear symmetries (it disrupts padding).
     ("upward (before linear)", _upward_first, upward.propagate_gathers_up),
     # Reorder/pad linear ops so that their sides repeat, then exploit the repetition.
@@ -112,14 +111,14 @@ def enabled_passes(settings: Settings) -> list[str]:
     return [name for name, enabled, _ in PIPELINE if enabled(settings)]
 
 
-def build_program(graph: Graph, settings: Settings | str | dict | None = None, timings: dict | None = None
-                  ) -> Program:
+def build_program(graph: Graph, settings: Settings | str | dict | None = None, timings: dict | None = None,
+                  dtype=None) -> Program:
     """Vectorize ``graph`` and run the optimizer passes chosen by ``settings`` (anything
-    :func:`compile` accepts).
+    :func:`compile` accepts), for a module that computes in ``dtype`` (``Settings.for_dtype``).
 
     ``timings``, if given, receives the seconds spent in each pass.
     """
-    settings = resolve_settings(settings)
+    settings = resolve_settings(settings).for_dtype(dtype)
     start = time.perf_counter()
     unknown = set(settings.dynamic_facts) - {layer.name for layer in graph.layers if isinstance(layer, FactLayer)}
     if unknown:
@@ -143,7 +142,8 @@ def _run_passes(graph: Graph, settings: Settings, timings: dict | None, start: f
             continue
         bar.update(len(ran) + 1, name)
         start = time.perf_counter()
-        program = run(program, settings)
+        with _recursion_room(program):
+            program = run(program, settings)
         if timings is not None:
             timings[name] = timings.get(name, 0.0) + time.perf_counter() - start
         logger.debug("pass %s: %.3f s, %d nodes", name, time.perf_counter() - start, len(program.nodes))
@@ -157,6 +157,20 @@ def _run_passes(graph: Graph, settings: Settings, timings: dict | None, start: f
     return program
 
 
+@contextlib.contextmanager
+def _recursion_room(program: Program):
+    """Let a pass recurse as deep as the program's layers go: labels (``dedup.RowIds``) and row
+    plans (``upward.RowPlanner``) follow a node's inputs recursively, a few calls per op, and a
+    60-layer chain nests about 2,000 calls (Python stops at 1,000). Restored afterwards."""
+    before = sys.getrecursionlimit()
+    layers = len({node.layer for node in program.nodes})
+    sys.setrecursionlimit(max(before, 1000 + 60 * layers))
+    try:
+        yield
+    finally:
+        sys.setrecursionlimit(before)
+
+
 def resolve_settings(settings: Settings | str | dict | None) -> Settings:
     """A :class:`Settings` from what ``compile`` accepts: one, a preset name, a dict of
     fields (like ``Settings(**fields)``) or None (the ``default`` preset)."""
@@ -165,12 +179,9 @@ def resolve_settings(settings: Settings | str | dict | None) -> Settings:
     if isinstance(settings, str):
         return Settings.preset(settings)
     if isinstance(settings, Mapping):
-        fields = Settings.model_fields
-        unknown = [key for key in settings if key not in fields]
+        unknown = [key for key in settings if key not in Settings.model_fields]
         if unknown:
-            close = {key: difflib.get_close_matches(str(key), fields, 1) for key in unknown}
-            hints = [f"{key!r} (did you mean {close[key][0]!r}?)" if close[key] else repr(key) for key in unknown]
-            raise ValueError(f"unknown settings {', '.join(hints)}; Settings has the fields {sorted(fields)}")
+            raise ValueError(unknown_settings(unknown))
         return Settings(**settings)
     raise TypeError(f"settings must be a neurovec.Settings, a preset name, a dict of settings or None "
                     f"(got {type(settings).__name__})")
@@ -199,4 +210,5 @@ def compile(graph: Graph, settings: Settings | str | dict | None = None, dtype: 
     # The module's tensors too take the pages the passes freed (at 100x PROTEINS building the
     # module took 1.5 s outside and 0.8 s inside): see memory.py.
     with reusing_freed_memory():
-        return CompiledModule(build_program(graph, resolve_settings(settings)), dtype)
+        return CompiledModule(build_program(graph, resolve_settings(settings), dtype=dtype or torch.get_default_dtype()),
+                              dtype)

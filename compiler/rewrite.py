@@ -77,9 +77,14 @@ def is_input_fact(node: Node) -> bool:
     return node.op is Op.FACT and bool(node.attrs.get("fact_layer"))
 
 
+#: Transformations that tell ``-0.0`` from ``0.0``: ``inverse`` in its value (``1 / -0.0 = -inf``),
+#: ``log`` and ``sqrt`` in their derivatives (``1 / x`` and ``1 / (2 sqrt(x))``: -inf at ``-0.0``).
+ZERO_SIGN_READERS = frozenset({"inverse", "log", "sqrt"})
+
+
 def zero_sign_matters(program: Program) -> set[str]:
-    """Nodes whose ``-0.0`` rows could reach an ``inverse`` TRANSFORM (``1 / -0.0 = -inf``) before a
-    sum or mean turns them into ``+0.0`` (torch, like the reference engine, sums from ``+0.0``).
+    """Nodes whose ``-0.0`` rows could reach a TRANSFORM of ``ZERO_SIGN_READERS`` before a sum or
+    mean turns them into ``+0.0`` (torch, like the reference engine, sums from ``+0.0``).
 
     A REDUCE summing more than one row per segment is where the sign is lost; a one-row sum is
     not (it may be removed), and every other op passes a ``-0.0`` on (conservatively).
@@ -88,7 +93,7 @@ def zero_sign_matters(program: Program) -> set[str]:
     users, nodes = program.users(), program.by_name()
     for node in reversed(program.nodes):
         for reader in (nodes[r] for r in users.get(node.name, ())):
-            if reader.op is Op.TRANSFORM and reader.attrs.get("fn") == "inverse":
+            if reader.op is Op.TRANSFORM and reader.attrs.get("fn") in ZERO_SIGN_READERS:
                 matters.add(node.name)
             elif reader.name in matters and not _clears_sign(program, reader):
                 matters.add(node.name)
@@ -97,7 +102,8 @@ def zero_sign_matters(program: Program) -> set[str]:
 
 def unit_reduction_is_identity(program: Program, node: Node, matters: set[str]) -> bool:
     """Whether REDUCE ``node`` (every count 1) may be dropped: each row is its one input row, except
-    that a sum or mean turns ``-0.0`` into ``+0.0`` -- which only an ``inverse`` later can tell."""
+    that a sum or mean turns ``-0.0`` into ``+0.0`` -- which only an ``inverse``, a ``log`` or a
+    ``sqrt`` later can tell (``zero_sign_matters``)."""
     return node.attrs["aggregation"] in ("max", "min", "prod") or node.name not in matters
 
 

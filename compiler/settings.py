@@ -11,21 +11,38 @@ that duplicate nothing" to "remove every gather, whatever the memory".
 """
 from __future__ import annotations
 
+import difflib
 from typing import Iterator, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-__all__ = ["Settings", "list_presets", "iter_presets", "PRESETS"]
+__all__ = ["Settings", "list_presets", "iter_presets", "PRESETS", "REASSOCIATING", "unknown_settings"]
 
 
 class Settings(BaseModel):
-    """How to compile a graph. Unknown fields are an error; instances are immutable.
+    """How to compile a graph. Unknown fields are an error naming the closest field; instances
+    are immutable. Values are taken as they are, never coerced: a switch is True or False (not
+    ``"no"`` or 1), a number is a number (not True or ``"0.5"``); numpy scalars count as numbers and
+    booleans, a list of fact layers as a tuple.
 
     Every optimization can be switched off on its own; passes keep the module's
     function under any combination (tested against the reference engine).
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _plain_values(cls, data):
+        if isinstance(data, dict):
+            unknown = [key for key in data if key not in cls.model_fields]
+            if unknown:
+                raise ValueError(unknown_settings(unknown))
+            data = {key: value.item() if isinstance(value, np.generic) else
+                    tuple(value) if key == "dynamic_facts" and isinstance(value, list) else value
+                    for key, value in data.items()}
+        return data
 
     # -- inputs and checking -----------------------------------------------------------
     dynamic_facts: tuple[str, ...] = Field(
@@ -126,12 +143,28 @@ class Settings(BaseModel):
     reduce_kernel: Literal["auto", "scatter", "segment", "dense", "sparse_mm"] = Field(
         "auto", description="Kernel for segment reductions: chosen per layer by a cost model, or forced.")
 
+    def for_dtype(self, dtype) -> "Settings":
+        """The settings a module computing in ``dtype`` (a torch dtype or its name) is compiled with:
+        in float16 the reassociating passes (``REASSOCIATING``) are off (NOTE: [half range])."""
+        name = str(dtype).removeprefix("torch.")
+        if name != "float16" or not any(getattr(self, switch) for switch in REASSOCIATING):
+            return self
+        return self.model_copy(update={switch: False for switch in REASSOCIATING})
+
     @classmethod
     def preset(cls, name: str, **overrides) -> "Settings":
         if name not in PRESETS:
             raise ValueError(f"unknown preset {name!r}; expected one of {list_presets()}")
         return cls(**{**PRESETS[name], **overrides})
 
+
+# NOTE: [half range] float16 ends at 65504. A shared weight moved after a sum (reorder_linear:
+# ``W (x_1 + ... + x_k)`` for ``W x_1 + ... + W x_k``) or two sums composed into one
+# (compose_sums: the products of their coefficients, summed once) add up other, possibly larger,
+# terms than the neuron-by-neuron order: facts of 3e4 summed six times before a weight of 0.02 give
+# inf where every neuron of the graph is finite. So a module compiled for float16 is compiled without
+# them. bfloat16 keeps float32's exponent range, where these sums overflow no sooner than in float32.
+REASSOCIATING = ("reorder_linear", "compose_sums")
 
 _ALL_OFF = dict(
     merge_unit_facts=False, simplify_unit_linear=False, dedup_facts=False, iso_compression=False,
@@ -170,6 +203,16 @@ PRESETS: dict[str, dict] = {"unoptimized": _ALL_OFF, "default": {}}
 for _k, (_name, _abs, _rel, _depth, _before) in enumerate(_UPWARD):
     PRESETS[f"upward-{_k:02d}-{_name}"] = dict(
         upward_growth_abs=_abs, upward_growth_rel=_rel, upward_max_depth=_depth, upward_before_linear=_before)
+
+
+def unknown_settings(keys) -> str:
+    """The error for settings that are not fields: each named, with the closest field if any."""
+    fields = list(Settings.model_fields)
+    hints = []
+    for key in keys:
+        close = difflib.get_close_matches(str(key), fields, 1)
+        hints.append(f"{key!r} (did you mean {close[0]!r}?)" if close else repr(key))
+    return f"unknown settings {', '.join(hints)}; Settings has the fields {sorted(fields)}"
 
 
 def list_presets() -> list[str]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import strategies as st
 
+from neurovec.benchmarks.compile_speed import deep_chain
 from neurovec.sources.graph import (AGGREGATIONS, TRANSFORMATIONS, FactLayer, Graph, NeuronLayer, Weight,
                                     product_shape)
 
@@ -89,8 +90,9 @@ def graphs(draw, max_layers: int = 4, max_neurons: int = 4, max_inputs: int = 4,
                 out_shape = shapes[sources[0]]
                 sources = [i for i, s in enumerate(shapes) if s == out_shape]
         allowed = [t for t in TRANSFORMATIONS if out_shape or t != "softmax"]
-        if tricky_values:  # the transformations that tell near-equal values and signed zeros apart
-            allowed += ["identity", "inverse"] * 4
+        if tricky_values:  # the transformations that tell near-equal values and signed zeros apart (log and
+            # sqrt in their derivatives)
+            allowed += ["identity", "inverse", "log", "sqrt"] * 4
         transformation = draw(st.sampled_from(allowed))
         aggregation = draw(st.sampled_from(AGGREGATIONS))
         size = draw(st.integers(1, max_neurons))
@@ -277,3 +279,15 @@ def gnn_graphs(draw, max_nodes: int = 8) -> Graph:
                               np.full(s, weight(rng.normal(0, 0.5, out_dim))),
                               transformation=draw(st.sampled_from(["identity", "sigmoid"]))))
     return Graph(layers, weights, np.full(s, len(layers) - 1), np.arange(s))
+
+
+@st.composite
+def deep_chains(draw, max_depth: int = 12) -> Graph:
+    """``deep_chain`` with drawn depth, width, skip length, weighted layers, aggregation and
+    transformation (bounded ones, so that deep chains stay finite)."""
+    depth = draw(st.integers(2, max_depth))
+    return deep_chain(depth, width=draw(st.integers(1, 4)), dim=draw(st.integers(1, 3)),
+                      weighted_layers=draw(st.sampled_from([None, 0, 1, depth // 2])),
+                      skip=draw(st.integers(2, 4)), aggregation=draw(st.sampled_from(["sum", "mean", "max", "min"])),
+                      transformation=draw(st.sampled_from(["tanh", "sigmoid", "identity", "relu"])),
+                      seed=draw(st.integers(0, 2**16)))

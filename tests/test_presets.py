@@ -1,4 +1,5 @@
 """Every preset, and random combinations of pass switches, keep the function exactly."""
+import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, assume, given, settings
@@ -85,3 +86,37 @@ def test_dynamic_facts_replaced_at_call_time(graph, preset, seed):
     expected = reference(facts).detach()
     assume(bool(torch.isfinite(expected).all()))
     torch.testing.assert_close(module(facts).detach(), expected, atol=1e-9, rtol=1e-9)
+
+
+# -- strict settings (issue 23 item 6) --------------------------------------------------------------
+
+@pytest.mark.parametrize("field, value, expected", [
+    ("iso_compression", "no", "Input should be a valid boolean"),
+    ("iso_compression", 0, "Input should be a valid boolean"),
+    ("upward", "True", "Input should be a valid boolean"),
+    ("upward_growth_abs", True, "Input should be a valid integer"),
+    ("upward_growth_abs", 1.5, "Input should be a valid integer"),
+    ("upward_growth_rel", True, "Input should be a valid number"),
+    ("upward_growth_rel", "0.5", "Input should be a valid number"),
+    ("upward_max_depth", "3", "Input should be a valid integer"),
+])
+def test_settings_take_values_as_they_are(field, value, expected):
+    # Issue 23: Settings(iso_compression="no") was False, upward_growth_abs=True was 1.
+    with pytest.raises(ValueError, match=expected) as error:
+        Settings(**{field: value})
+    assert field in str(error.value)
+
+
+def test_settings_take_numpy_scalars_and_lists_of_layers():
+    settings = Settings(upward_growth_abs=np.int64(3), upward_growth_rel=1, verify=np.bool_(False),
+                        dynamic_facts=["x"])
+    assert settings.upward_growth_abs == 3 and type(settings.upward_growth_abs) is int
+    assert settings.upward_growth_rel == 1.0 and settings.verify is False and settings.dynamic_facts == ("x",)
+
+
+def test_a_misspelled_setting_is_named_with_the_closest_field():
+    # Issue 28: pydantic said only "Extra inputs are not permitted".
+    with pytest.raises(ValueError, match=r"unknown settings 'iso_compresion' \(did you mean 'iso_compression'\?\)"):
+        Settings(iso_compresion=False)
+    with pytest.raises(ValueError, match=r"unknown settings 'upwards' \(did you mean 'upward'\?\)"):
+        Settings.preset("default", upwards=False)

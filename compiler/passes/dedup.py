@@ -1,18 +1,35 @@
-"""Thesis 5.2.6: deduplication, and downward propagation of the resulting gathers.
+"""Thesis 5.2.6: deduplication in one labelling pass, and downward propagation of the gathers it makes.
 
-Every node computes each distinct value once:
+Every node computes each distinct value once. ``deduplicate`` runs four steps, each with its switch:
 
+* ``dedup_facts``: a static fact layer keeps one row per distinct value (bit for bit), in order of
+  first appearance (only the rows that something reads, where only gathers read it);
+* ``iso_compression``: within every node that ends a layer (a REDUCE, ADD or TRANSFORM that no
+  TRANSFORM or ADD continues), rows that are provably equal merge (thesis 5.2.6, isomorphic
+  compression; only rows of the same node are compared, thesis footnote 9);
 * ``dedup_linear``: a LINEAR computes each distinct (weight row, value row) pair once;
-* ``dedup_aggregations``: a REDUCE computes each distinct group of inputs once (groups are
-  compared as multisets: every aggregation is commutative); then rows that nothing reads are
-  dropped.
+* ``dedup_aggregations``: a REDUCE computes each distinct group of inputs once (groups are compared
+  as multisets: every aggregation is commutative); then rows that nothing reads are dropped.
 
-Rows are compared by structural labels (``RowIds``): equal labels mean equal values as
-functions of the weights, because they are the same weight row, the same fact row, the same pair
-of equal rows, or the same multiset of equal rows -- never by comparing weight values (two
-different learnable weights are different functions even when their values agree). Equal labels
-are found exactly and without sorting (``compiler/grouping.py``), and the labels of unchanged
-nodes pass from one labeling pass to the next (NOTE: [label hand-over]).
+Rows are compared by structural labels (``RowIds``): equal labels mean equal values as functions of
+the weights, because they are the same weight row, the same fact row, the same pair of equal rows,
+or the same multiset of equal rows -- never by comparing computed values (two different learnable
+weights are different functions even when their values agree; near-equal facts, ``-0.0`` against
+``0.0``, and neurons that agree only because one large term dominates all stay apart: thesis 5.2.6
+evaluates with random weights and a tolerance, which merges all three, and the outputs or
+gradients come out wrong). Equal labels are found exactly and without sorting
+(``compiler/grouping.py``). Isomorphic compression labels static facts by their bytes and fixed
+weights by their values (a coarser labelling: then the facts stop being replaceable inputs); the
+two dedup steps label facts by row and weights by name, which holds for any fact values.
+
+NOTE: [one labelling] The four steps label the same nodes one after the other, so each step hands
+its labels to the next within this pass: the labels that the next step's labelling gives too (all
+of them from ``dedup_linear`` to ``dedup_aggregations``; from ``iso_compression`` those of nodes
+whose facts and fixed weights label the same both ways), and the nodes whose rows a step found
+pairwise distinct (NOTE: [distinct rows]). Within a step, labels follow the editor: a node whose
+rows move (``Editor.define(..., rows=)``) has its labels moved along, and a node redefined with
+the same values keeps them (``RowIds.carry``). A node's values change only where it is redefined,
+so a label or a distinct mark is used only for the very node object it was found for.
 
 Computing a node on its distinct rows only (``compress``) pushes the row selection up into its
 single-use producers (see ``upward.RowPlanner``, "shrink" policy) and then rewrites its readers:
@@ -39,21 +56,36 @@ before the gather, and the convolution on its 19 distinct neighbourhoods::
     %conv1_lin_agg = REDUCE(%conv1_lin_lin; counts=[1, ...])      : (7, 16)
     %conv1_x = GATHER(%conv1_lin_agg; index=idx_conv1_x[48])      : (48, 16)
     %conv1_agg = REDUCE(%conv1_x; counts=counts_conv1_agg[19])    : (19, 16)
+
+Isomorphic compression, before (two atoms with the same neighbourhood, written in another order)::
+
+    %x = GATHER(%lin; index=[0, 1, 1, 0])
+    %agg = REDUCE(%x; aggregation='sum', counts=[2, 2])      : (2, 16)
+    %out = TRANSFORM(%agg; fn='relu')                        : (2, 16)
+    %next = GATHER(%out; index=[0, 1, 1])
+
+After::
+
+    %x = GATHER(%lin; index=[0, 1])
+    %agg = REDUCE(%x; aggregation='sum', counts=[2])         : (1, 16)
+    %out = TRANSFORM(%agg; fn='relu')                        : (1, 16)
+    %next = GATHER(%out; index=[0, 0, 0])
 """
 from __future__ import annotations
 
-import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from .. import grouping
 from ..grouping import first_equal_multisets, first_equal_rows, first_rows, representatives, row_dtype
 from ..ir import Node, Op, Program, linear_grid
+from ..rewrite import is_input_fact
 from ..settings import Settings
 from .upward import SHRINK, Editor, RowPlanner, linear_side_rows, source_rows
 
-__all__ = ["dedup_linear", "dedup_aggregations", "compress", "RowIds", "hand_over_distinct_facts"]
+__all__ = ["deduplicate", "dedup_facts", "iso_compress", "dedup_linear", "dedup_aggregations", "compress",
+           "RowIds", "layer_ends"]
 
 
 # -- labels ----------------------------------------------------------------------------------------
@@ -81,67 +113,26 @@ def _pair(a: np.ndarray, a_bound: int, b: np.ndarray, b_bound: int,
     return pairs, bound
 
 
-@dataclass(frozen=True)
-class _Known:
-    """A node's labels as one labeling pass left them, and what they were computed from."""
-
-    node: Node
-    inputs: tuple          # the node objects it read
-    arrays: tuple          # (key, array) of the constants it named
-    ids: np.ndarray | None  # None: an edge-sized intermediate, recomputed when needed
-    bound: int
-    first: np.ndarray | None
-    # Its rows are pairwise distinct under the labeling of the pass that found it, which labelled
-    # facts by value (``fact_values``) but for ``dynamic`` (NOTE: [distinct rows]); or None.
-    distinct: tuple | None = None
-
-
-# NOTE: [distinct rows] A labeling that merges more (iso_compression's: facts equal by value,
+# NOTE: [distinct rows] A labelling that merges more (iso_compression's: facts equal by value,
 # fixed weights by bytes) than another (dedup's: facts by row, weights by name) is coarser: rows
-# equal under the finer one are equal under the coarser one. So rows that the coarser labeling
+# equal under the finer one are equal under the coarser one. So rows that the coarser labelling
 # finds pairwise distinct are distinct under the finer one too, and their finer labels are just
-# ``arange(count)``, with nothing computed upstream. iso_compression leaves every layer end it
-# compressed (or found distinct) and every node whose labels increase strictly marked so; dedup's
-# passes take the mark while the node and everything it reads are the very same nodes and constant
-# arrays (a FACT only re-marked as no longer replaceable counts as the same), and pass it on.
-# At 100x PROTEINS this spares dedup_linear the labels of both convolutions' aggregations and of
-# the readout (three hashings of up to 20M labels). dedup_facts, which compares facts by their
-# bytes as iso_compression does, marks the facts it found distinct and left alone the same way
-# (``hand_over_distinct_facts``), so that iso_compression does not hash their rows again.
-
-# NOTE: [label hand-over] iso_compression, dedup_linear and dedup_aggregations run back to back
-# and label the same nodes. The first two leave their labels to the next pass, keyed to the
-# program they returned (held weakly, and taken by the next labeling pass). A label is reused only
-# for the very same node object reading the very same, unchanged nodes and constant arrays
-# (``RowIds.unchanged``).
-_handover: list = []  # [(weakref to the program, {name: _Known})], at most one
+# ``arange(count)``, with nothing computed upstream. The steps run from coarse to fine (dedup_facts
+# compares facts by their bytes as iso_compression does), so every distinct mark holds for every
+# later step. iso_compression marks every layer end it compressed or found distinct, and every
+# node whose labels increase strictly; dedup_facts the facts it found distinct and left alone. At
+# 100x PROTEINS this spares dedup_linear the labels of both convolutions' aggregations and of the
+# readout (three hashings of up to 20M labels), and iso_compression the hashing of 4.3M fact rows.
 
 
-def _hand_over(program: Program, known: dict) -> None:
-    _handover.clear()
-    ref = weakref.ref(program, lambda _: _handover.clear())
-    _handover.append((ref, known))
+@dataclass
+class _Handed:
+    """What one step leaves the next (NOTE: [one labelling]): labels and first-row forms by node
+    name, and the nodes (by name: the node object) whose rows are pairwise distinct."""
 
-
-def hand_over_distinct_facts(program: Program, names: list[str], dynamic) -> None:
-    """Tell the next labeling pass that the FACT nodes ``names`` of ``program`` have pairwise
-    distinct rows, bit for bit (``dedup_facts`` found so): iso_compression, which labels facts by
-    their bytes, takes every row as its own instead of hashing them again (NOTE: [distinct rows];
-    at 100x PROTEINS 4.3M rows of 3 floats, 0.25 s)."""
-    nodes, constants = program.by_name(), program.constants
-    known = {}
-    for name in names:
-        node = nodes[name]
-        arrays = tuple((v, constants[v]) for v in node.attrs.values() if isinstance(v, str) and v in constants)
-        known[name] = _Known(node, (), arrays, None, 0, None, (True, frozenset(dynamic)))
-    _hand_over(program, known)
-
-
-def _handed_over(program: Program) -> dict:
-    """The labels left for ``program`` (taken: the slot is empty afterwards)."""
-    known = _handover[0][1] if _handover and _handover[0][0]() is program else {}
-    _handover.clear()
-    return known
+    memo: dict = field(default_factory=dict)
+    firsts: dict = field(default_factory=dict)
+    distinct: dict = field(default_factory=dict)
 
 
 class RowIds:
@@ -155,25 +146,24 @@ class RowIds:
     its inputs' labels (every aggregation is commutative -- max and min on signed zeros too, NOTE:
     [signed zeros in max and min]; for a mean, up to a common factor of the
     multiplicities: mean{a, a, b, b} = mean{a, b} for every value of a and b, gradients included).
-    Rows of different CONCAT parts never share a label. Two weights are never equal because their values are: a learnable weight is
-    itself only; a fixed weight, with ``fact_values``, equals the fixed weights with the same bytes.
+    Rows of different CONCAT parts never share a label. Two weights are never equal because their
+    values are: a learnable weight is itself only; a fixed weight, with ``fact_values``, equals the
+    fixed weights with the same bytes.
 
     Labels of edge-sized intermediates (gathers, linear products) are dropped once read, so that
-    a pass holds only a few edge-sized arrays at a time.
+    a pass holds only a few edge-sized arrays at a time. ``computed`` counts the nodes labelled.
     """
 
-    def __init__(self, editor: Editor, fact_values: bool = False, dynamic: tuple = ()):
+    def __init__(self, editor: Editor, fact_values: bool = False, dynamic: tuple = (),
+                 handed: _Handed | None = None):
         self.editor = editor
         self.fact_values = fact_values
         self.dynamic = set(dynamic)
-        self.memo: dict[str, tuple[np.ndarray, int]] = {}
-        self.firsts: dict[str, np.ndarray] = {}
-        self.known = _handed_over(editor.program)  # labels an earlier labeling pass left
-        self._unchanged: dict[str, tuple] = {}  # name -> (node, its inputs, unchanged?) as checked
-        self._initial = editor.program.by_name()  # the nodes as this pass found them
-        self._carried: dict[str, Node] = {}  # name -> its redefinition with the same values (carry)
-        self._same: dict[str, bool] = {}  # name -> same_values(name), as checked
-        self._distinct: dict[str, dict] = {}  # name -> what it read when found distinct (mark_distinct)
+        handed = handed or _Handed()
+        self.memo: dict[str, tuple[np.ndarray, int]] = handed.memo
+        self.firsts: dict[str, np.ndarray] = handed.firsts
+        self.distinct: dict[str, Node] = handed.distinct  # name -> the node found to have distinct rows
+        self.computed = 0
         editor.row_listeners.append(self._moved)
 
     def _moved(self, name: str, rows: np.ndarray) -> None:
@@ -185,12 +175,7 @@ class RowIds:
     def labels(self, name: str) -> tuple[np.ndarray, int]:
         if name not in self.memo:
             node = self.editor.nodes[name]
-            known = self.known.get(name)
-            if known is not None and known.ids is not None and self.unchanged(name):
-                self.memo[name] = known.ids, known.bound
-                if known.first is not None:
-                    self.firsts[name] = known.first
-            elif self.known_distinct(name):
+            if self.distinct.get(name) is node:
                 every_row_its_own = np.arange(node.count, dtype=row_dtype(node.count))
                 self.memo[name] = every_row_its_own, max(node.count, 1)
                 self.firsts[name] = every_row_its_own
@@ -202,100 +187,61 @@ class RowIds:
         return self.memo[name]
 
     def carry(self, name: str, redefined: Node) -> None:
-        """Keep an earlier pass's labels of node ``name`` across its redefinition as ``redefined``,
-        which keeps its values."""
-        if self.known_distinct(name):
-            self._carried[name] = redefined
-        known = self.known.get(name)
-        if name not in self.memo and known is not None and known.ids is not None and self.unchanged(name):
-            self.memo[name] = known.ids, known.bound
-
-    def unchanged(self, name: str) -> bool:
-        """Whether node ``name`` holds the same values as when an earlier pass labelled it: the
-        same node object, reading unchanged nodes and the same constant arrays. Leaves (facts,
-        weights) are relabelled -- cheaply -- and compared, since this pass may label them by
-        other rules (fact values or not)."""
-        nodes = self.editor.nodes
-        node = nodes[name]
-        inputs = tuple(nodes[s] for s in node.srcs)
-        checked = self._unchanged.get(name)
-        if checked is not None and checked[0] is node and all(a is b for a, b in zip(checked[1], inputs)):
-            return checked[2] and all(self.unchanged(s) for s in set(node.srcs))
-        known = self.known.get(name)
-        same = known is not None and known.node is node
-        if same and node.op in (Op.FACT, Op.WEIGHTS):
-            ids, bound = self._compute(node)
-            same = bound == known.bound and np.array_equal(ids, known.ids)
-        elif same:
-            same = (all(a is self.editor.constants.get(k) for k, a in known.arrays)
-                    and all(a is b for a, b in zip(known.inputs, inputs))
-                    and all(self.unchanged(s) for s in set(node.srcs)))
-        self._unchanged[name] = (node, inputs, same)
-        return same
-
-    def known_distinct(self, name: str) -> bool:
-        """Whether an earlier pass found node ``name``'s rows pairwise distinct under a labeling at
-        least as coarse as this one, and the node still holds those values (NOTE: [distinct rows])."""
-        known = self.known.get(name)
-        if known is None or known.distinct is None:
-            return False
-        by_values, dynamic = known.distinct
-        coarser = not self.fact_values or (by_values and dynamic <= self.dynamic)
-        # Not redefined by this pass (its rewrites keep every value but of the rows they move, and
-        # then redefine the readers): the values this pass found.
-        now = self.editor.nodes.get(name)
-        untouched = now is self._initial.get(name) or now is self._carried.get(name)
-        return coarser and untouched and self.same_values(name)
-
-    def same_values(self, name: str) -> bool:
-        """Whether node ``name`` and everything it reads were, when this pass started, the nodes
-        and constant arrays that an earlier pass handed over (a FACT may have been re-marked as no
-        longer replaceable)."""
-        if name not in self._same:
-            node, known = self._initial[name], self.known.get(name)
-            constants = self.editor.program.constants
-            self._same[name] = (known is not None and _same_node(known.node, node)
-                                and all(a is constants.get(k) for k, a in known.arrays)
-                                and all(_same_node(a, self._initial[s]) for a, s in zip(known.inputs, node.srcs))
-                                and all(self.same_values(s) for s in set(node.srcs)))
-        return self._same[name]
+        """Node ``name`` is about to be redefined as ``redefined``, with the same values: its
+        labels (kept by name) still hold, and so does a distinct mark."""
+        if self.distinct.get(name) is self.editor.nodes[name]:
+            self.distinct[name] = redefined
 
     def mark_distinct(self, name: str) -> None:
-        """Node ``name``'s rows are pairwise distinct now (under this labeling): tell the next pass,
-        unless what it reads changes before then."""
-        self._distinct[name] = _reads(self.editor.nodes, self.editor.constants, name)
+        """Node ``name``'s rows are pairwise distinct now (NOTE: [distinct rows])."""
+        self.distinct[name] = self.editor.nodes[name]
 
-    def hand_over(self, program: Program) -> None:
-        """Leave this pass's labels to the next labeling pass, for the nodes of ``program``."""
-        constants, nodes = program.constants, program.by_name()
-        known = {}
-        mode = (self.fact_values, frozenset(self.dynamic))
+    def hand_over(self, program: Program, finer: bool) -> _Handed:
+        """What the next step, on ``program`` (this step's result), takes from this one: with
+        ``finer`` (the next step labels facts by row and weights by name, this one by value) only
+        the labels that its labelling gives too, else all of them; and the distinct marks (NOTE:
+        [distinct rows]), with every labelled node whose labels increase strictly."""
+        nodes = program.by_name()
+        keep = self._labelled_alike(program) if finer else nodes
+        handed = _Handed()
         for name, node in nodes.items():
             if node is not self.editor.nodes.get(name):
                 continue
-            if name not in self.memo and name in self.known and self.unchanged(name):
-                known[name] = self.known[name]  # not needed here, still valid: passed on
-                continue
-            ids, bound = self.memo.get(name, (None, 0))
-            arrays = tuple((v, constants[v]) for v in node.attrs.values() if isinstance(v, str) and v in constants)
-            if ids is None and self.known_distinct(name):  # not needed here, still distinct: passed on
-                known[name] = _Known(node, tuple(nodes[s] for s in node.srcs), arrays, None, 0, None,
-                                     self.known[name].distinct)
-                continue
-            marked = self._distinct.get(name)
-            distinct = ((marked is not None and _still_reads(nodes, constants, marked))
-                        or (ids is not None and ids.size > 0 and bool(np.all(ids[1:] > ids[:-1]))))
-            known[name] = _Known(node, tuple(nodes[s] for s in node.srcs), arrays, ids, bound,
-                                 self.firsts.get(name) if ids is not None else None, mode if distinct else None)
-        _hand_over(program, known)
+            ids = self.memo.get(name, (None,))[0]
+            if self.distinct.get(name) is node or (ids is not None and ids.size > 0
+                                                   and bool(np.all(ids[1:] > ids[:-1]))):
+                handed.distinct[name] = node  # labelled as every row its own: no pairs of wide labels
+            elif name in self.memo and name in keep:
+                handed.memo[name] = self.memo[name]
+                if name in self.firsts:
+                    handed.firsts[name] = self.firsts[name]
+        return handed
+
+    def _labelled_alike(self, program: Program) -> set[str]:
+        """Nodes of ``program`` whose labels here (facts by value, fixed weights by bytes) are the
+        ones that labelling facts by row and weights by name gives: their facts' rows are
+        distinct (the labels are every row its own) and their fixed weights too."""
+        alike: set[str] = set()
+        for node in program.nodes:
+            if node.op is Op.FACT:
+                ids = self.memo.get(node.name, (None,))[0]
+                same = (self.distinct.get(node.name) is node
+                        or node.attrs.get("fact_layer") in self.dynamic
+                        or (ids is not None and np.array_equal(ids, np.arange(node.count))))
+            elif node.op is Op.WEIGHTS:
+                same = np.array_equal(self._weight_ids(node)[0], self._weight_ids(node, fact_values=False)[0])
+            else:
+                same = all(s in alike for s in node.srcs)
+            if same:
+                alike.add(node.name)
+        return alike
 
     def close(self) -> None:
-        """Stop following the editor and drop every label: the editor and these labels refer to each
-        other, and as a cycle they (edge-sized arrays, at 100x PROTEINS hundreds of MB) would wait
-        for the garbage collector instead of being freed when the pass returns."""
+        """Stop following the editor: the editor and these labels refer to each other, and as a
+        cycle they (edge-sized arrays, at 100x PROTEINS hundreds of MB) would wait for the garbage
+        collector instead of being freed when the pass is done with them."""
         self.editor.row_listeners.remove(self._moved)
-        for table in (self.memo, self.firsts, self.known, self._unchanged, self._same, self._distinct):
-            table.clear()
+        self.editor = None
 
     def of(self, name: str) -> np.ndarray:
         return self.labels(name)[0]
@@ -309,6 +255,7 @@ class RowIds:
 
     def _compute(self, node: Node) -> tuple[np.ndarray, int]:
         e = self.editor
+        self.computed += 1
         if node.op in (Op.GATHER, Op.SLICE, Op.TILE, Op.INTERLEAVE):
             ids, bound = self.labels(node.srcs[0])
             return ids[source_rows(node, None, e.constants)], bound
@@ -358,9 +305,7 @@ class RowIds:
         its index, which ``_pair`` reads a chunk at a time: at 100x PROTEINS the labels of a
         convolution's gathered weights and inputs are two edge-sized arrays (20M rows) less."""
         node = self.editor.nodes[name]
-        known = self.known.get(name)
-        if (node.op is not Op.GATHER or name in self.memo
-                or (known is not None and (known.ids is not None or known.distinct is not None))):
+        if node.op is not Op.GATHER or name in self.memo or self.distinct.get(name) is node:
             ids, bound = self.labels(name)
             return ids, None, bound
         source = node.srcs[0]
@@ -369,46 +314,20 @@ class RowIds:
             self.memo.pop(source, None)
         return ids, self.editor.constants[node.attrs["index"]], bound
 
-    def _weight_ids(self, node: Node) -> tuple[np.ndarray, int]:
+    def _weight_ids(self, node: Node, fact_values: bool | None = None) -> tuple[np.ndarray, int]:
         """Rows naming the same weight are equal (an upward fold may name a weight twice)."""
+        fact_values = self.fact_values if fact_values is None else fact_values
         weights = {w.name: w for w in self.editor.program.weights}
         seen: dict[object, int] = {}
         ids = np.empty(node.count, dtype=row_dtype(node.count))  # gathered per edge: the narrow type
         for row, name in enumerate(node.attrs["names"]):  # one per weight of the stack, not per edge
             weight = weights.get(name)
             key = name
-            if self.fact_values and weight is not None and not weight.learnable:
+            if fact_values and weight is not None and not weight.learnable:
                 value = np.asarray(weight.value)
                 key = ("fixed", value.shape, value.dtype.str, value.tobytes())
             ids[row] = seen.setdefault(key, row)
         return ids, max(node.count, 1)
-
-
-def _same_node(before: Node, now: Node) -> bool:
-    """The same node, or the same FACT with only its attributes changed (same constant key)."""
-    return before is now or (before.op is Op.FACT and now.op is Op.FACT and before.name == now.name
-                             and before.count == now.count and before.attrs["const"] == now.attrs["const"])
-
-
-def _reads(nodes: dict, constants: dict, name: str) -> dict:
-    """Node ``name`` and every node it reads, directly or not: name -> (node, its constant arrays,
-    held weakly: an array the pass replaces is freed, not kept for this check)."""
-    seen: dict = {}
-    stack = [name]
-    while stack:
-        n = stack.pop()
-        if n not in seen:
-            node = nodes[n]
-            seen[n] = (node, tuple((v, weakref.ref(constants[v])) for v in node.attrs.values()
-                                   if isinstance(v, str) and v in constants))
-            stack.extend(node.srcs)
-    return seen
-
-
-def _still_reads(nodes: dict, constants: dict, reads: dict) -> bool:
-    """Whether every node of ``reads`` (``_reads``) is still there, the same, with the same arrays."""
-    return all(n in nodes and _same_node(node, nodes[n]) and all(constants.get(k) is a() for k, a in arrays)
-               for n, (node, arrays) in reads.items())
 
 
 def _side(ids: np.ndarray, layout: str, count: int, g2: int) -> np.ndarray:
@@ -517,13 +436,133 @@ def _agrees(editor: Editor, node: Node, old: str, reps: np.ndarray, inverse: np.
     return True
 
 
-# -- the passes ----------------------------------------------------------------------------------------
+# -- the pass --------------------------------------------------------------------------------------------
 
-def _dedup(program: Program, settings: Settings, ops: tuple[Op, ...], drop_unused: bool,
-           hand_over: bool) -> Program:
+def deduplicate(program: Program, settings: Settings) -> Program:
+    """Thesis 5.2.6: fact deduplication, isomorphic compression, then linear and aggregation
+    deduplication, each where its switch is on, labelling each node once (NOTE: [one labelling])."""
+    handed = _Handed()
+    if settings.dedup_facts:
+        program, handed = _dedup_facts(program, settings, handed)
+    if settings.iso_compression:
+        program, handed = _iso_compress(program, settings, handed)
+    if settings.dedup_linear:
+        program, handed = _dedup(program, settings, (Op.LINEAR,), False, handed)
+    if settings.dedup_aggregations:
+        program, handed = _dedup(program, settings, (Op.REDUCE,), True, handed)
+    return program
+
+
+def _step(program: Program, settings: Settings, switch: str) -> Program:
+    return deduplicate(program, settings.model_copy(update={
+        s: s == switch for s in ("dedup_facts", "iso_compression", "dedup_linear", "dedup_aggregations")}))
+
+
+def dedup_facts(program: Program, settings: Settings) -> Program:
+    """``deduplicate``'s first step alone: one row per distinct static fact value."""
+    return _step(program, settings, "dedup_facts")
+
+
+def iso_compress(program: Program, settings: Settings) -> Program:
+    """``deduplicate``'s isomorphic compression alone."""
+    return _step(program, settings, "iso_compression")
+
+
+def dedup_linear(program: Program, settings: Settings) -> Program:
+    """``deduplicate``'s linear step alone: each LINEAR computes every distinct (weight row, value
+    row) pair once."""
+    return _step(program, settings, "dedup_linear")
+
+
+def dedup_aggregations(program: Program, settings: Settings) -> Program:
+    """``deduplicate``'s aggregation step alone: each REDUCE computes every distinct group once;
+    unread rows are dropped."""
+    return _step(program, settings, "dedup_aggregations")
+
+
+def _dedup_facts(program: Program, settings: Settings, handed: _Handed) -> tuple[Program, _Handed]:
+    """Facts are constants (unless listed in ``Settings.dynamic_facts``), so equal rows are the same
+    value everywhere: the FACT keeps the distinct rows that something reads, in order of first
+    appearance, and every gather reading it (directly or through CONCATs) gets the composed index.
+    The deduplicated FACT is no longer a replaceable input of the module (it was optimized using its
+    values); dynamic facts are left alone."""
     editor = Editor(program)
     planner = RowPlanner(editor, settings, SHRINK)
-    ids = RowIds(editor)
+    dynamic = set(settings.dynamic_facts)
+    distinct = []  # facts left as they were, their rows pairwise distinct (NOTE: [distinct rows])
+    for node in program.nodes:
+        if not is_input_fact(node) or node.attrs["fact_layer"] in dynamic or not editor.is_live(node.name):
+            continue
+        first = first_equal_rows(editor.constants[node.attrs["const"]])  # bitwise: -0.0 is not 0.0
+        readers = [editor.nodes[r] for r in editor.readers(node.name)]
+        if readers and node.name != editor.output and all(r.op is Op.GATHER for r in readers):
+            # Only the rows that some gather reads are kept: classes among the read rows.
+            read = np.zeros(node.count, dtype=bool)
+            for r in readers:
+                read[editor.index(r)] = True
+            rows = np.flatnonzero(read)
+            local_reps, local_inverse = representatives(first_rows(first[rows], node.count))
+            reps = rows[local_reps]
+            inverse = np.zeros(node.count, dtype=np.int64)  # unread rows may map anywhere
+            inverse[rows] = local_inverse
+        else:
+            reps, inverse = representatives(first)
+        if reps.size < node.count:
+            compress(editor, planner, node.name, reps, inverse)
+        else:  # every row read, and no two alike
+            distinct.append(node.name)
+    result = editor.finish()
+    nodes = result.by_name()
+    return result, _Handed(distinct={**handed.distinct, **{name: nodes[name] for name in distinct}})
+
+
+def _iso_compress(program: Program, settings: Settings, handed: _Handed) -> tuple[Program, _Handed]:
+    """Isomorphic compression: "provably equal" means equal for every value of the learnable
+    weights, by structure (``RowIds`` with ``fact_values``): the same op, the same weights (a
+    learnable weight by its identity, a fixed one by its bytes), inputs that are equal as a
+    multiset under an aggregation and in order otherwise, and static facts that are equal bit for
+    bit. Nothing is evaluated, so nothing is merged because it happens to round to the same number."""
+    ends = layer_ends(program)
+    if not ends:
+        return program, handed
+    editor = Editor(program)
+    planner = RowPlanner(editor, settings, SHRINK)
+    ids = RowIds(editor, fact_values=True, dynamic=settings.dynamic_facts, handed=handed)
+    for name in [n.name for n in program.nodes if n.name in ends]:
+        if not editor.is_live(name):
+            continue
+        reps, inverse = representatives(ids.first(name))
+        if reps.size < editor.nodes[name].count:
+            name = compress(editor, planner, name, reps, inverse, ids)  # the node with the rows `reps`
+        del reps, inverse  # not kept while the next layer end is labelled
+        ids.mark_distinct(name)
+    if editor.changed:
+        # The merges hold for these fact values only: the facts stop being replaceable inputs.
+        dynamic = set(settings.dynamic_facts)
+        for node in program.nodes:
+            if is_input_fact(node) and node.attrs["fact_layer"] not in dynamic and editor.is_live(node.name):
+                now = editor.nodes[node.name]
+                constant = now.with_(attrs={**now.attrs, "fact_layer": None})
+                ids.carry(node.name, constant)
+                editor.define(constant)
+    return _finish(editor, ids, finer=True)
+
+
+def layer_ends(program: Program) -> set[str]:
+    """REDUCE / ADD / TRANSFORM nodes whose value no TRANSFORM or ADD (as its main input) continues."""
+    continued = set()
+    for n in program.nodes:
+        if n.op in (Op.TRANSFORM, Op.ADD):
+            continued.add(n.srcs[0])
+    values = (Op.REDUCE, Op.ADD, Op.TRANSFORM)
+    return {n.name for n in program.nodes if n.op in values and n.name not in continued}
+
+
+def _dedup(program: Program, settings: Settings, ops: tuple[Op, ...], drop_unused: bool,
+           handed: _Handed) -> tuple[Program, _Handed]:
+    editor = Editor(program)
+    planner = RowPlanner(editor, settings, SHRINK)
+    ids = RowIds(editor, handed=handed)
     for name in [n.name for n in program.nodes if n.op in ops]:
         if not editor.is_live(name) or editor.nodes[name].op not in ops:
             continue
@@ -533,11 +572,14 @@ def _dedup(program: Program, settings: Settings, ops: tuple[Op, ...], drop_unuse
         del reps, inverse  # edge-sized: not kept while the next node is labelled
     if drop_unused:
         _drop_unused_rows(editor, planner, ids)
+    return _finish(editor, ids, finer=False)
+
+
+def _finish(editor: Editor, ids: RowIds, finer: bool) -> tuple[Program, _Handed]:
     result = editor.finish()
-    if hand_over:
-        ids.hand_over(result)
+    handed = ids.hand_over(result, finer)
     ids.close()
-    return result
+    return result, handed
 
 
 def _drop_unused_rows(editor: Editor, planner: RowPlanner, ids: RowIds) -> None:
@@ -559,13 +601,3 @@ def _drop_unused_rows(editor: Editor, planner: RowPlanner, ids: RowIds) -> None:
         used = np.flatnonzero(read)
         inverse = np.cumsum(read) - 1
         compress(editor, planner, name, used, np.maximum(inverse, 0), ids)
-
-
-def dedup_linear(program: Program, settings: Settings) -> Program:
-    """Each LINEAR computes every distinct (weight row, value row) pair once (thesis 5.2.6)."""
-    return _dedup(program, settings, (Op.LINEAR,), drop_unused=False, hand_over=True)
-
-
-def dedup_aggregations(program: Program, settings: Settings) -> Program:
-    """Each REDUCE computes every distinct group once; unread rows are dropped (thesis 5.2.6)."""
-    return _dedup(program, settings, (Op.REDUCE,), drop_unused=True, hand_over=False)

@@ -104,8 +104,8 @@ def evaluate(program: Program, name: str):
     """The float64 value of node ``name`` (a numpy array), computed by the generated module."""
     sub = eliminate_dead_code(program.replace(output=name))
     if name in zero_sign_matters(program):
-        # The sign of its zeros reaches an inverse in ``program``: an (unused) inverse reader makes
-        # the generated code give them as the whole program would (NOTE: [signed zeros in max and min]).
+        # The sign of its zeros reaches an inverse, log or sqrt in ``program``: an (unused) inverse
+        # reader makes the generated code give them as the whole program would (NOTE: [signed zeros in max and min]).
         node = sub.node(name)
         reader = Node(f"{name}_inverse", Op.TRANSFORM, (name,), node.count, node.shape, {"fn": "inverse"})
         while any(n.name == reader.name for n in sub.nodes):

@@ -18,7 +18,7 @@ The pass only records the side-by-side constant on the ADD (attrs ``hcat``, and
 where both weights are single shared weights kept as their row, and the nodes as
 they are otherwise (the attrs are a hint; the nodes are unchanged). Exact in real
 arithmetic; the inner sum is rounded as one sum instead of two. Not where a
-``-0.0`` could reach an ``inverse`` (``zero_sign_matters``), nor for facts declared
+``-0.0`` could reach an ``inverse``, ``log`` or ``sqrt`` (``zero_sign_matters``), nor for facts declared
 dynamic.
 """
 from __future__ import annotations

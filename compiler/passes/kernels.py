@@ -92,7 +92,7 @@ def _gathers_as_sums(program: Program) -> Program:
 
     Same rows forward; the backward is a sorted sum over the transposed index (C++)
     instead of index_select's scatter (``index_add``). Not where a ``-0.0`` could reach
-    an ``inverse``: a sum turns it into ``+0.0``, a gather keeps it.
+    an ``inverse``, ``log`` or ``sqrt`` (``zero_sign_matters``): a sum turns it into ``+0.0``, a gather keeps it.
     """
     grad = _needs_grad(program)
     keep_sign = zero_sign_matters(program)

@@ -6,7 +6,7 @@ from hypothesis import HealthCheck, assume, given, settings
 
 import neurovec
 from neurovec.compiler.ir import Op
-from neurovec.compiler.passes.dedup_facts import dedup_facts
+from neurovec.compiler.passes.dedup import dedup_facts, iso_compress
 from neurovec.compiler.settings import Settings
 from neurovec.engines.torch_module import CompiledModule
 from neurovec.sources.graph import GraphError
@@ -119,7 +119,6 @@ def test_iso_compression_takes_the_distinct_facts_from_dedup_facts(monkeypatch):
     iso_compression (fact y, with two equal rows, is), and the program is the one iso_compression
     makes when it hashes them itself."""
     from neurovec.compiler.passes import dedup
-    from neurovec.compiler.passes.iso_compression import iso_compress
     b = Builder()
     b.fact("x", [[1.0, 2.0], [-0.0, 2.0], [0.0, 2.0]])  # distinct by their bytes
     b.fact("y", [[5.0, 5.0]] * 2)
@@ -131,13 +130,14 @@ def test_iso_compression_takes_the_distinct_facts_from_dedup_facts(monkeypatch):
     b.gather("u", "y", [0, 1])
     b.reduce("s", "u", [1, 1])
     b.concat("out", "r", "s")
-    program = dedup_facts(b.build("out"), SETTINGS)
+    program = b.build("out")
     hashed = []
     original = dedup.first_equal_rows
     monkeypatch.setattr(dedup, "first_equal_rows", lambda values: hashed.append(values.shape) or original(values))
-    after = iso_compress(program, SETTINGS)
-    assert hashed == [(1, 2)]  # y (deduplicated to one row) only
+    both = Settings.preset("unoptimized", dedup_facts=True, iso_compression=True)
+    after = dedup.deduplicate(program, both)
+    assert sorted(hashed) == [(1, 2), (2, 2), (3, 2)]  # by dedup_facts: x and y; by iso: y (one row now)
     hashed.clear()
-    again = iso_compress(program.replace(), SETTINGS)  # another program object: nothing handed over
-    assert sorted(hashed) == [(1, 2), (3, 2)]
+    again = iso_compress(dedup_facts(program, SETTINGS), SETTINGS)  # two passes: nothing handed over
+    assert sorted(hashed) == [(1, 2), (2, 2), (3, 2), (3, 2)]
     assert str(after) == str(again) and all(np.array_equal(after.constants[k], again.constants[k]) for k in again.constants)

@@ -4,7 +4,7 @@ import torch
 from hypothesis import HealthCheck, assume, given, settings
 
 import neurovec
-from neurovec.compiler.passes.iso_compression import iso_compress
+from neurovec.compiler.passes.dedup import iso_compress
 from neurovec.compiler.settings import Settings
 from neurovec.engines.torch_module import CompiledModule
 
