@@ -12,11 +12,12 @@ their autograd in C++, which programs call eagerly (see ``native_ops.cpp`` and
 
 Build: :func:`operators` (or :func:`available`) builds the source on first use with
 ``torch.utils.cpp_extension`` (the system C++ compiler, ``$CXX`` else ``c++``, and ninja;
-``-O3 -march=native -fopenmp``; about a minute) into
+``-O3 -march=native -fopenmp``; about a minute, said in a warning before it starts) into
 ``$NEUROVEC_CACHE_DIR`` (default ``$XDG_CACHE_HOME/neurovec`` or ``~/.cache/neurovec``)
 ``/native/<key>/``, where ``key`` hashes the source, the flags, the compiler's version,
 the CPU's instruction set, and the torch and Python versions; later processes load it from
-there. A file lock lets concurrent processes share one build.
+there. A file lock lets concurrent processes share one build. ``python -m
+neurovec.engines.native_build`` builds ahead of time.
 
 Switches: ``NEUROVEC_NATIVE=0`` (environment, read at import) or :func:`set_enabled`
 turn the kernels off; then, and wherever the build fails (no compiler, a compile
@@ -161,14 +162,37 @@ def _load():
 
 
 def _build(folder: Path) -> None:
+    """Compile ``native_ops.cpp`` into ``folder``, saying so first (a warning: visible by default) and
+    showing the build as a step of its own while it runs (neurovec.progress)."""
     from torch.utils import cpp_extension  # noqa: PLC0415 - only for a build
 
-    log.info("neurovec: building the C++ kernels into %s", folder)
-    start = time.perf_counter()
-    cpp_extension.load(NAME, [str(SOURCE)], extra_cflags=list(FLAGS), extra_ldflags=["-fopenmp"],
-                       build_directory=str(folder), is_python_module=False, verbose=False)
+    from ..progress import Progress  # noqa: PLC0415
+
+    log.warning("neurovec: building its C++ kernels, once for this machine and torch version (about a minute; "
+                "`python -m neurovec.engines.native_build` builds them ahead of time), into %s", folder)
+    start, failure = time.perf_counter(), []
+
+    def build() -> None:
+        try:
+            cpp_extension.load(NAME, [str(SOURCE)], extra_cflags=list(FLAGS), extra_ldflags=["-fopenmp"],
+                               build_directory=str(folder), is_python_module=False, verbose=False)
+        except BaseException as error:  # noqa: BLE001 - raised again below, in the caller's thread
+            failure.append(error)
+
+    worker = threading.Thread(target=build, name="neurovec-build", daemon=True)
+    worker.start()
+    with Progress("neurovec: building C++ kernels", _BUILD_S, "s", delay_s=2.0) as bar:
+        while worker.is_alive():
+            worker.join(1.0)
+            bar.update(min(time.perf_counter() - start, _BUILD_S), f"g++ {SOURCE.name}")
+    if failure:
+        raise failure[0]
     build_info.update(built=True, seconds=time.perf_counter() - start)
     log.info("neurovec: built %s in %.1f s", folder / f"{NAME}.so", build_info["seconds"])
+
+
+#: What a build takes, for its progress bar: measured ~60 s on a quiet 2-CPU machine.
+_BUILD_S = 60.0
 
 
 def _register_fakes() -> None:
@@ -225,3 +249,13 @@ def _warn_if_spinning_on_a_busy_machine() -> None:
     reason = _spinning_on_a_busy_machine()
     if reason:
         log.warning("neurovec: %s", reason)
+
+
+def main() -> None:
+    """``python -m neurovec.engines.native_build``: build (or find) the C++ kernels now, and say where."""
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if not available():
+        sys.exit(f"neurovec: the C++ kernels are not available: "
+                 f"{build_info.get('error') or 'switched off (NEUROVEC_NATIVE=0)'}")
+    built = f"built in {build_info['seconds']:.0f} s" if build_info.get("built") else "already built"
+    print(f"neurovec: C++ kernels {built}: {build_info.get('path')}")

@@ -298,6 +298,35 @@ def test_failing_compiler_falls_back_with_a_warning(tmp_path):
     assert result.stderr.count("unavailable") == 1  # said once
 
 
+def _warm_up(cache: Path, **env) -> subprocess.CompletedProcess:
+    environment = dict(os.environ, PYTHONPATH=str(ROOT), NEUROVEC_CACHE_DIR=str(cache), **env)
+    return subprocess.run([sys.executable, "-m", "neurovec.engines.native_build"], capture_output=True, text=True,
+                          env=environment, timeout=900)
+
+
+def test_warm_up_command_says_why_there_are_no_kernels(tmp_path):
+    result = _warm_up(tmp_path, NEUROVEC_NATIVE="0")
+    assert result.returncode != 0 and "switched off (NEUROVEC_NATIVE=0)" in result.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(native._compiler() is None, reason="no C++ compiler")
+def test_first_build_says_what_it_does(tmp_path):
+    """With an empty cache, the first use says that it builds the C++ kernels, where, and how to build
+    them ahead of time, before the build starts (a warning: shown without any logging set up), and
+    shows the build as a step of its own; the warm-up command then finds them built."""
+    result = _python(_REPORT, NEUROVEC_CACHE_DIR=str(tmp_path))
+    report = _report(result)
+    assert report["available"] and report["built"], report
+    lines = result.stderr.splitlines()
+    said = [i for i, line in enumerate(lines) if "building its C++ kernels" in line]
+    assert len(said) == 1 and str(tmp_path / "native") in lines[said[0]], result.stderr
+    assert "python -m neurovec.engines.native_build" in lines[said[0]]
+    assert any("neurovec: building C++ kernels" in line for line in lines[said[0] + 1:]), result.stderr
+    warm = _warm_up(tmp_path)
+    assert warm.returncode == 0 and "already built" in warm.stdout and "building" not in warm.stderr, warm
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(native._compiler() is None, reason="no C++ compiler")
 def test_concurrent_first_use_builds_once(tmp_path):
