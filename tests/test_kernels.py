@@ -451,15 +451,13 @@ def test_half_precision_avoids_spmm_on_cpu(dtype):
 # once_differentiable backward raises; the Hessian-vector products below feed it a constant, where
 # such a backward silently drops every term through it (NOTE: [second derivatives of prod]).
 
-MODES = {"operators": contextlib.nullcontext, "python": native.without_operators, "torch": native.disabled}
+MODES = {"cpp": contextlib.nullcontext, "torch": native.disabled}
 _COUNTS = [2, 1, 3, 4]
 
 
 def _mode(mode: str):
-    if mode != "torch" and not native.available():
+    if mode == "cpp" and not native.available():
         pytest.skip(f"C++ kernels not built: {native.build_info}")
-    if mode == "operators" and native.operators() is None:
-        pytest.skip(f"C++ operators not built: {native.ops_build_info}")
     return MODES[mode]()
 
 
@@ -536,7 +534,7 @@ def test_second_derivatives_of_torch_kernels(kernel, reduce):
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("with_values", [False, True])
 def test_second_derivatives_of_the_fused_gather(mode, with_values):
-    """sparse_mm: the C++ operator (with and without its bias), the Python Functions, MKL / torch."""
+    """sparse_mm: the C++ operator (with and without its bias), MKL / torch."""
     index = [0, 2, 2, 1, 0, 3, 3, 1, 0, 2]
     values = np.linspace(0.5, 2.0, 10) if with_values else None
     csr = runtime.CSRIndices(K.GatherSum.from_index(index, _COUNTS, 4, values, dtype=F64))
