@@ -53,7 +53,7 @@ def unavailable_reason() -> str | None:
         import neuralogic  # noqa: F401
     except Exception as error:  # ImportError, or the JVM failing to start
         return (f"neuralogic is not importable ({type(error).__name__}: {error}); "
-                "pip install 'neurovec[neuralogic]' (needs Java 17)")
+                'pip install -e ".[neuralogic]" in the neurovec checkout (needs Java 17)')
     return None
 
 

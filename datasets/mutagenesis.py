@@ -122,15 +122,14 @@ class Mutagenesis:
 # -- locating data -------------------------------------------------------------------
 
 def find_csv_dir(csv_dir: str | os.PathLike | None = None) -> Path:
-    """The CSV folder: the argument, ``$NEUROVEC_MUTAGENESIS``, or ``$NEUROVEC_DATA/mutagenesis``."""
+    """The CSV folder: the argument, or ``$NEUROVEC_DATA/mutagenesis`` (the one data variable)."""
     if csv_dir is None:
-        if os.environ.get("NEUROVEC_MUTAGENESIS"):
-            csv_dir = os.environ["NEUROVEC_MUTAGENESIS"]
-        elif os.environ.get("NEUROVEC_DATA"):
+        if os.environ.get("NEUROVEC_DATA"):
             csv_dir = Path(os.environ["NEUROVEC_DATA"]) / "mutagenesis"
         else:
-            raise MutagenesisError("no Mutagenesis CSV folder given: pass one, or set NEUROVEC_MUTAGENESIS "
-                                   "(or NEUROVEC_DATA with a mutagenesis/ subfolder)")
+            raise MutagenesisError("no Mutagenesis CSV folder given: set NEUROVEC_DATA to the folder that holds "
+                                   "mutagenesis/ (atom.csv, bond.csv, molecule.csv; e.g. NEUROVEC_DATA=../shared/data), "
+                                   "or pass the CSV folder (--data-dir in the examples)")
     folder = Path(csv_dir).expanduser()
     if not folder.is_dir():
         raise MutagenesisError(f"the Mutagenesis CSV folder {str(folder)!r} does not exist")

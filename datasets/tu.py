@@ -25,7 +25,11 @@ found is the dataset downloaded, into the cache, with a message through
   ``max - min + 1`` wide; :meth:`TUDataset.node_features` puts real attributes
   (if asked for) first, then the one-hots;
 * edge labels and attributes: :meth:`TUDataset.edge_features` is PyG's ``edge_attr``;
-* graph labels become class indices ``0..k-1`` in sorted order of the raw labels.
+* graph labels become class indices ``0..k-1`` in sorted order of the raw labels;
+* a graph id that no node names (real Fingerprint has 651) is a graph without nodes, except after the last
+  node's graph, where the dataset ends (``DS_graph_labels.txt`` may list more graphs; their labels still
+  count as classes). Both are logged. The GNN templates need a node per sample: pass
+  ``samples=np.flatnonzero(ds.nodes.sizes > 0)``.
 
 **Where neurovec differs, on purpose:**
 
@@ -128,6 +132,10 @@ class TUDataset:
 
     @property
     def num_classes(self) -> int:
+        """The number of classes: every raw label value, as PyG counts them (a label held only by graphs after the
+        last one with nodes, which PyG and neurovec drop, still counts)."""
+        if self.label_values is not None:
+            return max(int(self.label_values.size), int(self.graph_labels.max()) + 1)
         return int(self.graph_labels.max()) + 1
 
     @property
@@ -246,11 +254,14 @@ def load_tu(name: str, data_dir: str | os.PathLike | None = None, download: bool
         looked = ", ".join(str(p) for p in _candidates(where, name))
         problem = "does not exist" if not where.exists() else f"has no {name}_A.txt"
         raise TUFormatError(f"TU dataset {name!r} not found: data_dir {str(where)!r} {problem} (looked in "
-                            f"{looked}); leave data_dir out to use $NEUROVEC_DATA or download it into "
-                            f"{DEFAULT_CACHE}")
+                            f"{looked}); give the folder that holds {name}/ (or tu/{name}/), or give no data_dir "
+                            f"(no --data-dir) to search $NEUROVEC_DATA and {DEFAULT_CACHE}")
     searched = " and ".join(filter(None, [os.environ.get("NEUROVEC_DATA"), str(DEFAULT_CACHE)]))
     if not download:
-        raise TUFormatError(f"TU dataset {name!r} not found (looked in {searched}) and download=False")
+        hint = "" if os.environ.get("NEUROVEC_DATA") else " ($NEUROVEC_DATA is not set)"
+        raise TUFormatError(f"TU dataset {name!r} not found (looked in {searched}){hint}: set NEUROVEC_DATA to the "
+                            f"folder that holds {name}/ or tu/{name}/ (e.g. NEUROVEC_DATA=../shared/data), pass "
+                            "that folder as data_dir (--data-dir), or allow a download (download=True, --download)")
     logger.warning("TU dataset %r not found in %s: downloading it from %s into %s",
                    name, searched, TU_URL, DEFAULT_CACHE)
     return read_tu_folder(_download(name, DEFAULT_CACHE), name)
@@ -419,6 +430,20 @@ def _copies_agree(path: Path, values: np.ndarray, first_copy: np.ndarray, edges:
                             f"{values[k].tolist()}); an edge is kept once, so its copies must agree")
 
 
+def _note_empty_graphs(name: str, nodes_per_graph: np.ndarray, listed: int) -> None:
+    """Log the graph ids that have no nodes (real Fingerprint has 651), kept or dropped as PyG's TUDataset does."""
+    empty = np.flatnonzero(nodes_per_graph == 0)
+    after = listed - nodes_per_graph.size
+    if empty.size:
+        logger.warning("%s: %d graph(s) have no nodes in %s_graph_indicator.txt (first: graph %d); as PyG's "
+                       "TUDataset, they are read as graphs without nodes (the GNN templates need a node per sample: "
+                       "pass samples=np.flatnonzero(ds.nodes.sizes > 0))", name, empty.size, name, int(empty[0]) + 1)
+    if after:
+        logger.warning("%s: %s_graph_labels.txt lists %d graph(s) after the last one with nodes (graph %d); as "
+                       "PyG's TUDataset, the dataset ends at that graph (their labels still count as classes)",
+                       name, name, after, nodes_per_graph.size)
+
+
 def read_tu_folder(folder: str | os.PathLike, name: str) -> TUDataset:
     """Parse and validate the raw files of dataset ``name`` in ``folder`` (see the module doc)."""
     folder = Path(folder)
@@ -432,10 +457,6 @@ def read_tu_folder(folder: str | os.PathLike, name: str) -> TUDataset:
         line = int(np.argmin(indicator)) + 1
         raise TUFormatError(f"{name}_graph_indicator.txt, line {line}: graph id {indicator[line - 1]} < 1")
     n_graphs = int(indicator.max())
-    present = np.bincount(indicator, minlength=n_graphs + 1)[1:]
-    if np.any(present == 0):
-        raise TUFormatError(f"{name}_graph_indicator.txt: graph {int(np.flatnonzero(present == 0)[0]) + 1} "
-                            f"has no nodes (graph ids must be 1..{n_graphs} without gaps)")
     graph_of_node = indicator - 1
 
     edges = _read_numbers(_require(file("A")), True, 2) - 1
@@ -448,9 +469,14 @@ def read_tu_folder(folder: str | os.PathLike, name: str) -> TUDataset:
         raise TUFormatError(f"{name}_A.txt, line {crossing[0] + 1}: edge joins nodes of different graphs")
     keep, first_copy = _dedupe_edges(edges, n_nodes)
 
-    raw_labels = _rows(file("graph_labels"), _read_numbers(_require(file("graph_labels")), True, 1)[:, 0],
-                       n_graphs, "one per graph")
+    raw_labels = _read_numbers(_require(file("graph_labels")), True, 1)[:, 0]
+    if raw_labels.size < n_graphs:
+        _rows(file("graph_labels"), raw_labels, n_graphs, "one per graph")
+    # Graph ids without nodes are read as PyG reads them: a graph with no nodes, except after the last node's graph,
+    # where PyG's TUDataset ends (its labels still number the classes, as PyG's do).
     label_values, graph_labels = np.unique(raw_labels, return_inverse=True)
+    graph_labels = graph_labels.reshape(-1)[:n_graphs]
+    _note_empty_graphs(name, np.bincount(graph_of_node, minlength=n_graphs), raw_labels.size)
 
     def optional(suffix: str, integer: bool, rows: int, what: str) -> np.ndarray | None:
         path = file(suffix)

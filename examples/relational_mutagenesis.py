@@ -63,11 +63,12 @@ def template(elements, bond_types, dim: int = 3) -> Template:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", default="../shared/data/mutagenesis", help="folder with the Mutagenesis CSVs")
+    parser.add_argument("--data-dir", "--data", default=None,
+                        help="folder with the Mutagenesis CSVs (default: $NEUROVEC_DATA/mutagenesis)")
     parser.add_argument("--epochs", type=int, default=30)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
-        url = datasets.create_database(args.data, Path(folder) / "mutagenesis.db")
+        url = datasets.create_database(args.data_dir, Path(folder) / "mutagenesis.db")
         ds = datasets.load_mutagenesis(url)      # for the labels, the element names and the bond types
         start = time.perf_counter()
         graph = template(ds.element_names, ds.bond_type_values).ground(

@@ -3,6 +3,9 @@
     python examples/train_tu.py                                   # MUTAG and PROTEINS x GCN, SAGE, GIN
     python examples/train_tu.py --datasets MUTAG --models gin --folds 10 --epochs 50
 
+The TU folders are found in ``--data-dir`` or ``$NEUROVEC_DATA`` (holding ``MUTAG/`` or ``tu/MUTAG/``), then
+the cache; nothing is downloaded unless ``--download`` is given.
+
 For every fold (stratified, seeded): a validation split is held out of the
 training folds; a neurovec :class:`~neurovec.MiniBatchModel` and the PyG twin
 (:mod:`neurovec.datasets.pyg_twins`) start from the same initial weights, train with
@@ -53,7 +56,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=0.01)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default: 1)")
-    parser.add_argument("--data-dir", default="../shared/data/tu", help="TU folders (default: ../shared/data/tu)")
+    parser.add_argument("--data-dir", default=None,
+                        help="the folder holding NAME/ or tu/NAME/ (default: $NEUROVEC_DATA, then the cache)")
+    parser.add_argument("--download", action="store_true",
+                        help="download a dataset found neither there nor in the cache (default: never)")
     parser.add_argument("--checkpoints", default=None, help="where to keep checkpoints (default: a temp folder)")
     return parser.parse_args(argv)
 
@@ -206,7 +212,11 @@ def main(argv=None) -> None:
     print("| dataset | model | neurovec accuracy | PyG accuracy | folds equal | neurovec s | PyG s |")
     print("|---|---|---|---|---|---|---|")
     for name in args.datasets:
-        ds = datasets.load_tu(name, data_dir=args.data_dir)
+        ds = datasets.load_tu(name, data_dir=args.data_dir, download=args.download)
+        with_nodes = np.flatnonzero(ds.nodes.sizes > 0)   # a graph without nodes has nothing to classify
+        if with_nodes.size < ds.n_graphs:
+            print(f"{name}: {ds.n_graphs - with_nodes.size} graphs without nodes left out")
+            ds = _subset(ds, with_nodes)
         folds = stratified_folds(ds.graph_labels, args.folds, args.seed)
         for kind in args.models:
             ours, theirs = Result(), Result()
@@ -222,6 +232,20 @@ def main(argv=None) -> None:
             equal = sum(a == b for a, b in zip(ours.accuracy, theirs.accuracy))
             print(f"| {name} | {kind} | {_mean_std(ours.accuracy)} | {_mean_std(theirs.accuracy)} | "
                   f"{equal}/{args.folds} | {ours.seconds:.1f} | {theirs.seconds:.1f} |", flush=True)
+
+
+def _subset(ds, graphs: np.ndarray):
+    """The graphs ``graphs`` of ``ds`` (in order) as a dataset of their own."""
+    items, _, start = ds.nodes.take(graphs)
+    new_id = np.full(ds.n_nodes, -1, np.int64)
+    new_id[items] = np.arange(items.size)
+    edges = np.flatnonzero(new_id[ds.edge_index[0]] >= 0)
+    pick = lambda a: None if a is None else a[items]  # noqa: E731
+    return datasets.TUDataset(ds.name, new_id[ds.edge_index[:, edges]], np.repeat(np.arange(graphs.size),
+                              ds.nodes.sizes[graphs]), ds.graph_labels[graphs], pick(ds.node_labels),
+                              pick(ds.node_attributes), ds.label_values,
+                              None if ds.edge_labels is None else ds.edge_labels[edges],
+                              None if ds.edge_attributes is None else ds.edge_attributes[edges])
 
 
 def _mean_std(values: list[float]) -> str:

@@ -69,17 +69,28 @@ class LayerBuilder:
         A weight is given by name or as the :class:`Weight` returned by
         :meth:`GraphBuilder.weight`; ``None`` means no weight.
         """
-        count = 0
+        if isinstance(inputs, (Ref, str)):
+            raise GraphError(f"layer {self.name!r}, neuron {len(self)}: inputs must be a list of Ref or (Ref, weight) "
+                             f"pairs (got the single {type(inputs).__name__} {inputs!r}: wrap it in a list)")
+        count, checked = 0, []
         for item in inputs:
-            ref, weight = (item, None) if isinstance(item, Ref) else item
+            if isinstance(item, Ref):
+                ref, weight = item, None
+            elif isinstance(item, (tuple, list)) and len(item) == 2:
+                ref, weight = item
+            else:
+                raise GraphError(f"layer {self.name!r}, neuron {len(self)}: input {count} is {item!r:.80}; an input is "
+                                 "a Ref (from a fact layer's list or LayerBuilder.neuron) or a (Ref, weight) pair, "
+                                 "the weight given by name, as a Weight, or None")
             if not isinstance(ref, Ref):
                 raise GraphError(f"layer {self.name!r}, neuron {len(self)}: input {count} is not a Ref "
                                  f"(got {type(ref).__name__})")
             if not _is_integer(ref.ordinal):
                 raise GraphError(f"layer {self.name!r}, neuron {len(self)}, input {count}: the ordinal of "
                                  f"{ref!r} must be an integer (got {type(ref.ordinal).__name__})")
-            self._inputs.append((ref.layer, int(ref.ordinal), _weight_name(weight)))
+            checked.append((ref.layer, int(ref.ordinal), _weight_name(weight)))
             count += 1
+        self._inputs.extend(checked)   # only once every input is checked: a refused neuron leaves nothing behind
         self._counts.append(count)
         self._bias.append(_weight_name(bias))
         return Ref(self.name, len(self._counts) - 1)

@@ -327,6 +327,11 @@ class Graph:
 
     # -- validation -----------------------------------------------------------------
     def _validate(self) -> list[tuple[int, ...]]:
+        for i, layer in enumerate(self.layers):
+            if not isinstance(layer, (FactLayer, NeuronLayer)):
+                raise GraphError(f"layer {i} is a {type(layer).__name__} ({layer!r:.60}), expected a neurovec "
+                                 "FactLayer or NeuronLayer (build the list from FactLayer(...), FactLayer.units(...) "
+                                 "and NeuronLayer(...))")
         names = [layer.name for layer in self.layers]
         for i, name in enumerate(names):
             if names.index(name) != i:

@@ -32,6 +32,7 @@ them.
 """
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import warnings
@@ -112,9 +113,13 @@ def _require_neuralogic():
     try:
         import neuralogic  # noqa: F401
     except ImportError as e:  # pragma: no cover - depends on the environment
-        raise ImportError("from_neuralogic needs PyNeuraLogic: pip install 'neurovec[neuralogic]'") from e
-    if shutil.which("java") is None:  # pragma: no cover
-        raise RuntimeError("PyNeuraLogic needs a Java runtime (java >= 11) on the PATH")
+        raise ImportError("from_neuralogic needs PyNeuraLogic 0.9.2: pip install -e \".[neuralogic]\" in the neurovec "
+                          "checkout") from e
+    import jpype
+    # The model was built, so NeuraLogic's JVM is running already: Java was found (on the PATH or through JAVA_HOME).
+    if not jpype.isJVMStarted() and shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        raise RuntimeError("PyNeuraLogic needs a Java runtime (java >= 11): none is on the PATH and JAVA_HOME is "
+                           "not set")  # pragma: no cover
 
 
 _READER = None
@@ -397,6 +402,7 @@ def from_neuralogic(model, built, *, warn: bool = True) -> Graph:
         transformations["Transposition"] = ("identity", None, ())
     plan[computed] = _per_neuron(nr, np.flatnonzero(computed), nr.transformation, transformations,
                                  "transformation")
+    _refuse_stuck_at_one(nr, computed)
     # NeuraLogic replaces a softmax or sparsemax of a single input by the constant 1 (ConstantOne) and then
     # reports neither a combination nor a transformation: ask those neurons' states what they compute with.
     silent = np.flatnonzero(computed & (nr.combination == "") & (nr.transformation == ""))
@@ -407,7 +413,6 @@ def from_neuralogic(model, built, *, warn: bool = True) -> Graph:
         if unknown.size:
             raise NeuraLogicImportError(f"{nr.describe(silent[unknown[0]])}: it computes with {function[unknown[0]]} "
                                         "but reports no combination or transformation; not supported")
-        _refuse_constant_one_first(nr, aggregation == "one", computed & ((counts > 1) | (nr.offset != _ZERO_WEIGHT)))
     pick_index = _split_softmaxes(nr, picks, aggregation, owner) if picks.size else None
     # A softmax combination is the concatenation of the inputs, then softmax; the neuron's own transformation
     # comes after that, as extra steps (NeuraLogic computes T(softmax(inputs))).
@@ -837,32 +842,34 @@ def _leaky_relu_layers(name: str, size: int, slope: float, constants: _Constants
         input_weight=np.tile([NO_WEIGHT, constants.get(repr(-slope), -slope)], size)))
 
 
-def _refuse_constant_one_first(nr: _Neurons, is_one: np.ndarray, combines: np.ndarray) -> None:
-    """Refuse a neuron that combines several values (``combines``) and whose first input is NeuraLogic's
-    constant ONE (``is_one``, or a chain of identities of it): NeuraLogic 0.9.2 accumulates the other values into that constant, which
-    keeps it 1 (found by experiment: ``h :- softmax-of-one-grounding`` plus ``h :- 0.5 b`` gives h = 1, and
-    1.15 with the rules swapped), so its ``model.test`` is not the neuron's function."""
-    # NeuraLogic hands the constant on unchanged through single, unweighted, untransformed inputs.
-    first_input = nr.inputs[np.minimum(nr.ptr[:-1], nr.inputs.size - 1)]
-    passes = ~combines & (np.diff(nr.ptr) == 1) & (nr.kind != _FACT) & np.isin(nr.transformation, ("", "Identity"))
-    passes[passes] = nr.edge_weight[nr.ptr[:-1][passes]] == _UNIT_WEIGHT
-    while True:
-        grown = is_one | (passes & is_one[first_input])
-        if np.array_equal(grown, is_one):
-            break
-        is_one = grown
-    neurons = np.flatnonzero(combines)
-    first_input = first_input[neurons]
-    bad = np.flatnonzero(is_one[first_input])
-    if bad.size:
-        j, one = int(neurons[bad[0]]), int(first_input[bad[0]])
+def _refuse_stuck_at_one(nr: _Neurons, computed: np.ndarray) -> None:
+    """Refuse a neuron whose running sum or average NeuraLogic keeps in its constant ONE (a softmax of one value).
+
+    NeuraLogic 0.9.2 sets a sum's (or average's) accumulator up from its inputs' values when it builds the
+    network: the first of them, cloned, with the others added in (the offset, where there is one, comes first).
+    Where that first value is the shared constant ONE (a softmax aggregation of a single grounding, which NeuraLogic
+    replaces by the constant, or a neuron passing it on), the clone is the constant itself, which ignores being
+    zeroed and every increment: the neuron computes 1 (an average 1/n) whatever its inputs, at every evaluation.
+    Chain pruning comes after that set-up: it removes the single-input softmax neuron, so the inputs then look
+    ordinary, but the accumulator is still the constant. Found by experiment: ``h :- softmax of one grounding``
+    then ``h :- 0.5 b`` gives h = 1 pruned or not (1.15 with the rules swapped; pruned, 0.15 plus the score).
+    So ``model.test`` does not compute this neuron's function, and neurovec refuses rather than give other numbers.
+    The check reads the accumulators themselves (JavaReader.stuck_at_one), not the inputs' order.
+    """
+    stuck = np.flatnonzero(nr.java.stuck_at_one() & computed)
+    if stuck.size:
+        j = int(stuck[0])
         raise NeuraLogicImportError(
-            f"{nr.describe(j)}: its first input, {nr.describe(one)}, is NeuraLogic's constant ONE (a softmax "
-            "of a single value, which NeuraLogic replaces by that constant, or a neuron passing it on); NeuraLogic then adds the neuron's other inputs into that "
-            "constant and loses them (0.9.2), so model.test does not compute this neuron's function. neurovec "
-            "refuses rather than give other numbers: give the softmax aggregation two or more groundings, order "
-            "the rules so that its rule is not the first of this head, or build with chain_pruning=True (which "
-            "removes single-input softmax neurons)")
+            f"{nr.describe(j)}: NeuraLogic computes it as a constant (1 for a sum, 1/n for an average), whatever "
+            "its inputs: its running sum was set up from NeuraLogic's constant ONE, the value of a softmax "
+            "aggregation over a single grounding (which NeuraLogic replaces by that constant) read as its first "
+            "input, directly or through identity neurons, and NeuraLogic 0.9.2 then adds the other inputs into "
+            "that constant and loses them (with chain pruning too, which removes the softmax neuron but not the "
+            f"constant in this neuron's sum; {stuck.size} neuron(s) in all). So model.test does not compute this "
+            "neuron's function, and neurovec refuses rather than give other numbers: give every softmax "
+            "aggregation two or more groundings, or put another input first (order the rules so that the "
+            "softmax's rule is not the first of its head, or give this neuron an offset, which NeuraLogic "
+            "puts first)")
 
 
 def _unique(name: str, layers: list) -> str:

@@ -59,6 +59,8 @@ class SampleArrays:
     leaky_slopes: object = None
     # () -> per neuron, the index its AtIndex transformation picks (-1 for other transformations).
     at_indices: object = None
+    # () -> per neuron, whether its running sum or average is NeuraLogic's constant ONE (JavaReader.stuck_at_one).
+    stuck_at_one: object = None
 
     def names(self, positions) -> list:
         """Neuron names (NeuraLogic's ``getName()``), one JVM call each: for messages and layer names."""
@@ -196,6 +198,31 @@ class JavaReader:
             then(transformation, is_instance.bindTo(at_index)), then(transformation, lookup.unreflectGetter(index_field)),
             MH.dropArguments(MH.constant(int_t, J("java.lang.Integer").valueOf(-1)), 0, base)), to_int)
 
+        # A running sum or average that accumulates into NeuraLogic's constant ONE (see from_neuralogic): per
+        # neuron, whether its state's accumulator (combinedInputs, private to Aggregation$State; inside a
+        # CompoundState when the neuron also has a transformation) is the constant. Only Sum and Average keep
+        # their accumulator between evaluations (invalidate() zeroes it in place; the constant ignores that and
+        # every increment); Maximum and Minimum reset theirs to null, so holding ONE there is a legitimate value.
+        compound = cls("cz.cvut.fel.ida.algebra.functions.CompoundState")
+        compound_field = compound.getDeclaredField("combinationState")
+        compound_field.setAccessible(True)
+        combined_field = cls("cz.cvut.fel.ida.algebra.functions.Aggregation$State").getDeclaredField("combinedInputs")
+        combined_field.setAccessible(True)
+        to_object = lambda handle: handle.asType(MT.methodType(obj, obj))  # noqa: E731
+        null = MH.dropArguments(MH.constant(obj, None), 0, obj)
+        guard = lambda c, then_handle, else_handle: MH.guardWithTest(  # noqa: E731
+            is_instance.bindTo(c), to_object(then_handle), else_handle)
+        fcn_state = guard(standard, lookup.unreflectGetter(fcn_field), null)
+        combination_state = guard(compound, lookup.unreflectGetter(compound_field), MH.identity(obj))
+        combined = lookup.unreflectGetter(combined_field)
+        accumulator = guard(cls("cz.cvut.fel.ida.algebra.functions.aggregation.Sum$AggregationState"), combined,
+                            guard(cls("cz.cvut.fel.ida.algebra.functions.aggregation.Average$AggregationState"),
+                                  combined, null))
+        is_one = then(is_instance.bindTo(cls("cz.cvut.fel.ida.algebra.values.One")),
+                      lookup.findStatic(cls("java.lang.Boolean"), "hashCode", MT.methodType(int_t, bool_t)))
+        self.stuck_at_one = fn(then(then(then(then(state, fcn_state), combination_state), accumulator), is_one),
+                               to_int)
+
     def _state_function_name(self, neuron) -> str:
         """The class of a neuron's state function, e.g. ``ConstantOne$State`` (``""`` for none)."""
         state = neuron.getComputationView(0)
@@ -270,6 +297,8 @@ class JavaReader:
             neurons.stream().mapToDouble(self.leaky_slope).toArray()), dtype=np.float64).copy()
         arrays.at_indices = lambda: self._ints(  # on demand: only if some neuron has an AtIndex
             neurons.stream().mapToInt(self.at_index))
+        arrays.stuck_at_one = lambda: self._ints(  # on demand: only where a sum or average could hold it
+            neurons.stream().mapToInt(self.stuck_at_one)) == 1231  # Boolean.hashCode(true)
         return arrays
 
 

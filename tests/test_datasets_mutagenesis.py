@@ -60,9 +60,9 @@ def test_sql_matches_the_csvs(database, mutagenesis_dir):
 
 def test_csv_folder_and_env_vars(mutagenesis_dir, tmp_path, monkeypatch):
     assert load_mutagenesis(mutagenesis_dir).n_atoms == 4893
-    monkeypatch.setenv("NEUROVEC_MUTAGENESIS", str(mutagenesis_dir))
-    assert load_mutagenesis().n_bonds == 5243
-    monkeypatch.delenv("NEUROVEC_MUTAGENESIS")
+    monkeypatch.delenv("NEUROVEC_DATA", raising=False)
+    with pytest.raises(MutagenesisError, match=r"set NEUROVEC_DATA to the folder that holds mutagenesis/"):
+        load_mutagenesis()
     shutil.copytree(mutagenesis_dir, tmp_path / "mutagenesis")
     monkeypatch.setenv("NEUROVEC_DATA", str(tmp_path))
     assert load_mutagenesis().n_molecules == 188

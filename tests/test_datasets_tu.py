@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -73,7 +74,6 @@ def test_missing_dataset_without_download(tmp_path):
     ("A", "1, 3000\n", r"MUTAG_A\.txt, line 1: edge joins nodes of different graphs"),
     ("graph_labels", "1\n-1\n", "graph_labels.txt has 2 lines, expected 188"),
     ("node_labels", "0\n", "node_labels.txt has 1 lines, expected 3371"),
-    ("graph_indicator", "1\n1\n3\n", "graph 2 has no nodes"),
 ])
 def test_malformed_files(tu_dir, tmp_path, file, content, message):
     folder = _copy(tu_dir, tmp_path)
@@ -216,5 +216,22 @@ def test_environment_folder_is_searched_before_the_cache(tu_dir, tmp_path, monke
     monkeypatch.setattr(tu, "DEFAULT_CACHE", tmp_path / "cache")
     monkeypatch.setenv("NEUROVEC_DATA", str(tu_dir))
     assert load_tu("MUTAG").n_graphs == 188
-    with pytest.raises(TUFormatError, match="not found .* and download=False"):
+    with pytest.raises(TUFormatError, match=r"not found \(looked in .*\): set NEUROVEC_DATA to the folder that holds "
+                                            r"NOPE/ or tu/NOPE/.*or allow a download"):
         load_tu("NOPE", download=False)
+
+
+def test_train_tu_reads_neurovec_data_and_never_downloads_unasked(tu_dir, tmp_path, monkeypatch, no_network):
+    """examples/train_tu.py defaulted to ../shared/data/tu, relative to the working directory, and ignored
+    $NEUROVEC_DATA; now the loader's search runs ($NEUROVEC_DATA, then the cache) and a download needs --download."""
+    import runpy
+    from neurovec.datasets import tu
+    script = runpy.run_path(str(Path(__file__).parents[1] / "examples" / "train_tu.py"))
+    args = script["parse_args"](["--datasets", "MUTAG"])
+    assert args.data_dir is None and args.download is False
+    monkeypatch.setattr(tu, "DEFAULT_CACHE", tmp_path / "cache")
+    monkeypatch.setenv("NEUROVEC_DATA", str(tu_dir.parent))   # the folder holding tu/MUTAG/
+    assert load_tu("MUTAG", args.data_dir, download=args.download).n_graphs == 188
+    monkeypatch.setenv("NEUROVEC_DATA", str(tmp_path))
+    with pytest.raises(TUFormatError, match=r"set NEUROVEC_DATA to the folder that holds MUTAG/ or tu/MUTAG/"):
+        load_tu("MUTAG", args.data_dir, download=args.download)

@@ -38,3 +38,40 @@ def test_mutag_figures(tu_dir):
     aggressive = build_program(graph, neurovec.Settings.preset("upward-17-aggressive", reorder_linear=False,
                                                                fold_constants=False))
     assert [n for n in aggressive.nodes if n.op is Op.GATHER] == []  # Fig. 6.10
+
+
+SEMANTICS = "## NeuraLogic semantics for PyG users"
+
+
+def _section_code(text: str, heading: str) -> str | None:
+    """The python block of the section ``heading`` of a markdown text (None: no such section)."""
+    section = re.search(re.escape(heading) + r"\n(.*?)(?=^## |\Z)", text, re.S | re.M)
+    if section is None:
+        return None
+    return re.search(r"```python\n(.*?)```", section.group(1), re.S).group(1)
+
+
+def test_relational_doc_semantics_section_runs():
+    """docs/relational.md's "NeuraLogic semantics for PyG users": an unhidden edge is an input of value 1, so the
+    rule computes W . (sum of neighbours + in-degree); a hidden one gives PyG's W . sum of neighbours (the block
+    asserts both against numpy)."""
+    code = _section_code((ROOT / "docs" / "relational.md").read_text(), SEMANTICS)
+    assert code and "R.hidden.edge" in code
+    exec(compile(code, "docs/relational.md (NeuraLogic semantics for PyG users)", "exec"), {})
+
+
+def test_install_lines_and_messages_are_true():
+    """neurovec is not on PyPI: no doc or message says `pip install neurovec[...]`; no message cites an issue."""
+    import ast
+    for path in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")]:
+        assert not re.search(r"pip install '?neurovec\[", path.read_text()), f"{path.name}: pip install neurovec[...]"
+    for path in ROOT.rglob("*.py"):
+        if any(part in {".git", "build", "__pycache__"} for part in path.parts):
+            continue
+        tree = ast.parse(path.read_text())
+        docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                      if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                      and node.body and isinstance(node.body[0], ast.Expr)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+                assert not re.search(r"\bissue \d+", node.value), f"{path}: a message cites an issue: {node.value!r}"

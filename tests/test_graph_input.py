@@ -218,3 +218,26 @@ def test_copy_false_hands_arrays_over_read_only():
         ordinal[0] = 0
     with pytest.raises(GraphError, match=r"layer 'h', input_ordinal: expected an integer array"):
         layer(input_ordinal=np.array([1.5]), copy=False)  # still checked
+
+
+def test_builder_inputs_and_bulk_layers_name_what_is_wrong():
+    """A 3-tuple, a bare name or a single Ref as a neuron's inputs, and a non-layer in the bulk list, failed with
+    Python's own unpacking and attribute errors."""
+    from neurovec.sources.builder import GraphBuilder
+    b = GraphBuilder()
+    w = b.weight("w", 1.0)
+    a = b.unit_facts("a", 2)
+    h = b.layer("h")
+    with pytest.raises(GraphError, match=r"layer 'h', neuron 0: input 0 is \(Ref\(layer='a', ordinal=0\), .*; an "
+                                         r"input is a Ref .* or a \(Ref, weight\) pair"):
+        h.neuron([(a[0], w, 3)])
+    with pytest.raises(GraphError, match=r"layer 'h', neuron 0: input 1 is 'a'; an input is a Ref"):
+        h.neuron([a[1], "a"])
+    with pytest.raises(GraphError, match=r"layer 'h', neuron 0: inputs must be a list .* \(got the single Ref "
+                                         r"Ref\(layer='a', ordinal=0\): wrap it in a list\)"):
+        h.neuron(a[0])
+    h.neuron([(a[0], w), a[1]])
+    b.output(h.neuron([a[0]]))
+    assert b.build().n_neurons == 4
+    with pytest.raises(GraphError, match=r"layer 1 is a str \('h'\), expected a neurovec FactLayer or NeuronLayer"):
+        Graph([facts(), "h"], [], [0], [0])

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-neuralogic = pytest.importorskip("neuralogic", reason="PyNeuraLogic is not installed (pip install neurovec[neuralogic])")
+neuralogic = pytest.importorskip("neuralogic", reason='PyNeuraLogic is not installed (pip install -e ".[neuralogic]")')
 if shutil.which("java") is None:  # pragma: no cover - CI has Java
     pytest.skip("PyNeuraLogic needs a Java runtime and none is on the PATH", allow_module_level=True)
 
@@ -291,20 +291,28 @@ def softmax_of_one_grounding(first: bool) -> Model:
     return model
 
 
-def test_softmax_aggregation_of_one_grounding():
-    """NeuraLogic replaces a softmax of one value by its constant ONE and, when that is a neuron's first input,
-    adds the other inputs into the constant, which loses them (h = 1, not 1 + 0.15): refused, with the way out.
+STUCK = r"neuron \d+ \({kind} '{name}'\): NeuraLogic computes it as a constant .*constant ONE.*two or more groundings"
+
+
+@pytest.mark.parametrize("settings", [UNPRUNED, dict(chain_pruning=True, iso_value_compression=False),
+                                      dict(prune_only_identities=True, iso_value_compression=False)],
+                         ids=["unpruned", "pruned", "identities-pruned"])
+def test_softmax_aggregation_of_one_grounding(settings):
+    """NeuraLogic replaces a softmax of one value by its constant ONE and, when that is the first value of a neuron's
+    running sum, adds the other inputs into the constant, which loses them (h = 1, not 1 + 0.15): refused, with the
+    way out. Chain pruning removes the softmax neuron but not the constant in h's sum (h's inputs then look like
+    two scores; it was imported as 1.5 * (1.4 + 0.15) = 2.325 where model.test gives 1.5).
     Second, the sum is right in NeuraLogic too, and imported (value and gradients)."""
     ds = Dataset()
     ds.add(R.q[0.0], [R.a("1")[0.7], R.b[0.3]])
+    ds.add(R.q[0.0], [R.a("1")[1.3], R.b[-0.6]])
     model = softmax_of_one_grounding(first=True)
-    built = build(model, ds, **UNPRUNED)
-    assert neuralogic_outputs(model, built).item() == 1.5  # NeuraLogic's own number: 1.5 * 1
-    with pytest.raises(NeuraLogicImportError, match=r"neuron \d+ \(AtomNeuron 'h'\): its first input, neuron \d+ "
-                                                    r"\(AggregationNeuron .*constant ONE.*two or more groundings"):
+    built = build(model, ds, **settings)
+    assert neuralogic_outputs(model, built).tolist() == [1.5, 1.5]  # NeuraLogic's own number: 1.5 * 1
+    with pytest.raises(NeuraLogicImportError, match=STUCK.format(kind="AtomNeuron", name="h")):
         from_neuralogic(model, built, warn=False)
     model = softmax_of_one_grounding(first=False)
-    built = build(model, ds, **UNPRUNED)
+    built = build(model, ds, **settings)
     graph = assert_same(model, built)
     assert_same_gradients(model, built, graph)
     # The constant passes unchanged through identity neurons: here q's aggregation of h(p) and h(r) reads it first.
@@ -314,8 +322,27 @@ def test_softmax_aggregation_of_one_grounding():
     model += R.h / 1 | Metadata(transformation=Transformation.IDENTITY)
     ds = Dataset()
     ds.add(R.q[0.0], [R.a("p", "1")[1.0], R.a("p", "2")[2.0], R.a("r", "1")[3.0]])
-    with pytest.raises(NeuraLogicImportError, match=r"RuleNeuron .*constant ONE"):
-        from_neuralogic(model, build(model, ds, **UNPRUNED), warn=False)
+    with pytest.raises(NeuraLogicImportError, match=STUCK.format(kind="AggregationNeuron", name=r"q :- h\(Y\)\.")):
+        from_neuralogic(model, build(model, ds, **settings), warn=False)
+
+
+@pytest.mark.parametrize("settings", [UNPRUNED, dict(chain_pruning=True, iso_value_compression=False)],
+                         ids=["unpruned", "pruned"])
+def test_constant_one_after_an_offset(tmp_path, settings):
+    """NeuraLogic lists a neuron's offset first: q's sum starts from its offset 0.2, then adds 1.5 times the
+    softmax of one grounding (the constant ONE), so model.test computes q's function, 0.2 + 1.5 = 1.7. It was
+    refused (the check read q's first listed input, the constant)."""
+    model = template("h(Y) :- 2.0 a(Y, X). [aggregation=softmax]\n"
+                     "q :- 1.5 h(Y), 0.2. [transformation=identity]\n"
+                     "h/1 [transformation=identity]\nq/0 [transformation=identity]\n", tmp_path)
+    ds = Dataset()
+    for a in (0.7, -1.3):
+        ds.add(R.q[0.0], [R.a("x", "1")[a]])
+    built = build(model, ds, **settings)
+    if settings is UNPRUNED:
+        np.testing.assert_allclose(neuralogic_outputs(model, built), [1.7, 1.7], atol=1e-6)  # 0.2 is a float32
+    graph = assert_same(model, built)
+    assert_same_gradients(model, built, graph)
 
 
 @pytest.mark.parametrize("aggregation", [Aggregation.SOFTMAX, Aggregation.CONCAT])

@@ -98,5 +98,33 @@ def test_bad_input_is_refused():
                           .update({"edge_index": torch.tensor([[0], [4]])}))
     with pytest.raises(DatasetError, match="expects a torch_geometric"):
         datasets.from_pyg(42)
-    graph = datasets.from_pyg(Data(edge_index=edges, num_nodes=3, y=torch.tensor([2.5])))
-    assert graph.node_features().tolist() == [[1.0]] * 3 and graph.label_values.tolist() == [2.5]
+    graph = datasets.from_pyg(Data(edge_index=edges, num_nodes=3, y=torch.tensor([-2.0])))
+    assert graph.node_features().tolist() == [[1.0]] * 3 and graph.label_values.tolist() == [-2.0]
+
+
+def test_graphs_without_node_features():
+    """A Batch or list of Data without x (the way the InMemoryDataset path used to recommend) failed with a
+    TypeError; every node gets the constant feature 1, as the TU loader gives."""
+    edges = torch.tensor([[0, 1], [1, 2]])
+    items = [Data(edge_index=edges, num_nodes=3, y=torch.tensor([1])), Data(edge_index=edges, num_nodes=4,
+                                                                            y=torch.tensor([0]))]
+    for data in (items, Batch.from_data_list(items)):
+        ds = datasets.from_pyg(data)
+        assert ds.nodes.sizes.tolist() == [3, 4] and ds.node_features().tolist() == [[1.0]] * 7
+        assert ds.graph_labels.tolist() == [1, 0] and ds.edge_index.tolist() == [[0, 1, 3, 4], [1, 2, 4, 5]]
+
+
+def test_zero_feature_columns_and_float_targets_are_refused():
+    """x of shape (n, 0) was accepted and every template then failed with an OverflowError; float targets 0.2 /
+    0.7 / 1.5 silently became three classes."""
+    edges = torch.tensor([[0, 1], [1, 2]])
+    with pytest.raises(DatasetError, match=r"x has no columns \(shape \(3, 0\)\).*leave x out"):
+        datasets.from_pyg(Data(x=torch.ones(3, 0), edge_index=edges, y=torch.tensor([1])))
+    targets = [Data(x=torch.ones(3, 2), edge_index=edges, y=torch.tensor([v])) for v in (0.2, 0.7, 1.5)]
+    with pytest.raises(DatasetError, match=r"y of graph 0 is 0.2, not a whole number: a regression target"):
+        datasets.from_pyg(targets)
+    with pytest.raises(DatasetError, match=r"y of graph 1 is nan"):
+        datasets.from_pyg([Data(x=torch.ones(3, 2), edge_index=edges, y=torch.tensor([v])) for v in (1.0, np.nan)])
+    # Whole numbers held as floats are classes, in sorted order (the originals kept).
+    ds = datasets.from_pyg([Data(x=torch.ones(3, 2), edge_index=edges, y=torch.tensor([v])) for v in (1.0, -1.0)])
+    assert ds.graph_labels.tolist() == [1, 0] and ds.label_values.tolist() == [-1.0, 1.0]

@@ -24,7 +24,7 @@ tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
-SHARED_DATA = Path(os.environ.get("NEUROVEC_SHARED_DATA", ROOT.parent / "shared" / "data"))
+SHARED_DATA = Path(os.environ.get("NEUROVEC_DATA", ROOT.parent / "shared" / "data"))  # the one data variable
 
 
 def blocks(language: str) -> list[tuple[str, str]]:
@@ -175,3 +175,17 @@ def test_packaging_lists_every_package():
                             if p.parent != ROOT and p.parent.relative_to(ROOT).parts[0] not in ("tests", "build")
                             and not any(part.startswith(".") for part in p.parent.relative_to(ROOT).parts)}
     assert found == listed, f"pyproject.toml packages: missing {sorted(found - listed)}, extra {sorted(listed - found)}"
+
+
+def test_semantics_section_matches_the_docs_and_runs():
+    """README.md's "NeuraLogic semantics for PyG users" is docs/relational.md's section, word for word, and its block
+    runs (an unhidden edge adds its value 1 to every feature; a hidden one gives PyG's sum of neighbours)."""
+    heading = "## NeuraLogic semantics for PyG users"
+    section = lambda text: re.search(re.escape(heading) + r"\n(.*?)(?=^## |\Z)", text, re.S | re.M)  # noqa: E731
+    readme = section(README.read_text())
+    if readme is None:
+        pytest.skip("README.md has no section 'NeuraLogic semantics for PyG users' yet (the lead pastes it)")
+    docs = section((ROOT / "docs" / "relational.md").read_text())
+    assert readme.group(1).strip() == docs.group(1).strip()
+    code = re.search(r"```python\n(.*?)```", readme.group(1), re.S).group(1)
+    exec(compile(code, "README.md (NeuraLogic semantics for PyG users)", "exec"), {})

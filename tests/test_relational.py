@@ -473,6 +473,50 @@ def test_other_template_errors(rules, match):
         _ground(rules, {"a": Relation([1]), "f": Relation([1], values=np.ones((1, 3)))})
 
 
+def test_bad_relations_and_metadata_name_what_is_wrong():
+    """Each was vague: a bare "columns have different lengths [2, 3]", "values contain NaN or inf", an unknown
+    aggregation string accepted until grounding blamed a predicate, strings joined with ints reported as "query q
+    matches nothing"."""
+    with pytest.raises(TemplateError, match=r"different lengths \(argument 0 3, argument 1 2, example 3\): every "
+                                            r"column holds one entry per fact"):
+        Relation(([1, 2, 3], [1, 2]), example=[0, 0, 0])
+    with pytest.raises(TemplateError, match=r"different lengths \(argument 0 3, values 2\)"):
+        Relation([1, 2, 3], values=[1.0, 2.0])
+    with pytest.raises(TemplateError, match=r"row 1 \(the fact \(7\)\) has a NaN or inf value \(\[nan, 1.0\]\), "
+                                            r"and 1 row\(s\) in all.*drop those facts or fill them in"):
+        Relation([5, 7], values=[[0.0, 1.0], [np.nan, 1.0]])
+    with pytest.raises(TemplateError, match=r"relation values must be numbers"):
+        Relation([5, 7], values=["a", 1.0])
+    with pytest.raises(TemplateError, match=r"Metadata\(aggregation='avgx'\): not an aggregation; use one of "
+                                            r"Aggregation.AVG, .* \(or its name: avg, max"):
+        Metadata(aggregation="avgx")
+    with pytest.raises(TemplateError, match=r"Metadata\(transformation=.*'max', kind='aggregation'.*not a "
+                                            r"transformation; use one of Transformation.SIGMOID"):
+        Metadata(transformation=Aggregation.MAX)
+    with pytest.raises(TemplateError, match=r"Metadata\(depth=1.5\): expected a whole number"):
+        Metadata(depth=1.5)
+    assert Metadata(aggregation="avg", transformation="TANH") == Metadata(aggregation=Aggregation.AVG,
+                                                                          transformation=Transformation.TANH)
+    with pytest.raises(TemplateError, match=r"rule 0 `q :- a\(X\), b\(Y, X\).`: variable X joins argument 0 of "
+                                            r"relation a/1 \(strings\) with argument 1 of relation b/2 \(ints\); an "
+                                            r"int never equals a string"):
+        _ground([R.q <= (R.a(V.X), R.b(V.Y, V.X))], {"a": Relation(["1", "2"]), "b": Relation(([1, 2], [1, 2]))})
+    # Columns of different types that no variable joins are fine.
+    _ground([R.q <= (R.a(V.X), R.b(V.Y, V.X))], {"a": Relation([1, 2]), "b": Relation((["u", "v"], [1, 2]))})
+
+
+def test_explicit_query_without_examples_in_the_data():
+    """With no example column anywhere, the data is one example: Query("h", args=...) needs no example=0 (it was
+    refused, saying "the data has examples"); with example columns the message names the relations that have them."""
+    t = Template()
+    t += R.h(V.X)[2.0] <= R.a(V.X)
+    graph = ground(t, {"a": Relation([1, 2])}, Query("h", args=[[2, 1]])).graph
+    assert graph.output_layer.size == 2
+    with pytest.raises(TemplateError, match=r"query h/1: say in which examples \(example=...\): relations "
+                                            r"\['a/1'\] have an example column"):
+        ground(t, {"a": Relation([1, 2], example=[0, 1])}, Query("h", args=[[2, 1]]))
+
+
 def test_error_duplicate_fact():
     with pytest.raises(TemplateError, match=r"relation a/1: the fact a\(1\) is given twice in example 0"):
         _ground([R.q <= R.a(V.X)], {"a": Relation([1, 1], example=[0, 0])})

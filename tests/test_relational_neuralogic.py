@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-neuralogic = pytest.importorskip("neuralogic", reason="PyNeuraLogic is not installed (pip install neurovec[neuralogic])")
+neuralogic = pytest.importorskip("neuralogic", reason='PyNeuraLogic is not installed (pip install -e ".[neuralogic]")')
 if shutil.which("java") is None:  # pragma: no cover
     pytest.skip("PyNeuraLogic needs a Java runtime and none is on the PATH", allow_module_level=True)
 

@@ -5,8 +5,10 @@ Skipped unless ``NEUROVEC_POSTGRES_URL`` names a database the tests may write ta
 
     NEUROVEC_POSTGRES_URL=postgresql+psycopg2://user@localhost:5432/scratch python -m pytest tests/test_relational_postgres.py
 
-CI has no server; run it by hand after changing ``sources/relational/sql.py`` (last run: PostgreSQL 15, psycopg2,
-collation C.UTF-8, under which strings sort by code point as in SQLite, so the graphs are equal array for array).
+Locally and in CI, Debian's server over its socket (``apt-get install postgresql``, then a database owned by the
+user; ``.ci/run`` does so and sets ``NEUROVEC_POSTGRES_URL=postgresql+psycopg2:///neurovec_test``; the driver is
+``pip install psycopg2-binary``). Last run: PostgreSQL 15, psycopg2 2.9.13, collation C.UTF-8, under which strings
+sort by code point as in SQLite, so the graphs are equal array for array.
 """
 from __future__ import annotations
 

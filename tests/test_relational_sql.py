@@ -112,6 +112,46 @@ def test_sql_errors_name_the_relation(small_db):
 
 
 
+@pytest.mark.parametrize("relation, match", [
+    (SQLRelation("c", args="x", values="v", example="exx"), r"relation 'c': its example column 'exx' is not a column "
+                                                            r"of 'c' \(its columns: \['x', 'v', 'ex'\]\)"),
+    (SQLRelation("SELECT x, v, ex FROM c", args="xx", values="v", example="ex"),
+     r"relation 'c': its argument 0 column 'xx' is not a column of 'SELECT x, v, ex FROM c'"),
+    (SQLRelation("c", args="x", values="vv", example="ex"), r"relation 'c': its value column 'vv' is not a column"),
+    (SQLRelation("cc", args="x", values="v", example="ex"), r"relation 'c': the database \(sqlite:///.*small.db\) "
+                                                            r"has no table or view 'cc' \(it has \['a', 'b', 'c', "),
+    (SQLRelation("SELECT x, v, ex FROM cc", args="x", values="v", example="ex"),
+     r"relation 'c': its source 'SELECT x, v, ex FROM cc' fails in the database .*no such table: cc"),
+])
+def test_sql_columns_are_checked_against_the_schema(small_db, relation, match):
+    """SQLite reads a quoted unknown column as a string constant: with the example column misspelled, c's one fact
+    per example became c(x) in an example named 'exx', which no query asks about, so the rule grounded to nothing
+    and q was another model, without a word. Every column a relation names is checked against its source."""
+    t = Template()
+    t += R.q <= (R.a(V.X), R.c(V.X))
+    t += R.q <= R.a(V.X)
+    relations = {"a": SQLRelation("a", args="x", values="v", example="ex"), "c": relation}
+    with pytest.raises(TemplateError, match=match):
+        ground(t, Database(small_db, relations), Query("q", example=[0, 1]))
+    ground(t, Database(small_db, {**relations, "c": SQLRelation("c", args="X", values="V", example="EX")}), R.q)
+
+
+def test_sql_text_values_and_missing_databases_are_named(small_db, tmp_path):
+    """A value column holding text failed in numpy ("could not convert string to float"); a database path in a
+    missing folder failed inside the first statement (sqlite3.OperationalError), and a missing file was created
+    empty."""
+    t = Template()
+    t += R.q <= R.a(V.X)
+    with pytest.raises(TemplateError, match=r"relation a/1: its value column 'x' holds 'x' \(a str\), not a number"):
+        ground(t, Database(small_db, {"a": SQLRelation("a", args="x", values="x", example="ex")}), R.q)
+    with pytest.raises(TemplateError, match=r"Database\('.*nowhere/m.db'\): no SQLite database there \(its folder "
+                                            r"'.*nowhere' does not exist\)"):
+        Database(tmp_path / "nowhere" / "m.db", {})
+    with pytest.raises(TemplateError, match=r"no SQLite database there \(no such file\)"):
+        Database(tmp_path / "m.db", {})
+    assert not (tmp_path / "m.db").exists()
+
+
 def test_facts_given_twice_are_named_wherever_they_come_from(small_db):
     """On SQLite the unique index of a fact table is the check: a relation without examples, and the template's own
     facts, given twice, are errors naming the fact (one per example: every example holds them)."""

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import neurovec
+from neurovec import datasets
 from neurovec.datasets import gnn
 from neurovec.datasets.tu import TUDataset, load_tu
 
@@ -61,7 +62,7 @@ def _graph_edges(ds: TUDataset, g: int):
     """Graph g's edges in local node ids, sorted by (source, target) as PyG stores them, and the permutation."""
     nodes = np.flatnonzero(ds.graph_of_node == g)
     mine = np.flatnonzero(ds.graph_of_node[ds.edge_index[0]] == g)
-    local = ds.edge_index[:, mine] - nodes[0]
+    local = ds.edge_index[:, mine] - (nodes[0] if nodes.size else 0)
     order = np.lexsort((local[1], local[0]))
     return nodes, local[:, order], mine[order]
 
@@ -103,6 +104,32 @@ def test_mutag_edge_labels_as_pyg(tu_dir):
     ds = load_tu("MUTAG", tu_dir)
     assert ds.edge_labels.shape == (7442, 1) and ds.num_edge_labels == 4
     assert ds.edge_features().shape == (7442, 4) and np.all(ds.edge_features().sum(1) == 1)
+
+
+@pytest.mark.parametrize("node_labels", [True, False], ids=["labels", "no-features"])
+def test_graphs_without_nodes_are_read_as_pyg_reads_them(tmp_path, node_labels, caplog):
+    """Graph ids that no node names (real Fingerprint has 651) were refused, the whole folder. PyG's TUDataset keeps
+    such a graph as one without nodes, and ends after the last node's graph, though its labels still number the
+    classes: here graph 2 is empty, graph 4 (listed in the labels only) is dropped, and there are 4 classes."""
+    labels = [(0,), (1,), (2,), (0,), (1,)] if node_labels else None
+    write_tu(tmp_path, edges=[(1, 2), (2, 1), (3, 4), (4, 3), (4, 5)], edge_labels=None, node_labels=labels,
+             node_attributes=None, indicator=[1, 1, 3, 3, 3], graph_labels=[5, 6, 7, 8])
+    ds = load_tu("SYN", tmp_path)
+    assert "graph 2" in caplog.text and "ends at that graph" in caplog.text
+    theirs = PygTUDataset(str(tmp_path), "SYN")
+    assert ds.n_graphs == len(theirs) == 3 and ds.num_classes == theirs.num_classes == 4
+    assert ds.nodes.sizes.tolist() == [data.num_nodes for data in theirs] == [2, 0, 3]
+    assert ds.graph_labels.tolist() == [int(data.y) for data in theirs] == [0, 1, 2]
+    for g, data in enumerate(theirs):
+        _, edges, _ = _graph_edges(ds, g)
+        np.testing.assert_array_equal(edges, data.edge_index.numpy())
+        if node_labels:
+            np.testing.assert_array_equal(ds.node_features()[ds.graph_of_node == g], data.x.numpy())
+    # PyG's dataset converted gives the same graphs (its storage holds the dropped graph's label too).
+    converted = datasets.from_pyg(theirs)
+    assert converted.nodes.sizes.tolist() == [2, 0, 3] and converted.graph_labels.tolist() == [0, 1, 2]
+    assert converted.num_classes == 4
+    np.testing.assert_array_equal(converted.node_features(), ds.node_features())
 
 
 # -- every template equals its twin on these graphs ---------------------------------------------

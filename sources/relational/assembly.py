@@ -28,7 +28,7 @@ from dataclasses import replace
 import numpy as np
 
 from ..graph import NO_WEIGHT, FactLayer, Graph, NeuronLayer, Weight
-from .grounding import Stage, target_atoms
+from .grounder import Stage, target_atoms
 from .joins import unique_keys
 from .plan import TRANSFORMATIONS, Plan
 

@@ -66,21 +66,32 @@ class Relation:
         else:
             columns = tuple(args)
         columns = tuple(as_column(c, f"relation argument {k}") for k, c in enumerate(columns))
-        sizes = {c.size for c in columns}
+        lengths = {f"argument {k}": c.size for k, c in enumerate(columns)}
         if example is not None:
             example = as_column(example, "relation example column")
-            sizes.add(example.size)
+            lengths["example"] = example.size
         if values is not None:
-            values = np.asarray(values, dtype=np.float64)
+            try:
+                values = np.asarray(values, dtype=np.float64)
+            except (TypeError, ValueError) as error:
+                raise TemplateError(f"relation values must be numbers ({error})") from None
             if values.ndim == 0 or values.ndim > 3:
                 raise TemplateError(f"relation values must have shape (n,), (n, d) or (n, r, c) (got {values.shape})")
-            if not np.all(np.isfinite(values)):
-                raise TemplateError("relation values contain NaN or inf")
-            sizes.add(values.shape[0])
+            bad = ~np.isfinite(values.reshape(values.shape[0], -1)).all(axis=1)
+            if bad.any():
+                k = int(np.flatnonzero(bad)[0])
+                atom = ", ".join(str(c[k]) for c in columns if c.size > k)
+                raise TemplateError(f"relation values: row {k} (the fact ({atom})) has a NaN or inf value "
+                                    f"({values[k].tolist()}), and {int(bad.sum())} row(s) in all; a missing value "
+                                    "is not a number a model can compute with: drop those facts or fill them in")
+            lengths["values"] = values.shape[0]
         if size is not None:
-            sizes.add(int(size))
+            lengths["size"] = int(size)
+        sizes = set(lengths.values())
         if len(sizes) > 1:
-            raise TemplateError(f"relation columns have different lengths {sorted(sizes)}")
+            listed = ", ".join(f"{name} {n}" for name, n in lengths.items())
+            raise TemplateError(f"relation columns have different lengths ({listed}): every column holds one entry "
+                                "per fact")
         if not sizes:
             raise TemplateError("a relation of arity 0 needs size=, example= or values= to say how many facts")
         object.__setattr__(self, "args", columns)

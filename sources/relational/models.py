@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from .data import Query, Relation
+from .sql import Database, SQLRelation
 from .template import Aggregation, Combination, Metadata, R, Template, TemplateError, Transformation, V
 
 __all__ = ["tu_facts", "tu_queries", "gcn", "sage", "gin", "mutagenesis", "mutagenesis_facts",
@@ -189,7 +190,6 @@ MUTAGENESIS_SQL = {
 
 def mutagenesis_database(url_or_path):
     """The Mutagenesis relations of a database written by ``datasets.create_database``, grounded in SQL."""
-    from .sql import Database, SQLRelation
     return Database(url_or_path, {
         "atom_type": SQLRelation(MUTAGENESIS_SQL["atom_type"], ("atom", "element"), example="molecule"),
         "bond": SQLRelation(MUTAGENESIS_SQL["bond"], ("x", "y", "bond"), example="molecule"),

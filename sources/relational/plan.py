@@ -38,15 +38,15 @@ TRANSFORMATIONS = {
 }
 COMBINATIONS = ("sum", "avg", "max", "min", "product", "elproduct")
 AGGREGATIONS = ("sum", "avg", "max", "min", "count")
-_LATER = "attention-style constructs (issue 12, item 6)"
+_IMPORTER = "a template built with PyNeuraLogic and imported with neurovec.sources.neuralogic.from_neuralogic takes it"
 _NEEDS = {
     "count": "a count of a rule's body inputs is a constant; write it as an offset",
-    "softmax": f"softmax over a neuron's inputs, one of the {_LATER}",
+    "softmax": f"softmax over a neuron's inputs in the grounder ({_IMPORTER})",
     "sparsemax": "a sparsemax transformation in neurovec's graph",
-    "concat": f"concatenation of inputs, one of the {_LATER}",
-    "crosssum": f"a cross-sum combination, one of the {_LATER}",
+    "concat": f"concatenation of inputs in the grounder ({_IMPORTER})",
+    "crosssum": "a cross-sum combination",
     "cossim": "a cosine-similarity combination",
-    "transp": f"a transpose transformation, one of the {_LATER}",
+    "transp": f"a transpose transformation in the grounder ({_IMPORTER} as the left factor of a dot product)",
     "norm": "a normalization transformation",
 }
 DEFAULTS = {"rule_combination": "sum", "rule_transformation": "identity", "aggregation": "avg",

@@ -34,8 +34,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .encoding import FactTable, Vocabulary
-from .grounding import (Grounder, Groundings, Table, _as_ids, _input_positions, relations_by_key,
-                        template_facts)
+from .grounder import (Grounder, Groundings, Table, _as_ids, _input_positions, needs_dedup, relations_by_key,
+                       template_facts)
 from .plan import make_plan
 from .template import Constant, Template, TemplateError, Variable
 
@@ -81,6 +81,7 @@ class Database:
         else:
             text = str(url_or_engine)
             self.engine = create_engine(text if "://" in text else f"sqlite:///{text}")
+            _check_sqlite_file(self.engine)
         for name, relation in relations.items():
             if not isinstance(relation, SQLRelation):
                 raise TemplateError(f"relation {name!r}: expected an SQLRelation (got {type(relation).__name__})")
@@ -88,6 +89,20 @@ class Database:
 
     def connect(self):
         return self.engine.connect()
+
+
+def _check_sqlite_file(engine) -> None:
+    """An SQLite database named by a path must exist: SQLite would create an empty one (or fail deep inside the first
+    statement when its folder is missing)."""
+    from pathlib import Path
+    path = engine.url.database
+    if engine.dialect.name != "sqlite" or not path or path == ":memory:" or path.startswith("file:"):
+        return
+    path = Path(path)
+    if not path.is_file():
+        where = f"its folder {str(path.parent)!r} does not exist" if not path.parent.is_dir() else "no such file"
+        raise TemplateError(f"Database({str(path)!r}): no SQLite database there ({where}); give the path of an "
+                            "existing database file (datasets.create_database writes one for Mutagenesis)")
 
 
 def _source(relation: SQLRelation) -> str:
@@ -115,6 +130,8 @@ class SQLGrounder(Grounder):
         with self.database.connect() as self.conn:
             if self.conn.dialect.name == "sqlite":  # temporary tables in memory, not in a file
                 self._execute("PRAGMA temp_store = MEMORY")
+            for name, relation in self.database.relations.items():
+                self._check_columns(name, relation)
             self._examples()
             used = self._relevant_predicates()
             for key, relation in self.relations.items():
@@ -131,6 +148,41 @@ class SQLGrounder(Grounder):
         return result
 
     # -- helpers ---------------------------------------------------------------------------------------------------
+    def _check_columns(self, name: str, relation: SQLRelation) -> None:
+        """Every column the relation names is one of its source's: a table's columns as the database's schema
+        lists them (SQLAlchemy's inspector), a ``SELECT``'s as its result names them. Without the check a
+        misspelled column is no error on SQLite, which reads a quoted unknown name as a string constant: every
+        fact gets that string as its example or argument, and the rules silently ground to something else."""
+        from sqlalchemy import inspect
+        from sqlalchemy.exc import DBAPIError, NoSuchTableError
+
+        source = relation.source.strip()
+        if " " in source:
+            try:
+                columns = list(self._execute(f"SELECT * FROM {_source(relation)} LIMIT 0").keys())
+            except DBAPIError as error:
+                raise TemplateError(f"relation {name!r}: its source {source!r} fails in the database "
+                                    f"({self.database.engine.url!r}): {error.orig}") from None
+        else:
+            inspector = inspect(self.conn)
+            try:
+                columns = [column["name"] for column in inspector.get_columns(source)]
+            except NoSuchTableError:
+                tables = sorted(inspector.get_table_names() + inspector.get_view_names())
+                raise TemplateError(f"relation {name!r}: the database ({self.database.engine.url!r}) has no table "
+                                    f"or view {source!r} (it has {tables})") from None
+        # SQLite matches column names in any case; other databases match a quoted name exactly.
+        fold = str.lower if self._sqlite else (lambda text: text)
+        known = {fold(column) for column in columns}
+        roles = [("example", relation.example)] + [(f"argument {k}", c) for k, c in enumerate(relation.args)] + \
+            [("value" if len(relation.value_columns) == 1 else f"value {k}", c)
+             for k, c in enumerate(relation.value_columns)]
+        for role, column in roles:
+            if column is not None and fold(str(column)) not in known:
+                why = "; SQLite would read the unknown name as a string constant" if self._sqlite else ""
+                raise TemplateError(f"relation {name!r}: its {role} column {column!r} is not a column of {source!r} "
+                                    f"(its columns: {columns}){why}")
+
     def _name(self) -> str:
         return f"nv_{next(self._names)}"
 
@@ -239,7 +291,14 @@ class SQLGrounder(Grounder):
         data = None
         if relation.values is not None:
             fetched = self._execute(values).cursor.fetchall()
-            data = np.array(fetched, dtype=np.float64).reshape((len(fetched),) + relation.value_shape)
+            try:
+                data = np.array(fetched, dtype=np.float64).reshape((len(fetched),) + relation.value_shape)
+            except (TypeError, ValueError):
+                row, c = next((r, c) for r, row in enumerate(fetched) for c, v in enumerate(row)
+                              if not isinstance(v, (int, float)) or isinstance(v, bool))
+                raise TemplateError(f"relation {key}: its value column {relation.value_columns[c]!r} holds "
+                                    f"{fetched[row][c]!r} (a {type(fetched[row][c]).__name__}), not a number; values "
+                                    "must be numbers (cast the column in a SELECT, or name a numeric column)") from None
             if not np.all(np.isfinite(data)):
                 raise TemplateError(f"relation {key}: values contain NULL, NaN or inf")
         return FactTable(key, None, None, value_row, data, sql=name)
@@ -418,10 +477,7 @@ class SQLGrounder(Grounder):
         sql = f"SELECT {distinct}{', '.join(columns)} FROM {' CROSS JOIN '.join(sources)}"
         return (sql + (f" WHERE {' AND '.join(where)}" if where else "")), params
 
-    @staticmethod
-    def _needs_dedup(rule) -> bool:
-        from .grounding import NumpyGrounder
-        return NumpyGrounder._needs_dedup(rule)
+    _needs_dedup = staticmethod(needs_dedup)
 
     # -- queries and messages --------------------------------------------------------------------------------------
     def encoded(self, table: Table) -> Table:

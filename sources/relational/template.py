@@ -407,6 +407,31 @@ class Metadata:
             fields[entry.kind] = entry
         return cls(**fields)
 
+    def __post_init__(self):
+        # A function by its name (as in a NeuraLogic template file) is that function; another name is an error here,
+        # not when the rule is grounded.
+        for kind, namespace in (("transformation", Transformation), ("combination", Combination),
+                                ("aggregation", Aggregation)):
+            value = getattr(self, kind)
+            if value is None or (isinstance(value, Function) and value.kind == kind):
+                continue
+            known = {f.name: (attribute, f) for attribute, f in vars(namespace).items() if isinstance(f, Function)}
+            if isinstance(value, str) and value.lower() in known:
+                object.__setattr__(self, kind, known[value.lower()][1])
+                continue
+            article = "an" if kind[0] == "a" else "a"
+            raise TemplateError(f"Metadata({kind}={value!r}): not {article} {kind}; use one of "
+                                f"{', '.join(f'{namespace.__name__}.{a}' for a, _ in known.values())} (or its name: "
+                                f"{', '.join(known)})")
+        for name in ("learnable", "duplicate_grounding"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, (bool, np.bool_)):
+                raise TemplateError(f"Metadata({name}={value!r}): expected True or False")
+        if self.depth is not None and (isinstance(self.depth, bool) or not isinstance(self.depth, (int, np.integer))
+                                       or self.depth < 0):
+            raise TemplateError(f"Metadata(depth={self.depth!r}): expected a whole number >= 0 (the recursion's "
+                                "unrolling depth)")
+
     def __str__(self) -> str:
         parts = [f"{k}={v}" for k, v in self.__dict__.items() if v is not None]
         return f"[{', '.join(parts)}]"
@@ -594,10 +619,15 @@ class Template:
         return "\n".join([str(f) + "." for f in self.facts] + [str(r) for r in self.rules] +
                          [str(p) for p in self.predicates.values()])
 
+    # The grounding entry point, set by .grounding when it is imported (as importing neurovec.relational does): this
+    # module stays below the grounders and imports none of them.
+    _ground = None
+
     def ground(self, facts, queries, **options):
         """Ground this template on ``facts`` for ``queries``: a :class:`neurovec.Graph` (see :func:`.ground`)."""
-        from .grounding import ground
-        return ground(self, facts, queries, **options).graph
+        if Template._ground is None:
+            raise RuntimeError("import neurovec.sources.relational (or neurovec.relational) to ground templates")
+        return Template._ground(self, facts, queries, **options).graph
 
 
 def _merge(old: PredicateSpec, new: PredicateSpec) -> Metadata:
