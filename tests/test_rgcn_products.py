@@ -65,8 +65,8 @@ def test_chunk_size_choice():
         assert cost(rp.chunk_size(sizes)) == min(cost(c) for c in range(1, int(sizes.max()) + 1))
 
 
-@pytest.mark.parametrize("options", [{}, {"num_bases": 10}, {"root_weight": False}])
-@pytest.mark.parametrize("preset", ["default", "unoptimized"])
+@pytest.mark.parametrize("options, preset", [({}, "default"), ({}, "unoptimized"), ({"num_bases": 10}, "default"),
+                                             ({"root_weight": False}, "default")])
 def test_exact_and_segmented(options, preset):
     data = kgmod.synthetic_hetero(300, 3000, 12, n_features=4, n_classes=3, seed=5)
     spec = rgcn.RGCNSpec.create(4, 12, hidden=[5, 3], **options)
