@@ -73,8 +73,9 @@ def _proposed():
     from neurovec.engines import torch_module
 
     names = [name for name, *_ in pipeline.PIPELINE]
-    pipeline.PIPELINE.insert(names.index("upward") + 1,
-                             ("relation_products", lambda s: True, relation_products.relation_products))
+    if "relation_products" not in names:  # (once the pipeline has the line, its own)
+        pipeline.PIPELINE.insert(names.index("upward") + 1,
+                                 ("relation_products", lambda s: True, relation_products.relation_products))
     original = torch_module._linear
 
     def linear(node, w, x):
@@ -95,9 +96,15 @@ def _compile_neurovec(graph, contender, dtype, dynamic=(), budget=120.0):
 
     start = time.perf_counter()
     if contender == "autotune":
-        presets = [Settings.preset(p, dynamic_facts=tuple(dynamic), verify=False) for p in list_presets()]
+        names = list_presets()
+        # With dynamic facts every candidate must keep them replaceable: Settings objects, which autotune
+        # labels custom-1, custom-2, ... in the order given (mapped back to the preset names here).
+        presets = [Settings.preset(p, dynamic_facts=tuple(dynamic)) for p in names] if dynamic else None
         result = neurovec.autotune(graph, presets=presets, budget_s=budget, dtype=dtype, progress=False)
-        module, details = result.module, {"chosen": f"{result.preset}/{result.kernel}"}
+        chosen = str(result.preset)
+        if dynamic and chosen.startswith("custom-"):
+            chosen = names[int(chosen.split("-")[1]) - 1]
+        module, details = result.module, {"chosen": f"{chosen}/{result.kernel}"}
     else:
         module = neurovec.compile(graph, Settings.preset("default", dynamic_facts=tuple(dynamic), verify=False),
                                   dtype)
