@@ -8,7 +8,9 @@ R-MAT shapes of ``neurovec.datasets.synthetic``, ``products-like`` scaled by
 ``--products-scale`` to what fits next to the one-process baseline) and saved as
 arrays; each rank count gets its partition once, here, as DistDGL partitions
 offline (METIS through pymetis where installed, else BFS blocks; its time and
-quality are reported). Then, round after round, every configuration is a real
+quality are reported) and every rank's shard written (``partition.write_shards``:
+its in-edges, its edges to other ranks, the feature rows it reads), so that a rank
+loads only its share, as on separate machines. Then, round after round, every configuration is a real
 launch of ``examples/train_partitioned.py``: ``whole`` (the whole graph compiled by
 ``neurovec.compile`` in one process, no torchrun), the same with ``fold_constants``
 off (the whole-graph compile folds the first layer's aggregation of the static
@@ -92,25 +94,30 @@ def make_data(name: str, args, folder: Path) -> tuple[Path, dict]:
     return path, info
 
 
-def make_parts(data: Path, world: int, method: str, folder: Path) -> tuple[Path, dict]:
+def make_shards(data: Path, world: int, args, folder: Path) -> tuple[Path, dict]:
+    """The partition for ``world`` ranks, made here once (timed), and every rank's shard written."""
     with np.load(data) as arrays:
-        edge_index, n = arrays["edge_index"], arrays["x"].shape[0]
+        arrays = {key: arrays[key] for key in ("x", "edge_index", "y", "train_mask", "num_classes")}
+    n = arrays["x"].shape[0]
     start = time.perf_counter()
-    parts = partition.partition_nodes(edge_index, n, world, method)
+    parts = partition.partition_nodes(arrays["edge_index"], n, world, args.partition) if world > 1 else \
+        np.zeros(n, np.int64)
     seconds = time.perf_counter() - start
-    quality = partition.partition_quality(edge_index, parts, world, method)
-    path = folder / f"{data.stem}-{world}.npy"
-    np.save(path, parts)
-    return path, {"partition_seconds": seconds, **quality.as_dict()}
+    quality = partition.partition_quality(arrays["edge_index"], parts, world, args.partition)
+    target = folder / f"{data.stem}-shards-{world}"
+    partition.write_shards(target, arrays["x"], arrays["edge_index"], parts, y=arrays["y"],
+                           train_mask=arrays["train_mask"], num_classes=int(arrays["num_classes"]),
+                           neighbour_features=args.model == "sage")
+    return target, {"partition_seconds": seconds, **quality.as_dict()}
 
 
-def launch(args, data: Path, ranks: int | None, parts: Path | None, hidden: int, layers: int, out: Path,
+def launch(args, data: Path, ranks: int | None, shards: Path | None, hidden: int, layers: int, out: Path,
            settings: str | None = None) -> list[dict]:
     """One run; ``ranks`` None: the whole graph in one process. Returns every rank's record."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT.parent), os.environ.get("PYTHONPATH", "")]),
            "OMP_NUM_THREADS": "1", "NEUROVEC_PROGRESS": "0"}
-    example = [str(ROOT / "examples" / "train_partitioned.py"), "--dataset", f"npz:{data}", "--models", args.model,
-               "--presets", args.preset, "--hidden", str(hidden), "--layers", str(layers), "--epochs",
+    source = ["--dataset", f"npz:{data}"] if ranks is None else ["--shards", str(shards)]
+    example = [str(ROOT / "examples" / "train_partitioned.py"), *source, "--models", args.model, "--presets", args.preset, "--hidden", str(hidden), "--layers", str(layers), "--epochs",
                str(args.epochs), "--out", str(out)]
     if settings:
         example += ["--settings", settings]
@@ -118,7 +125,7 @@ def launch(args, data: Path, ranks: int | None, parts: Path | None, hidden: int,
         command = [sys.executable, *example, "--whole"]
     else:
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks),
-                   *example, "--parts", str(parts)]
+                   *example]
     run = subprocess.run(command, env=env, capture_output=True, text=True)
     if run.returncode != 0:
         raise RuntimeError(f"{' '.join(command)} failed:\n{run.stdout[-5000:]}\n{run.stderr[-5000:]}")
@@ -132,7 +139,7 @@ def summarize(records: list[dict]) -> dict:
     return {"step": statistics.median(max(e) for e in epochs[1:]) if len(epochs) > 1 else max(epochs[0]),
             "first": max(epochs[0]), "compile": [run["compile_seconds"] for run in runs],
             "plan": [run["plan_seconds"] for run in runs], "peak_mb": [r["peak_mb"] for r in records],
-            "halo": [sum(run["halo_rows"].values()) for run in runs],
+            "halo": [max(run["halo_rows"].values(), default=0) for run in runs],  # per exchanged layer
             "halo_layers": [len(run["halo_rows"]) for run in runs],
             "step_bytes": sum(sum(run["step_bytes"][0]) for run in runs),
             "edge_cut": records[0]["quality"]["edge_cut"], "cut_fraction": records[0]["quality"]["cut_fraction"],
@@ -160,7 +167,7 @@ def table(name: str, info: dict, rows: dict, parts_info: dict) -> str:
              f"{info['classes']} classes",
              "",
              "| configuration | step s | first epoch s | compile s per rank | plan s per rank | peak RSS per rank (MB) | "
-             "largest / one process (/ fold off) | halo rows per rank (x layers) | bytes sent per step (all ranks) | edge cut |",
+             "largest / one process (/ fold off) | halo rows per rank, per exchanged layer (x layers) | bytes sent per step (all ranks) | edge cut |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for config, s in rows.items():
         ratio = f"{max(s['peak_mb']) / max(whole['peak_mb']):.2f}x" if whole else "-"
@@ -196,13 +203,11 @@ def main(argv=None) -> None:
             data, info = make_data(name, args, folder)
             hidden = args.hidden or (16 if name == "cora" else 128)
             layers = args.layers or (2 if name == "cora" else 3)
-            parts, parts_info = {}, {}
+            shards, parts_info = {}, {}
             for k in args.ranks:
+                shards[k], made = make_shards(data, k, args, folder)
                 if k > 1:
-                    parts[k], parts_info[k] = make_parts(data, k, args.partition, folder)
-                else:
-                    np.save(folder / f"{name}-1.npy", np.zeros(info["nodes"], np.int64))
-                    parts[k] = folder / f"{name}-1.npy"
+                    parts_info[k] = made
             configs = ([] if args.no_whole else ["whole"] + ([] if args.no_fold_baseline else ["whole-nofold"]))
             configs += list(args.ranks)
             launches = {c: [] for c in configs}
@@ -210,7 +215,7 @@ def main(argv=None) -> None:
                 for config in configs:
                     target = folder / f"{name}-{config}-{r}"
                     whole = isinstance(config, str)
-                    records = launch(args, data, None if whole else config, parts.get(config), hidden, layers, target,
+                    records = launch(args, data, None if whole else config, shards.get(config), hidden, layers, target,
                                      '{"fold_constants": false}' if config == "whole-nofold" else None)
                     launches[config].append(records)
                     print(f"{name} {config} round {r}: step {summarize(records)['step']:.3f} s, peak "

@@ -18,7 +18,8 @@ y=..., train_mask=...)``). ``--whole`` trains the whole graph in one process wit
 partitioning (plain ``neurovec.compile``; no torchrun needed), the baseline the
 benchmark compares with. For several machines, run the same command on each with
 ``--nnodes N --node_rank K --rdzv_endpoint HOST:PORT`` (and ``--rdzv_backend c10d``)
-instead of ``--standalone``.
+instead of ``--standalone``. ``--shards DIR`` (written once by ``partition.write_shards``)
+has each rank load only its share of the graph, as a run across machines would.
 
 ``--out DIR`` writes per rank ``rank<r>.json`` (plan, compile and epoch times, peak
 memory, halo rows, bytes exchanged per step, the partition's quality) and
@@ -63,6 +64,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=1, help="torch threads per rank (default: 1)")
     parser.add_argument("--partition", default="auto", choices=list(partition.METHODS))
     parser.add_argument("--parts", default=None, help="a .npy file of one rank per node (made beforehand)")
+    parser.add_argument("--shards", default=None, help="a folder of shards (partition.write_shards): each rank "
+                                                       "loads only its edges and feature rows; replaces --dataset")
     parser.add_argument("--data-dir", default="../shared/data/planetoid")
     parser.add_argument("--whole", action="store_true", help="one process, the whole graph, no partition")
     parser.add_argument("--out", default=None, help="folder for rank<r>.json, outputs<r>.pt and weights.pt")
@@ -130,15 +133,27 @@ def node_parts(args, data: dict, ctx) -> np.ndarray:
 def train_one(args, data, parts, kind: str, preset: str, ctx, dtype) -> dict:
     widths = (args.hidden,) * (args.layers - 1) + (int(data["num_classes"]),)
     start = time.perf_counter()
-    source = partition.NodeGNN(kind, data["x"], data["edge_index"], widths, seed=args.seed)
+    shard = data.get("shard")
+    if shard is None:
+        source = partition.NodeGNN(kind, data["x"], data["edge_index"], widths, seed=args.seed)
+    else:  # this rank's share only: its edges and the feature rows it reads
+        source = partition.NodeGNN(kind, shard.x, shard.edge_index, widths, seed=args.seed, x_ids=shard.x_ids,
+                                   n_nodes=shard.n_nodes, cut=shard.cut)
     built = time.perf_counter() - start
     rank_module = partition.compile_rank(source, parts, ctx.rank, ctx.world_size, settings_of(args, preset), dtype)
     del source
-    model = partition.PartitionedModule(rank_module).to(ctx.device)
+    model = partition.PartitionedModule(rank_module)
+    if ctx.device.type != "cpu":
+        model.to(ctx.device)
     after_compile_mb = current_mb()
     ids = torch.from_numpy(model.output_ids).to(ctx.device)
-    labels = torch.as_tensor(data["y"], device=ctx.device)[ids]
-    train = torch.as_tensor(data["train_mask"], device=ctx.device)[ids]
+    if shard is None:
+        labels = torch.as_tensor(data["y"], device=ctx.device)[ids]
+        train = torch.as_tensor(data["train_mask"], device=ctx.device)[ids]
+    else:  # a shard's labels are its own nodes', which are this rank's outputs, in order
+        assert np.array_equal(shard.nodes, model.output_ids)
+        labels = torch.as_tensor(shard.y, device=ctx.device)
+        train = torch.as_tensor(shard.train_mask, device=ctx.device)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     epoch_seconds, losses, step_bytes = [], [], []
     for _ in range(args.epochs):
@@ -204,14 +219,22 @@ def main(argv=None) -> None:
     ctx = distributed.Context(0, 1, torch.device("cpu"), "none") if args.whole else distributed.init()
     dtype = getattr(torch, args.dtype)
     start = time.perf_counter()
-    data = load_dataset(args.dataset, args.data_dir, args.seed)
+    if args.shards:  # this rank's share, written beforehand by partition.write_shards
+        shard = partition.load_shard(args.shards, ctx.rank, ctx.world_size)
+        data = {"name": Path(args.shards).name, "shard": shard, "num_classes": shard.num_classes}
+        parts, quality = shard.parts, shard.quality
+        size = f"{shard.n_nodes:,} nodes, this rank's shard {shard.edge_index.shape[1]:,} edges"
+    else:
+        data = load_dataset(args.dataset, args.data_dir, args.seed)
+        parts = np.zeros(data["x"].shape[0], np.int64) if args.whole else node_parts(args, data, ctx)
+        quality = partition.partition_quality(data["edge_index"], parts, ctx.world_size, args.partition).as_dict()
+        size = f"{data['x'].shape[0]:,} nodes, {data['edge_index'].shape[1]:,} edges"
     load_seconds = time.perf_counter() - start
     loaded_mb = current_mb()
-    parts = np.zeros(data["x"].shape[0], np.int64) if args.whole else node_parts(args, data, ctx)
-    quality = partition.partition_quality(data["edge_index"], parts, ctx.world_size, args.partition)
     if ctx.rank == 0:
-        print(f"{data['name']}: {data['x'].shape[0]:,} nodes, {data['edge_index'].shape[1]:,} edges; "
-              f"{'whole graph, one process' if args.whole else quality}", flush=True)
+        print(f"{data['name']}: {size}; "
+              f"{'whole graph, one process' if args.whole else partition.PartitionQuality.from_dict(quality)}",
+              flush=True)
     runs = []
     for kind in args.models:
         for preset in args.presets:
@@ -230,7 +253,7 @@ def main(argv=None) -> None:
         record = {"rank": ctx.rank, "world_size": ctx.world_size, "backend": ctx.backend, "dataset": data["name"],
                   "whole": args.whole,
                   "load_seconds": load_seconds, "loaded_mb": loaded_mb, "peak_mb": peak_mb(),
-                  "quality": quality.as_dict(), "owned_nodes": int(np.sum(parts == ctx.rank)),
+                  "quality": quality, "owned_nodes": int(np.sum(parts == ctx.rank)),
                   "runs": [{k: v for k, v in run.items() if k not in ("outputs", "output_ids", "state")}
                            for run in runs]}
         (folder / f"rank{ctx.rank}.json").write_text(json.dumps(record))

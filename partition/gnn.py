@@ -30,6 +30,11 @@ Weight names are the PyG twin's (``conv1.lin.weight``, ``conv1.bias``,
 in +-1/sqrt(fan in), drawn in the order of :mod:`neurovec.datasets.gnn`), so every
 rank builds the same weights.
 
+A *shard* (``partition.shards``): one rank's edges (the in-edges of its nodes and the
+edges from its nodes to other ranks') and the feature rows it reads (``x_ids``) of an
+``n_nodes`` graph, with ``cut`` saying whether any edge of the whole graph is cut: the
+rank's rows are then exactly the whole graph's, and no rank ever loads the whole graph.
+
 :class:`NodeGNN` is also a plan source (:mod:`neurovec.partition.plan`): it builds
 the rows a rank owns from an in-edge CSR made once, in bulk, with each neuron's
 inputs in exactly the order of the whole graph's (self loop first, then the
@@ -44,7 +49,7 @@ import numpy as np
 from ..datasets._common import WeightTable, glorot
 from ..sources.graph import FactLayer, Graph, NeuronLayer
 from .partitioner import PartitionError, sorted_unique
-from .plan import Rows, _select_edges
+from .plan import Rows, select_edges
 
 __all__ = ["KINDS", "NodeGNN"]
 
@@ -74,7 +79,8 @@ class NodeGNN:
     """A node-level GCN or SAGE over ``x`` (n x features) and ``edge_index`` (2 x E); module doc."""
 
     def __init__(self, kind: str, x: np.ndarray, edge_index: np.ndarray, widths=(16, 7), seed: int = 0,
-                 activation: str = "relu"):
+                 activation: str = "relu", *, x_ids: np.ndarray | None = None, n_nodes: int | None = None,
+                 cut: bool | None = None):
         if kind not in KINDS:
             raise PartitionError(f"kind: unknown node-level model {kind!r} (expected one of {KINDS})")
         x = np.asarray(x)
@@ -84,10 +90,17 @@ class NodeGNN:
         if edge_index.ndim != 2 or edge_index.shape[0] != 2 or (edge_index.size and edge_index.dtype.kind not in "iu"):
             raise PartitionError(f"edge_index: expected (2, E) integer node ids (got shape {edge_index.shape}, "
                                  f"{edge_index.dtype})")
-        n = x.shape[0]
+        n = x.shape[0] if n_nodes is None else int(n_nodes)
+        if x_ids is not None:  # a shard: x holds only the rows x_ids (ascending) of an n_nodes graph
+            x_ids = np.asarray(x_ids, dtype=np.int64)
+            if x_ids.shape != (x.shape[0],) or (x_ids.size and (np.any(x_ids[1:] <= x_ids[:-1]) or x_ids[-1] >= n)):
+                raise PartitionError(f"x_ids: expected {x.shape[0]} ascending node ids below {n}, one per row of x")
+        elif x.shape[0] != n:
+            raise PartitionError(f"x: {x.shape[0]} rows for a graph of n_nodes={n} (pass x_ids for a shard)")
         if edge_index.size and (edge_index.min() < 0 or edge_index.max() >= n):
             bad = int(edge_index.min()) if edge_index.min() < 0 else int(edge_index.max())
             raise PartitionError(f"edge_index: node id {bad} is outside 0..{n - 1} (x has {n} rows)")
+        self.x_ids, self._cut = x_ids, cut
         widths = tuple(int(w) for w in widths)
         if not widths or min(widths) < 1:
             raise PartitionError(f"widths: need at least one convolution of positive width (got {widths})")
@@ -162,9 +175,11 @@ class NodeGNN:
 
     def crossing(self, owners: dict[int, np.ndarray]) -> set[tuple[int, int]]:
         """Which layers read others across ranks: the neighbour aggregations of computed rows, where an
-        edge is cut (a neighbour's facts are constants every rank keeps)."""
+        edge is cut (a neighbour's facts are constants every rank keeps). A shard sees only its own
+        edges: ``cut`` (given) says for every rank alike."""
         parts = owners[1]
-        if not np.any(parts[self.src] != parts[self.dst]):  # self loops never cross
+        cut = self._cut if self._cut is not None else bool(np.any(parts[self.src] != parts[self.dst]))
+        if not cut:  # self loops never cross
             return set()
         return {(index, layer.reads[0]) for index, layer in enumerate(self._layers, start=1)
                 if layer.role in ("gcn", "mean") and layer.reads[0] != 0}
@@ -176,7 +191,12 @@ class NodeGNN:
         return keys // self.n_nodes, keys % self.n_nodes
 
     def fact_rows(self, index: int, rows: np.ndarray) -> np.ndarray:
-        return self.x[rows]
+        if self.x_ids is None:
+            return self.x[rows]
+        positions = np.searchsorted(self.x_ids, rows)
+        if np.any(positions >= self.x_ids.size) or np.any(self.x_ids[np.minimum(positions, self.x_ids.size - 1)] != rows):
+            raise PartitionError("x: this shard holds no features for some node a rank reads (x_ids is missing it)")
+        return self.x[positions]
 
     def rows(self, index: int, rows: np.ndarray) -> Rows:
         """Layer ``index``'s neurons ``rows`` (ascending) with their inputs, as the whole graph orders them."""
@@ -194,7 +214,7 @@ class NodeGNN:
         # A neighbour aggregation: self loop first (GCN), then the in-edges in listed order (an
         # isolated SAGE node: itself times the fixed 0), from the in-edge CSR in bulk.
         n_in = self._in_ptr[rows + 1] - self._in_ptr[rows]
-        source_in = self.src[self._in_edges[_select_edges(self._in_ptr, rows)]]
+        source_in = self.src[self._in_edges[select_edges(self._in_ptr, rows)]]
         extra = one if layer.role == "gcn" else (n_in == 0).astype(np.int64)
         counts = n_in + extra
         own = (np.cumsum(counts) - counts)[extra == 1]  # the slot of the self loop / the lonely self read

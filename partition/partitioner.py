@@ -258,6 +258,11 @@ class PartitionQuality:
                 f"({100 * self.cut_fraction:.1f}%), largest/mean part {self.node_imbalance:.3f} in nodes, "
                 f"{self.edge_imbalance:.3f} in edges; halo rows per rank {list(self.halo)}")
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "PartitionQuality":
+        return cls(d["n_parts"], d["n_edges"], d["edge_cut"], tuple(d["nodes"]), tuple(d["edges"]), tuple(d["halo"]),
+                   d.get("method", ""))
+
     def as_dict(self) -> dict:
         return {"n_parts": self.n_parts, "method": self.method, "n_edges": self.n_edges, "edge_cut": self.edge_cut,
                 "cut_fraction": self.cut_fraction, "nodes": list(self.nodes), "edges": list(self.edges),

@@ -38,6 +38,7 @@ for graphs too large to build whole).
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence
@@ -98,7 +99,7 @@ def present(values: np.ndarray, size: int) -> np.ndarray:
     return np.flatnonzero(mask)
 
 
-def _select_edges(ptr: np.ndarray, rows: np.ndarray) -> np.ndarray:
+def select_edges(ptr: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """The edge ids of ``rows`` of a CSR layer, row after row (whole arrays)."""
     counts = ptr[rows + 1] - ptr[rows]
     return np.repeat(ptr[rows] - (np.cumsum(counts) - counts), counts) + np.arange(int(counts.sum()))
@@ -164,7 +165,7 @@ class GraphSource:
 
     def rows(self, index: int, rows: np.ndarray) -> Rows:
         layer = self.graph.layers[index]
-        edges = _select_edges(layer.ptr, rows)
+        edges = select_edges(layer.ptr, rows)
         return Rows(rows, layer.counts[rows], layer.input_layer[edges], layer.input_ordinal[edges],
                     layer.input_weight[edges], layer.bias[rows])
 
@@ -256,12 +257,23 @@ class Unit:
 
     ``inputs``: (fact layer name in ``graph``, global layer index) for each layer of an
     earlier stage it reads. ``outputs``: (global layer index, number of rows), in the
-    order the program returns their rows.
+    order the program returns their rows. ``graph`` is built when read (each time), from
+    the rows the plan keeps for it; :meth:`release` lets those go (a rank compiles its
+    units one at a time and releases each, so that it never holds every stage's arrays).
     """
 
-    graph: Graph
     inputs: tuple[tuple[str, int], ...]
     outputs: tuple[tuple[int, int], ...]
+    _build: list = field(repr=False, default_factory=list)  # [callable] until released
+
+    @property
+    def graph(self) -> Graph:
+        if not self._build:
+            raise RuntimeError("this unit was released (compiled): its graph is no longer held")
+        return self._build[0]()
+
+    def release(self) -> None:
+        self._build.clear()
 
 
 @dataclass(frozen=True, eq=False)
@@ -370,9 +382,8 @@ def plan_rank(source: Source | Graph, parts, rank: int, world_size: int | None =
         exchanges[stage[s]].append(_exchange(source, s, owners, owned, local, rank, world_size))
     halo = {x.layer: x.recv_rows for stage_x in exchanges for x in stage_x}
 
-    units = [[] for _ in range(n_stages)]
-    for t in range(n_stages):
-        units[t] = _stage_units(source, t, stage, local, owned, halo, kept, read_later)
+    units = [_stage_units(source, t, stage, local, owned, halo, kept) for t in range(n_stages)]
+    del local  # each stage's units hold their own rows from here on
     return RankPlan(rank, world_size, parts_digest(parts, world_size), source.names, source.shapes,
                     source.weights, tuple(map(tuple, units)), tuple(map(tuple, exchanges)), kept, output_ids,
                     output_layers, output_positions, tuple(source.shapes[int(source.output_layer[0])]),
@@ -420,31 +431,33 @@ def _positions(ids: np.ndarray, wanted: np.ndarray) -> np.ndarray:
     return table[wanted].astype(np.int64)
 
 
-def _stage_units(source, t, stage, local, owned, halo, kept, read_later) -> list[Unit]:
-    """Stage ``t``'s programs on this rank: one per value shape of the rows it keeps."""
+def _stage_units(source, t, stage, local, owned, halo, kept) -> list[Unit]:
+    """Stage ``t``'s programs on this rank: one per value shape of the rows it keeps, built when read."""
     members = [index for index in range(len(source.names)) if stage[index] == t and index in local]
     if not members:
         return []
+    mine = {index: local[index] for index in members}  # the units of this stage share these rows
+    inputs = sorted({s for index in members for s in present(mine[index].input_layer, len(source.names)).tolist()
+                     if not source.facts[s] and stage[s] < t})
+    dynamic = tuple((source.names[s], s) for s in inputs)
     kept_here = [index for index in members if index in kept and kept[index].size]
     units = []
     for shape in dict.fromkeys(source.shapes[i] for i in kept_here):
         outputs = [i for i in kept_here if source.shapes[i] == shape]
-        units.append(_unit(source, t, stage, members, outputs, local, owned, halo, kept))
+        build = functools.partial(_unit_graph, source, members, outputs, inputs, mine, owned, halo, kept)
+        units.append(Unit(dynamic, tuple((i, int(kept[i].size)) for i in outputs), [build]))
     return units
 
 
-def _unit(source, t, stage, members, outputs, local, owned, halo, kept) -> Unit:
-    """The neuron graph of stage ``t``'s ``members`` (owned rows, local numbering) returning ``outputs``."""
-    # Which rows of which earlier layer the members read: facts by row, earlier stages whole.
+def _unit_graph(source, members, outputs, inputs, local, owned, halo, kept) -> Graph:
+    """The neuron graph of a stage's ``members`` (owned rows, local numbering) returning ``outputs``."""
+    # Which rows of each fact layer the members read.
     fact_rows: dict[int, list[np.ndarray]] = {}
-    inputs: list[int] = []
     for index in members:
         rows = local[index]
         for s in present(rows.input_layer, len(source.names)).tolist():
             if source.facts[s]:
                 fact_rows.setdefault(s, []).append(rows.input_ordinal[rows.input_layer == s])
-            elif stage[s] < t and s not in inputs:
-                inputs.append(s)
     layers: list = []
     new_index: dict[int, int] = {}
     numbering: dict[int, np.ndarray] = {}  # global ordinals of each local layer's rows, in local order
@@ -453,14 +466,12 @@ def _unit(source, t, stage, members, outputs, local, owned, halo, kept) -> Unit:
         new_index[s], numbering[s] = len(layers), rows
         layers.append(FactLayer(source.names[s], source.fact_rows(s, rows), unit=source.layer_info(s)["unit"],
                                 copy=False))
-    dynamic = []
-    for s in sorted(inputs):
+    for s in inputs:
         rows = owned[s] if s not in halo else np.concatenate([owned[s], halo[s]])
         new_index[s], numbering[s] = len(layers), rows
         # Placeholder values: each call passes the real ones (module(facts=...)). np.zeros is
         # calloc'd, so the pages are not touched until written.
         layers.append(FactLayer(source.names[s], np.zeros((rows.size,) + tuple(source.shapes[s])), copy=False))
-        dynamic.append((source.names[s], s))
     for k, index in enumerate(members):
         new_index[index], numbering[index] = len(layers) + k, owned[index]
     # Only the weights these rows use, renumbered (fixed weights such as GCN's normalisation scalars
@@ -484,5 +495,4 @@ def _unit(source, t, stage, members, outputs, local, owned, halo, kept) -> Unit:
                                   info["transformation"], copy=False))
     out_layer = np.concatenate([np.full(kept[i].size, new_index[i]) for i in outputs])
     out_ordinal = np.concatenate([np.searchsorted(owned[i], kept[i]) for i in outputs])
-    graph = Graph(layers, [source.weights[i] for i in used.tolist()], out_layer, out_ordinal)
-    return Unit(graph, tuple(dynamic), tuple((i, int(kept[i].size)) for i in outputs))
+    return Graph(layers, [source.weights[i] for i in used.tolist()], out_layer, out_ordinal)

@@ -102,7 +102,7 @@ def compile_rank(source: Source, parts, rank: int, world_size: int | None = None
     plan = plan_rank(source, parts, rank, world_size)
     planned = time.perf_counter() - start
     module = RankModule(plan, settings, dtype, weights)
-    module.timings["plan"] = planned
+    module.timings["plan"] = planned + module.timings.pop("build")  # the unit graphs are built while compiling
     return module
 
 
@@ -120,15 +120,20 @@ class RankModule(nn.Module):
         dtype = reference.dtype if reference is not None else (dtype or torch.get_default_dtype())
         self.register_buffer("_probe", torch.zeros((), dtype=dtype), persistent=False)  # dtype and device
         self.units = nn.ModuleList()
-        self.timings = {"compile": 0.0}
+        self.timings = {"build": 0.0, "compile": 0.0}
         specs, stage_units = [], []
         for stage in plan.stages:
             stage_units.append([])
             for unit in stage:
                 dynamic = tuple(dict.fromkeys(settings.dynamic_facts + tuple(name for name, _ in unit.inputs)))
                 start = time.perf_counter()
-                module = compile_graph(unit.graph, settings.model_copy(update={"dynamic_facts": dynamic}), dtype)
+                graph = unit.graph
+                self.timings["build"] += time.perf_counter() - start
+                start = time.perf_counter()
+                module = compile_graph(graph, settings.model_copy(update={"dynamic_facts": dynamic}), dtype)
                 self.timings["compile"] += time.perf_counter() - start
+                del graph
+                unit.release()  # its rows too: the rank holds one unit's arrays at a time
                 _share(module, self.weights)
                 _drop_placeholders(module, {name for name, _ in unit.inputs})
                 stage_units[-1].append(len(self.units))
