@@ -46,7 +46,7 @@ from .template import Constant, Template, TemplateError, Variable
 try:   # SQLAlchemy is an optional dependency (pip install -e ".[datasets]"): Database says so when it is missing
     import sqlalchemy as sa
 
-    from .sql_statements import Analyze, CreateTempTableAs, CrossJoin
+    from .sql_statements import Analyze, CreateTempTableAs, CreateUniqueIndex, CrossJoin
 except ModuleNotFoundError as missing:
     if missing.name != "sqlalchemy":
         raise
@@ -358,10 +358,8 @@ class SQLGrounder(Grounder):
         the first; elsewhere than in SQLite it runs first: a failed statement there aborts the transaction)."""
         if key is not None and not self._sqlite:
             self._check_duplicates(key, table, arity)
-        keys = ["ex"] + [f"a{c}" for c in range(arity)]
-        indexed = sa.Table(table.name, sa.MetaData(), *(sa.Column(column) for column in keys))  # as sa.Index needs
         try:
-            self.conn.execute(sa.schema.CreateIndex(sa.Index(f"{table.name}_key", *indexed.c, unique=True)))
+            self.conn.execute(CreateUniqueIndex(f"{table.name}_key", table, ["ex"] + [f"a{c}" for c in range(arity)]))
         except sa.exc.IntegrityError:
             if key is not None:
                 self._check_duplicates(key, table, arity)
