@@ -6,6 +6,7 @@
     python benchmark.py --datasets PROTEINS --models gcn --features continuous --scale 1 10 100 \
         --engines default pyg pyg-compiled --schedule sequential --warmup 1 --reps 3
     python benchmark.py --device cuda --dtype float64 --reps 50
+    python benchmark.py --task node --datasets cora arxiv-like --models gcn sage gin   # one large graph
 
 For every dataset x model x features (x scale) every engine is built and runs a
 first forward/backward pass (together: its compile time), its outputs and
@@ -58,10 +59,17 @@ def parse_args(argv=None) -> argparse.Namespace:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="engines: a preset name, 'all' (every preset), " + ", ".join(SPECIAL_ENGINES)
                + "\npresets: " + " ".join(list_presets()))
+    from neurovec.benchmarks.node_tasks import NODE_DATASETS, NODE_MODELS
+
     what = parser.add_argument_group("what to compare")
-    what.add_argument("--datasets", nargs="+", default=["MUTAG"], choices=DATASETS, metavar="NAME",
-                      help=f"datasets: {', '.join(DATASETS)} (default: MUTAG)")
-    what.add_argument("--models", nargs="+", default=None, choices=MODELS, metavar="NAME",
+    what.add_argument("--task", default="graph", choices=["graph", "node"],
+                      help="graph: graph classification over TU datasets and Mutagenesis (default); node: "
+                           f"full-batch node classification on one large graph ({', '.join(NODE_DATASETS)})")
+    what.add_argument("--datasets", nargs="+", default=None, choices=DATASETS + NODE_DATASETS, metavar="NAME",
+                      help=f"datasets: {', '.join(DATASETS)} (default: MUTAG); with --task node: "
+                           f"{', '.join(NODE_DATASETS)} (default: cora)")
+    what.add_argument("--models", nargs="+", default=None, choices=tuple(dict.fromkeys(MODELS + NODE_MODELS)),
+                      metavar="NAME",
                       help=f"models: {', '.join(MODELS)} (default: every model that applies to each dataset: "
                            "gcn sage gin for TU, simple dims for mutagenesis)")
     what.add_argument("--engines", nargs="+", default=DEFAULT_ENGINES, metavar="NAME",
@@ -98,9 +106,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     how.add_argument("--bandwidth-mb", type=int, default=128,
                      help="size of the tensor copied to measure the memory bandwidth (default: 128 MB)")
     how.add_argument("--autotune-budget", type=float, default=60.0, help="seconds for neurovec.autotune")
+    how.add_argument("--isolate", action="store_true",
+                     help="run every engine of a task in a process of its own (compiled contenders compile alone; "
+                          "an engine that runs out of memory is recorded as such); implies sequential timing")
+    how.add_argument("--memory-limit-gb", type=float, default=None,
+                     help="with --isolate: the address-space limit of each engine's process (RLIMIT_AS)")
     model = parser.add_argument_group("model sizes")
-    model.add_argument("--hidden", type=int, default=16, help="GNN width (default: 16)")
-    model.add_argument("--layers", type=int, default=2, help="GNN convolutions (default: 2)")
+    model.add_argument("--hidden", type=int, default=None,
+                       help="GNN width (default: 16; node tasks: 16 on cora, 128 on the synthetic graphs)")
+    model.add_argument("--layers", type=int, default=None,
+                       help="GNN convolutions (default: 2; node tasks: 2 on cora, 3 on the synthetic graphs)")
     model.add_argument("--dim", type=int, default=3, help="relational embedding size (default: 3)")
     model.add_argument("--bond-dim", type=int, default=1, help="'dims' bond embedding size (default: 1)")
     io = parser.add_argument_group("input and output")
@@ -112,8 +127,18 @@ def parse_args(argv=None) -> argparse.Namespace:
                          "(into --out, default: its folder)")
     io.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
+    if args.datasets is None:
+        args.datasets = ["cora"] if args.task == "node" else ["MUTAG"]
+    wrong = [d for d in args.datasets if (d in NODE_DATASETS) != (args.task == "node")]
+    if wrong:
+        parser.error(f"dataset {wrong[0]} is not a {args.task} task dataset (--task node takes "
+                     f"{', '.join(NODE_DATASETS)}; --task graph {', '.join(DATASETS)})")
+    if args.task == "node" and args.models and set(args.models) - set(NODE_MODELS):
+        parser.error(f"--task node models: {', '.join(NODE_MODELS)}")
+    if args.memory_limit_gb is not None and not args.isolate:
+        parser.error("--memory-limit-gb needs --isolate (it limits each engine's own process)")
     for name in ("warmup", "settle", "reps", "hidden", "layers", "dim", "bond_dim", "oracle_max_nodes", "bandwidth_mb"):
-        if getattr(args, name) < (0 if name in ("warmup", "settle") else 1):
+        if getattr(args, name) is not None and getattr(args, name) < (0 if name in ("warmup", "settle") else 1):
             parser.error(f"--{name.replace('_', '-')} must be positive (got {getattr(args, name)})")
     if any(k < 1 for k in args.scale):
         parser.error(f"--scale factors must be positive integers (got {args.scale})")
@@ -129,12 +154,14 @@ def config_from_args(args: argparse.Namespace):
     from neurovec.benchmarks.suite import Config
     from neurovec.benchmarks.tasks import ModelOptions
 
-    return Config(datasets=tuple(args.datasets), models=tuple(args.models) if args.models else None,
+    return Config(task=args.task, node_hidden=args.hidden, node_layers=args.layers, isolate=args.isolate,
+                  memory_limit_gb=args.memory_limit_gb,
+                  datasets=tuple(args.datasets), models=tuple(args.models) if args.models else None,
                   engines=tuple(args.engines), device=args.device, dtype=args.dtype, warmup=args.warmup,
                   reps=args.reps, threads=args.threads, scales=tuple(args.scale), scale_mode=args.scale_mode,
                   features=tuple(dict.fromkeys(args.features)), data_dir=args.data_dir,
                   oracle_max_nodes=args.oracle_max_nodes, bandwidth_mb=args.bandwidth_mb,
-                  options=ModelOptions(args.hidden, args.layers, args.dim, args.bond_dim),
+                  options=ModelOptions(args.hidden or 16, args.layers or 2, args.dim, args.bond_dim),
                   reference_max_neurons=args.reference_max_neurons, autotune_budget_s=args.autotune_budget,
                   neuralogic_warmup=args.neuralogic_warmup, schedule=args.schedule, settle=args.settle,
                   progress=not args.quiet)
@@ -155,6 +182,10 @@ def preflight(args: argparse.Namespace) -> str | None:
         if not folder.is_dir():
             return f"--data-dir {folder}: no such directory"
         for dataset in args.datasets:
+            if dataset == "cora":
+                from neurovec.datasets.planetoid import find_planetoid
+                if find_planetoid("Cora", folder) is None and find_planetoid("Cora", folder / "planetoid") is None:
+                    return (f"--data-dir {folder}: no Cora/raw/ind.cora.x there (nor in {folder / 'planetoid'})")
             if dataset in TU_DATASETS and find_tu(dataset, folder) is None:
                 return (f"--data-dir {folder}: no {dataset}_A.txt for dataset {dataset} there (looked in "
                         f"{folder}, {folder / dataset}, {folder / dataset / 'raw'} and {folder / 'tu' / dataset})")

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
 import numpy as np
@@ -55,21 +54,42 @@ logger = logging.getLogger(__name__)
 COMPILE_PROGRESS_DELAY_S = 3.0
 
 
-@dataclass(frozen=True, eq=False)
 class MiniBatch:
     """A compiled batch: ``program()`` returns the outputs of ``samples``, in order.
 
     ``global_size`` counts the samples of the whole optimizer step: in one process it
     is ``len(samples)``; under :mod:`neurovec.distributed` each rank holds a part of
     the step's batch and ``global_size`` is the size of all parts together.
+
+    Immutable, and deliberately neither a dataclass nor a tensor container: training
+    frameworks that walk a batch's fields (PyTorch Lightning's ``apply_to_collection``
+    rebuilds dataclasses field by field, which a frozen one refuses, and would deep-copy
+    the compiled program) pass it through unchanged. The model moves its programs to the
+    weights' device itself.
     """
 
-    samples: np.ndarray
-    program: CompiledModule
-    global_size: int
+    __slots__ = ("_samples", "_program", "_global_size")
+
+    def __init__(self, samples: np.ndarray, program: CompiledModule, global_size: int):
+        object.__setattr__(self, "_samples", samples)
+        object.__setattr__(self, "_program", program)
+        object.__setattr__(self, "_global_size", int(global_size))
+
+    samples = property(lambda self: self._samples, doc="the sample ids, in output order")
+    program = property(lambda self: self._program, doc="the compiled program of these samples")
+    global_size = property(lambda self: self._global_size, doc="samples in the whole optimizer step")
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"MiniBatch is immutable (cannot set {name!r})")
 
     def __len__(self) -> int:
-        return int(self.samples.size)
+        return int(self._samples.size)
+
+    def __repr__(self) -> str:
+        return f"MiniBatch({_short(self._samples)}, global_size={self._global_size})"
+
+    def __reduce__(self):
+        return MiniBatch, (self._samples, self._program, self._global_size)
 
 
 class MiniBatchModel(nn.Module):
@@ -169,7 +189,8 @@ class MiniBatchModel(nn.Module):
 
     # -- running ---------------------------------------------------------------------------------
 
-    def forward(self, batch: MiniBatch | Sequence[int] | np.ndarray) -> torch.Tensor:
+    def forward(self, batch: MiniBatch | Sequence[int] | np.ndarray, facts: dict | None = None) -> torch.Tensor:
+        """The outputs of ``batch``; ``facts`` replaces dynamic fact layers for this call (e.g. dropout masks)."""
         if not isinstance(batch, MiniBatch):
             batch = self.batch(batch)
         program = batch.program
@@ -180,7 +201,7 @@ class MiniBatchModel(nn.Module):
         if probe is not None and (probe.device != reference.device or probe.dtype != reference.dtype):
             # The weights were moved (model.to(...)) since this program was compiled.
             program.to(device=reference.device, dtype=reference.dtype)
-        return program()
+        return program(facts=facts) if facts else program()
 
     def extra_repr(self) -> str:
         return f"{len(self._initial)} learnable weights, {len(self._programs)} compiled batches"
@@ -188,6 +209,9 @@ class MiniBatchModel(nn.Module):
 
 class SampleLoader:
     """Batches of samples, compiled by ``model``; iterate once per epoch.
+
+    Batch membership is fixed across epochs (each batch is compiled once and cached;
+    epochs visit the batches in a new order): see the module NOTE and ``partitions``.
 
     Args:
         model: the :class:`MiniBatchModel` that compiles (and caches) the batches.

@@ -109,7 +109,8 @@ class TorchEngine(Engine):
     def _prepare(self, params: dict, task: Task, device: torch.device, dtype: torch.dtype) -> None:
         self.params = params
         self.n_samples = task.n_samples
-        self.labels = task.labels_tensor(device, dtype)
+        self.loss = task.loss_fn(device, dtype)
+        self.device = device
         self.optimizer = adam(list(params.values()), self.learning_rate)
 
     def forward(self) -> torch.Tensor:
@@ -117,7 +118,7 @@ class TorchEngine(Engine):
 
     def first_pass(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
-        mse(self.forward(), self.labels).backward()
+        self.loss(self.forward()).backward()
         self.optimizer.zero_grad(set_to_none=True)
 
     def outputs(self) -> np.ndarray:
@@ -127,8 +128,8 @@ class TorchEngine(Engine):
 
     def gradients(self, positions: np.ndarray | None = None) -> dict:
         self.optimizer.zero_grad(set_to_none=True)
-        index = None if positions is None else torch.as_tensor(positions, device=self.labels.device)
-        mse(self.forward(), self.labels, index).backward()
+        index = None if positions is None else torch.as_tensor(positions, device=self.device)
+        self.loss(self.forward(), index).backward()
         grads = {name: p.grad.detach().to("cpu", torch.float64).numpy().copy()
                  for name, p in self.params.items() if p.grad is not None}
         self.optimizer.zero_grad(set_to_none=True)
@@ -140,7 +141,7 @@ class TorchEngine(Engine):
         watch.lap("forward")
         probe.sample()  # activations are alive now: the likely peak
         watch.resume()
-        mse(out, self.labels).backward()
+        self.loss(out).backward()
         watch.lap("backward")
         self.optimizer.step()
         watch.lap("optimizer")
@@ -197,8 +198,10 @@ class PyGEngine(TorchEngine):
         self.cached, self.adjacency, self.compiled = PYG_VARIANTS[name]
 
     def build(self, task, device, dtype) -> dict:
+        if hasattr(task, "pyg_inputs"):  # a node task: one large graph
+            return self._build_node(task, device, dtype)
         if task.dataset not in TU_DATASETS or task.source != "template":
-            raise Skipped("PyG twins exist only for the GNN templates on TU datasets")
+            raise Skipped("PyG twins exist only for the GNN templates on TU and node datasets")
         try:
             from neurovec.datasets.pyg_twins import copy_weights, make_twin, pyg_batch
             twin = make_twin(task.spec)
@@ -224,6 +227,28 @@ class PyGEngine(TorchEngine):
             self.module = twin
         return {"cached": self.cached and task.model == "gcn", "adjacency": self.adjacency,
                 "torch_compile": self.compiled}
+
+    def _build_node(self, task, device, dtype) -> dict:
+        try:
+            from neurovec.datasets.pyg_twins import copy_weights, make_twin
+            twin = make_twin(task.spec)
+        except ImportError as error:
+            raise Skipped(f"torch_geometric is not installed ({error}); pip install 'neurovec[pyg]'") from None
+        copy_weights(task.template_weights(), twin)
+        twin = twin.to(device=device, dtype=dtype)
+        if self.cached and task.model == "gcn":
+            for conv in _convs(twin):
+                conv.cached = True
+        self.inputs, details = task.pyg_inputs(self.name, device, dtype)
+        self._prepare(dict(twin.named_parameters()), task, device, dtype)
+        self.twin, self.task_model = twin, task.model
+        if self.compiled:
+            torch._dynamo.reset()
+            self.module = torch.compile(twin)
+        else:
+            self.module = twin
+        return {"cached": self.cached and task.model == "gcn", "adjacency": self.adjacency,
+                "torch_compile": self.compiled, **details}
 
     def first_pass(self) -> None:
         if not self.compiled:

@@ -64,6 +64,7 @@ _DEFAULT_STEP_LAPS = ("forward", "backward", "optimizer")
 class Config:
     """Everything a run depends on; stored in the results file."""
 
+    task: str = "graph"                     # a key of TASK_KINDS: "graph" (TU, Mutagenesis) or "node"
     datasets: tuple = ("MUTAG",)
     models: tuple | None = None             # None: every model that applies to each dataset
     engines: tuple = ("default", "pyg", "pyg-tuned", "pyg-compiled")
@@ -85,6 +86,10 @@ class Config:
     schedule: str = "interleaved"           # or "sequential": one engine after the other
     settle: int = 1                         # interleaved: untimed iterations before each timed one
     progress: bool = True
+    node_hidden: int | None = None          # node tasks: width and depth (None: the dataset's own, node_tasks.SIZES)
+    node_layers: int | None = None
+    isolate: bool = False                   # every engine of a task in a process of its own (see run)
+    memory_limit_gb: float | None = None    # isolate: the address-space limit of each engine's process
 
     def to_dict(self) -> dict:
         data = asdict(self)
@@ -106,12 +111,37 @@ def expand_engines(names) -> list[str]:
     return expanded
 
 
+def _plan_nodes(config: Config) -> tuple[list[tuple], list[str]]:
+    from .node_tasks import NODE_DATASETS, NODE_MODELS
+    cells = []
+    for dataset in config.datasets:
+        if dataset not in NODE_DATASETS:
+            raise ValueError(f"unknown node dataset {dataset!r} (expected one of {NODE_DATASETS})")
+        for model in config.models or NODE_MODELS:
+            if model not in NODE_MODELS:
+                raise ValueError(f"model {model!r} has no node-level template (expected one of {NODE_MODELS})")
+            cells.append((dataset, model, "node", 1, "template"))
+    return cells, []
+
+
+#: Task kinds: how a kind plans its cells and builds a task (``make(config, cache, dataset, model, features,
+#: scale, source)``). A new kind (knowledge graphs, circuits) adds an entry; engines see only the Task
+#: interface (graph, loss_fn, oracle, ...).
+TASK_KINDS: dict[str, dict] = {}
+
+
 def plan(config: Config) -> tuple[list[tuple], list[str]]:
     """The task keys ``(dataset, model, features, scale, source)`` to run, and notes on what was left out.
 
     Relational datasets have categorical inputs only: they run once, with them,
     whatever ``features`` says. NeuraLogic variants run with label features at scale 1.
     """
+    if config.task not in TASK_KINDS:
+        raise ValueError(f"unknown task kind {config.task!r} (expected one of {', '.join(TASK_KINDS)})")
+    return TASK_KINDS[config.task]["plan"](config)
+
+
+def _plan_graphs(config: Config) -> tuple[list[tuple], list[str]]:
     from . import neuralogic_models
 
     notes, cells = [], []
@@ -140,6 +170,9 @@ def plan(config: Config) -> tuple[list[tuple], list[str]]:
 
 
 def _engine_names(dataset: str, source: str, engines: list[str]) -> list[str]:
+    from .node_tasks import NODE_DATASETS
+    if dataset in NODE_DATASETS:
+        return [e for e in engines if e != "neuralogic"]
     if source == "neuralogic":
         # The NeuraLogic variant: NeuraLogic itself, and neurovec compiled from its built samples.
         return ["neuralogic"] + [e for e in engines if e not in PYG_ENGINES + ("neuralogic",)]
@@ -189,7 +222,7 @@ def run(config: Config, custom_engines: dict[str, Callable[[], Engine]] | None =
     if config.settle < 0:
         raise ValueError(f"settle must be 0 or more (got {config.settle})")
     cells, notes = plan(config)
-    cache = DataCache(config.data_dir)
+    cache = TASK_KINDS[config.task]["cache"](config.data_dir)
     started = datetime.datetime.now().astimezone()
     results = {"schema": SCHEMA, "command": " ".join([Path(sys.argv[0]).name] + sys.argv[1:]),
                "config": config.to_dict(), "engines": engines, "machine": machine_description(device),
@@ -224,8 +257,7 @@ def _run_task(dataset, model, features, scale, source, engines, config, custom, 
     probe = MemoryProbe("cpu")  # the task's data, graph and oracle live in host memory
     probe.start()
     try:
-        task = make_task(cache, dataset, model, scale, source, config.options, config.scale_mode, features,
-                         config.oracle_max_nodes)
+        task = TASK_KINDS[config.task]["make"](config, cache, dataset, model, features, scale, source)
     except Exception as error:
         group["error"] = _describe(error)
         progress.update(len(_engine_names(dataset, source, engines)) * (1 + config.reps))
@@ -242,9 +274,37 @@ def _run_task(dataset, model, features, scale, source, engines, config, custom, 
         except Exception as error:
             group["engines"].append({"engine": name, "kind": "unknown", "status": "failed", "valid": None,
                                      "error": _describe(error)})
-    group["engines"] += measure_group(group_engines, task, config, progress)
+    if config.isolate:
+        from .isolated import measure_isolated
+        group["engines"] += [measure_isolated(name, (dataset, model, features, scale, source), config, task)
+                             for name in [e.name for e in group_engines]]
+        progress.update(len(group_engines) * (1 + config.reps))
+    else:
+        group["engines"] += measure_group(group_engines, task, config, progress)
     group["oracle"] = task.oracle_summary()
     return group
+
+
+def _make_graph_task(config, cache, dataset, model, features, scale, source):
+    return make_task(cache, dataset, model, scale, source, config.options, config.scale_mode, features,
+                     config.oracle_max_nodes)
+
+
+def _make_node_task(config, cache, dataset, model, features, scale, source):
+    from .node_tasks import make_node_task, node_options
+    options = node_options(dataset, config.node_hidden, config.node_layers, config.options.seed)
+    return make_node_task(cache, dataset, model, options, config.oracle_max_nodes)
+
+
+def _node_cache(data_dir):
+    from .node_tasks import NodeDataCache
+    return NodeDataCache(data_dir)
+
+
+TASK_KINDS.update({
+    "graph": {"plan": _plan_graphs, "make": _make_graph_task, "cache": DataCache},
+    "node": {"plan": _plan_nodes, "make": _make_node_task, "cache": _node_cache},
+})
 
 
 def _native_kernels() -> bool | None:

@@ -164,6 +164,11 @@ class Task:
     def labels_tensor(self, device, dtype) -> torch.Tensor:
         return torch.as_tensor(self.labels, dtype=dtype, device=device)
 
+    def loss_fn(self, device, dtype):
+        """The training loss every engine minimises: ``loss(outputs, positions=None)`` (see :func:`mse`)."""
+        labels = self.labels_tensor(device, dtype)
+        return lambda outputs, positions=None: mse(outputs, labels, positions)
+
     def batch_sizes(self) -> tuple[int, int] | None:
         """TU tasks: ``(nodes, edges)`` of the whole batch (edges directed, as listed); else None."""
         if self.dataset not in TU_DATASETS or self.source != "template":

@@ -18,8 +18,30 @@ edges into ``i``; ``act`` = ReLU after every convolution except the last):
   ``convK_i = act(W_l mean_i + W_r h_i + b_l)``.
 * **GIN** (PyG ``GINConv``): ``convK.agg_i = (1+eps) h_i + sum_{j in N(i)} h_j``,
   ``convK.mlp_i = relu(W_1 agg_i + b_1)``, ``convK_i = act(W_2 mlp_i + b_2)``.
-* readout: ``pool_g = mean|sum_{i in g} h_i`` (one neuron per sample), then
+* readout: ``pool_g = mean|sum|max_{i in g} h_i`` (one neuron per sample), then
   ``out_g = T(W pool_g + b)``, T = sigmoid or identity; outputs follow the sample list.
+  **What the graph-level templates build by default:** a binary classifier, one
+  sigmoid output per graph (``out_dim=1``, ``output_transformation="sigmoid"``,
+  for ``binary_cross_entropy``). For PyG's habit (cross-entropy over classes) pass
+  ``out_dim=ds.num_classes, output_transformation="identity"``.
+* **node level** (``readout=None``, the default for a
+  :class:`~neurovec.datasets.nodes.NodeDataset` such as Cora): no pooling and no
+  ``lin``; ``layers`` convolutions, the last one mapping to ``out_dim`` (default: the
+  dataset's number of classes) with no activation, one output per node, as PyG's
+  ``torch_geometric.nn.models.GCN/GraphSAGE/GIN(in, hidden, layers, out)``. Outputs
+  are logits (PyG's habit: ``F.cross_entropy(out[train], y[train])``).
+  ``samples`` are then node ids: with ``subgraph="k-hop"`` (default) the graph holds
+  their ``layers``-hop in-neighbourhood and GCN uses the whole graph's degrees, so
+  each output equals the whole graph's; with ``subgraph="induced"`` (Cluster-GCN)
+  only the edges among ``samples`` are kept and degrees are those of that subgraph.
+* **dropout** (``dropout`` after every convolution but the last, ``input_dropout``
+  on the input features): ``h * mask`` by a neuron layer ``prod`` of ``h`` and a fact
+  layer ``dropout[p=P]:convK`` of the same shape, all ones in the graph (so the
+  compiled module computes the eval-mode model). Input dropout only declares a
+  fact layer ``dropout[p=P]:x`` (one row, read by nothing): the features layer
+  ``x`` itself is replaced by ``x * mask`` at call time. :mod:`neurovec.dropout`
+  declares those layers dynamic and feeds them fresh seeded masks in training
+  (``neurovec.dropout.compile(graph)``); the PyG twin takes the same masks.
 
 A neuron needs at least one input, so an isolated node's empty neighbour
 aggregation (0 in PyG) is expressed as its own value times the fixed weight 0.
@@ -30,19 +52,35 @@ Weight names equal the parameter names of the PyG twin
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..sources.graph import FactLayer, Graph, NeuronLayer
 from ._common import DatasetError, WeightTable, as_samples, csr, glorot
+from .nodes import NodeDataset, check_nodes, induced_edges, k_hop
 from .tu import TUDataset
 
-__all__ = ["GNNSpec", "TUBatch", "tu_batch", "gcn", "sage", "gin", "build_gnn"]
+__all__ = ["GNNSpec", "TUBatch", "NodeBatch", "tu_batch", "node_batch", "gcn", "sage", "gin", "build_gnn",
+           "dropout_layer_name", "parse_dropout_layer", "SUBGRAPHS"]
 
 KINDS = ("gcn", "sage", "gin")
-READOUTS = ("mean", "sum")
+READOUTS = ("mean", "sum", "max", None)
 OUTPUT_TRANSFORMATIONS = ("sigmoid", "identity")
+SUBGRAPHS = ("k-hop", "induced")
+_DROPOUT = re.compile(r"^dropout\[p=([0-9.eE+-]+)\]:(.+)$")
+
+
+def dropout_layer_name(p: float, what: str) -> str:
+    """The name of the mask fact layer of a dropout of probability ``p`` on ``what``."""
+    return f"dropout[p={p!r}]:{what}"
+
+
+def parse_dropout_layer(name: str) -> tuple[float, str] | None:
+    """``(p, what)`` for a dropout mask layer's name, else None."""
+    match = _DROPOUT.match(name)
+    return (float(match.group(1)), match.group(2)) if match else None
 
 
 @dataclass(frozen=True)
@@ -51,26 +89,64 @@ class GNNSpec:
 
     kind: str
     in_dim: int
-    hidden: tuple[int, ...]
+    hidden: tuple[int, ...]         # the width of every convolution (node level: the last is out_dim)
     normalize: bool = True          # GCN only
-    readout: str = "mean"
+    readout: str | None = "mean"    # None: node level, one output per node
     output_transformation: str = "sigmoid"
     out_dim: int = 1
     activation: str = "relu"        # between convolutions
     eps: float = 0.0                # GIN only
     use_attributes: bool = False
+    dropout: float = 0.0            # after every convolution but the last
+    input_dropout: float = 0.0      # on the input features
+    subgraph: str = "k-hop"         # node level with samples: see the module doc
+
+    @property
+    def node_level(self) -> bool:
+        return self.readout is None
 
     @classmethod
-    def create(cls, kind: str, ds: TUDataset, hidden=16, layers: int = 2, **options) -> "GNNSpec":
-        """Validate template arguments; ``hidden`` is one width or a list (then ``layers`` is ignored)."""
+    def create(cls, kind: str, ds, hidden=16, layers: int = 2, **options) -> "GNNSpec":
+        """Validate template arguments; ``hidden`` is one width or a list (then ``layers`` is ignored).
+
+        Node level (``readout=None``): ``layers`` convolutions, the last one of width
+        ``out_dim``; a list ``hidden`` gives the widths before it. ``out_dim`` None: the
+        dataset's number of classes at node level, 1 (a sigmoid output) at graph level.
+        """
         if kind not in KINDS:
             raise DatasetError(f"unknown GNN kind {kind!r} (expected one of {KINDS})")
-        widths = (int(hidden),) * int(layers) if np.isscalar(hidden) else tuple(int(h) for h in hidden)
+        node_dataset = isinstance(ds, NodeDataset)
+        if "readout" not in options and node_dataset:
+            options["readout"] = None
+        node_level = options.get("readout", "mean") is None
+        if options.get("out_dim") is None:
+            options["out_dim"] = getattr(ds, "num_classes", None) if node_level else 1
+            if options["out_dim"] is None:
+                raise DatasetError("out_dim: the dataset does not say how many classes it has; pass out_dim")
+        if node_level and "output_transformation" not in options:
+            options["output_transformation"] = "identity"
+        if node_level and options.get("output_transformation") != "identity":
+            raise DatasetError(f"a node-level model (readout=None) outputs its last convolution as is; got "
+                               f"output_transformation={options['output_transformation']!r}, expected 'identity'")
+        if np.isscalar(hidden):
+            if int(layers) < 1:
+                raise DatasetError(f"need at least one convolution (got layers={layers!r})")
+            widths = (int(hidden),) * (int(layers) - (1 if node_level else 0))
+        else:
+            widths = tuple(int(h) for h in hidden)
+        if node_level:
+            widths = widths + (int(options["out_dim"]),)
         if not widths or min(widths) < 1:
             raise DatasetError(f"need at least one convolution with positive width (got hidden={hidden!r}, "
                                f"layers={layers!r})")
         use_attributes = bool(options.get("use_attributes", False))
         spec = cls(kind, ds.node_features(use_attributes).shape[1], widths, **options)
+        for name in ("dropout", "input_dropout"):
+            p = getattr(spec, name)
+            if not 0.0 <= p < 1.0:
+                raise DatasetError(f"{name} must be a probability in [0, 1) (got {p!r})")
+        if spec.subgraph not in SUBGRAPHS:
+            raise DatasetError(f"unknown subgraph {spec.subgraph!r} (expected one of {SUBGRAPHS})")
         if spec.readout not in READOUTS:
             raise DatasetError(f"unknown readout {spec.readout!r} (expected one of {READOUTS})")
         if spec.output_transformation not in OUTPUT_TRANSFORMATIONS:
@@ -137,15 +213,104 @@ def _dense(name: str, n: int, source: int, weight: int, bias: int | None, transf
                        bias=None if bias is None else np.full(n, bias), transformation=transformation, copy=False)
 
 
-def build_gnn(ds: TUDataset, spec: GNNSpec, samples=None, seed: int = 0) -> Graph:
-    """The neuron graph of ``spec`` over ``samples`` (default: the whole dataset, in order)."""
-    batch = tu_batch(ds, samples, spec.use_attributes)
-    n = batch.n_nodes
-    src, dst = batch.edge_index
+@dataclass(frozen=True)
+class NodeBatch:
+    """The nodes a node-level graph computes on, as numpy arrays.
+
+    ``nodes[i]`` is the dataset node behind graph node ``i``; ``outputs[k]`` the graph node
+    of the k-th output (the k-th sample); ``edge_index`` uses graph node ids; ``degree``
+    GCN's degrees (self loop included) or None to count them in ``edge_index``.
+    """
+
+    x: np.ndarray
+    edge_index: np.ndarray
+    nodes: np.ndarray
+    outputs: np.ndarray
+    degree: np.ndarray | None = None
+
+    @property
+    def n_nodes(self) -> int:
+        return int(self.nodes.size)
+
+
+def gcn_degree(edge_index: np.ndarray, n: int) -> np.ndarray:
+    """GCNConv's degree of every node: its in-edges that are not self loops, plus its one self loop."""
+    src, dst = edge_index
+    listed = src != dst
+    return np.bincount(dst[listed] if not listed.all() else dst, minlength=n) + 1
+
+
+def node_batch(ds: NodeDataset, samples=None, layers: int = 2, subgraph: str = "k-hop") -> NodeBatch:
+    """The graph nodes and edges for the outputs of ``samples`` (node ids; None: every node in order)."""
+    n = ds.n_nodes
+    x = ds.x
+    if samples is None:
+        nodes = np.arange(n)
+        return NodeBatch(x, ds.edge_index, nodes, nodes)
+    samples = check_nodes(samples, n, "samples")
+    seeds = np.unique(samples)
+    degree = None
+    if subgraph == "k-hop":
+        nodes = k_hop(ds.edge_index, n, seeds, layers)
+        degree = gcn_degree(ds.edge_index, n)[nodes]
+    else:
+        nodes = seeds
+    edge_index, _ = induced_edges(ds.edge_index, n, nodes)
+    position = np.empty(n, dtype=np.int64)
+    position[nodes] = np.arange(nodes.size)
+    return NodeBatch(x[nodes], edge_index, nodes, position[samples], degree)
+
+
+def _gcn_norm(weights: WeightTable, src: np.ndarray, dst: np.ndarray, n: int, degree: np.ndarray | None):
+    """(source, target, fixed weight id) of every GCN input: the edges that are not self loops and one
+    self loop per node, weighted 1/sqrt(deg_i deg_j) (one fixed weight per distinct product)."""
+    # GCNConv (add_remaining_self_loops) gives every node exactly one self loop of weight 1:
+    # a listed loop is replaced by it, not counted on top. Repeated edges count each time.
+    listed = src != dst
+    gcn_src, gcn_dst = (src, dst) if listed.all() else (src[listed], dst[listed])
+    deg = np.bincount(gcn_dst, minlength=n) + 1 if degree is None else degree
+    products = np.concatenate([deg * deg, deg[gcn_dst] * deg[gcn_src]])
+    norm_ids = weights.fixed_scalars("gcn_norm.deg", products, lambda p: 1.0 / np.sqrt(p))
+    nodes = np.arange(n)
+    return np.concatenate([nodes, gcn_src]), np.concatenate([nodes, gcn_dst]), norm_ids
+
+
+def _dropout(stack: _Stack, p: float, what: str, h: int, n: int, width: int) -> int:
+    """``h * mask``: a neuron per node multiplying (``prod``) its row of ``h`` and of a mask fact layer.
+
+    On the input features (a fact layer) the mask layer is only declared, read by nothing:
+    :class:`neurovec.dropout.Dropout` replaces the features themselves by ``x * mask`` at call
+    time (NOTE: [input dropout] in :mod:`neurovec.dropout`).
+    """
+    if p == 0.0:
+        return h
+    mask = stack.add(FactLayer(dropout_layer_name(p, what), np.ones((1, 1) if isinstance(stack.layers[h], FactLayer)
+                                                                       else (n, width)), copy=False))
+    if isinstance(stack.layers[h], FactLayer):
+        return h
+    nodes = np.arange(n)
+    return stack.add(NeuronLayer(f"{what}.dropout", np.full(n, 2), np.stack([np.full(n, h), np.full(n, mask)], 1).ravel(),
+                                 np.repeat(nodes, 2), aggregation="prod", copy=False))
+
+
+def build_gnn(ds, spec: GNNSpec, samples=None, seed: int = 0) -> Graph:
+    """The neuron graph of ``spec`` over ``samples`` (default: the whole dataset, in order).
+
+    ``ds`` is a TU dataset (samples are graphs) or a :class:`NodeDataset` (samples are nodes).
+    """
+    if isinstance(ds, NodeDataset):
+        if not spec.node_level:
+            raise DatasetError("a NodeDataset is one graph: build it at node level (readout=None)")
+        batch = node_batch(ds, samples, len(spec.hidden), spec.subgraph)
+        x, (src, dst), n, degree = batch.x, batch.edge_index, batch.n_nodes, batch.degree
+    else:
+        batch = tu_batch(ds, samples, spec.use_attributes)
+        x, (src, dst), n, degree = batch.x, batch.edge_index, batch.n_nodes, None
     rng = np.random.default_rng(seed)
     weights = WeightTable()
     stack = _Stack()
-    h = stack.add(FactLayer("x", batch.x, copy=False))
+    h = stack.add(FactLayer("x", x, copy=False))
+    h = _dropout(stack, spec.input_dropout, "x", h, n, spec.in_dim)
     in_dim = spec.in_dim
 
     in_degree = np.bincount(dst, minlength=n)
@@ -161,15 +326,7 @@ def build_gnn(ds: TUDataset, spec: GNNSpec, samples=None, seed: int = 0) -> Grap
                 np.concatenate([np.full(src.size, -1), np.full(isolated.size, zero if zero is not None else -1)]))
 
     if spec.kind == "gcn" and spec.normalize:
-        # GCNConv (add_remaining_self_loops) gives every node exactly one self loop of weight 1:
-        # a listed loop is replaced by it, not counted on top. Repeated edges count each time.
-        listed = src != dst
-        gcn_src, gcn_dst = (src, dst) if listed.all() else (src[listed], dst[listed])
-        deg = np.bincount(gcn_dst, minlength=n) + 1
-        # c_ij = 1/sqrt(deg_i deg_j) depends only on deg_i * deg_j: one fixed weight per product.
-        products = np.concatenate([deg * deg, deg[gcn_dst] * deg[gcn_src]])
-        norm_ids = weights.fixed_scalars("gcn_norm.deg", products, lambda p: 1.0 / np.sqrt(p))
-        norm_self, norm_edge = norm_ids[:n], norm_ids[n:]
+        gcn_source, gcn_owner, gcn_weight = _gcn_norm(weights, src, dst, n, degree)
 
     last = len(spec.hidden)
     for k, width in enumerate(spec.hidden, start=1):
@@ -179,9 +336,7 @@ def build_gnn(ds: TUDataset, spec: GNNSpec, samples=None, seed: int = 0) -> Grap
             w, b = _layer_init(rng, width, in_dim)
             lin = stack.add(_dense(f"{conv}.lin", n, h, weights.add(f"{conv}.lin.weight", w), None, "identity"))
             if spec.normalize:
-                owner = np.concatenate([np.arange(n), gcn_dst])
-                source = np.concatenate([np.arange(n), gcn_src])
-                weight = np.concatenate([norm_self, norm_edge])
+                owner, source, weight = gcn_owner, gcn_source, gcn_weight
             else:
                 owner, source, weight = neighbours_or_zero()
             counts, source, weight = csr(owner, n, source, weight)
@@ -216,8 +371,13 @@ def build_gnn(ds: TUDataset, spec: GNNSpec, samples=None, seed: int = 0) -> Grap
                                    weights.add(f"{conv}.nn.0.bias", b1), "relu"))
             h = stack.add(_dense(conv, n, mlp, weights.add(f"{conv}.nn.2.weight", w2),
                                  weights.add(f"{conv}.nn.2.bias", b2), act))
+        if k < last:
+            h = _dropout(stack, spec.dropout, conv, h, n, width)
         in_dim = width
 
+    if spec.node_level:
+        outputs = batch.outputs
+        return Graph(stack.layers, weights.weights, np.full(outputs.size, h), outputs)
     # Readout: one pooling neuron per sample position (so repeated samples get their own).
     s = batch.samples.size
     counts, ordinal = csr(batch.batch, s, np.arange(n))
@@ -228,31 +388,56 @@ def build_gnn(ds: TUDataset, spec: GNNSpec, samples=None, seed: int = 0) -> Grap
     return Graph(stack.layers, weights.weights, np.full(s, out), np.arange(s))
 
 
-def gcn(ds: TUDataset, hidden=16, layers: int = 2, *, normalize: bool = True, readout: str = "mean",
-        output_transformation: str = "sigmoid", out_dim: int = 1, activation: str = "relu",
+class _Auto:
+    """The default of ``readout``: ``"mean"`` for TU datasets, None (node level) for a NodeDataset."""
+
+    def __repr__(self) -> str:
+        return "<mean for graphs, None for a NodeDataset>"
+
+
+AUTO = _Auto()
+
+
+def _options(**options) -> dict:
+    if options.get("readout") is AUTO:
+        del options["readout"]
+    return options
+
+
+def gcn(ds, hidden=16, layers: int = 2, *, normalize: bool = True, readout=AUTO,
+        output_transformation: str | None = None, out_dim: int | None = None, activation: str = "relu",
+        dropout: float = 0.0, input_dropout: float = 0.0, subgraph: str = "k-hop",
         use_attributes: bool = False, samples=None, seed: int = 0) -> Graph:
-    """GCN (PyG ``GCNConv``, with or without normalization) over ``samples``; see the module doc."""
-    spec = GNNSpec.create("gcn", ds, hidden, layers, normalize=normalize, readout=readout,
-                          output_transformation=output_transformation, out_dim=out_dim,
-                          activation=activation, use_attributes=use_attributes)
+    """GCN (PyG ``GCNConv``, with or without normalization) over ``samples``; see the module doc.
+
+    Graph level (TU datasets; ``readout`` "mean", "sum" or "max"): a binary classifier by
+    default, one sigmoid output per graph. Node level (a NodeDataset, or ``readout=None``):
+    one logit vector per node, ``out_dim`` = the number of classes by default.
+    """
+    spec = GNNSpec.create("gcn", ds, hidden, layers, **_options(
+        normalize=normalize, readout=readout, out_dim=out_dim, activation=activation, dropout=dropout,
+        input_dropout=input_dropout, subgraph=subgraph, use_attributes=use_attributes,
+        **({} if output_transformation is None else {"output_transformation": output_transformation})))
     return build_gnn(ds, spec, samples, seed)
 
 
-def sage(ds: TUDataset, hidden=16, layers: int = 2, *, readout: str = "mean",
-         output_transformation: str = "sigmoid", out_dim: int = 1, activation: str = "relu",
-         use_attributes: bool = False, samples=None, seed: int = 0) -> Graph:
-    """GraphSAGE (PyG ``SAGEConv``: mean of neighbours + root weight) over ``samples``."""
-    spec = GNNSpec.create("sage", ds, hidden, layers, readout=readout,
-                          output_transformation=output_transformation, out_dim=out_dim,
-                          activation=activation, use_attributes=use_attributes)
+def sage(ds, hidden=16, layers: int = 2, *, readout=AUTO, output_transformation: str | None = None,
+         out_dim: int | None = None, activation: str = "relu", dropout: float = 0.0, input_dropout: float = 0.0,
+         subgraph: str = "k-hop", use_attributes: bool = False, samples=None, seed: int = 0) -> Graph:
+    """GraphSAGE (PyG ``SAGEConv``: mean of neighbours + root weight) over ``samples``; see :func:`gcn`."""
+    spec = GNNSpec.create("sage", ds, hidden, layers, **_options(
+        readout=readout, out_dim=out_dim, activation=activation, dropout=dropout, input_dropout=input_dropout,
+        subgraph=subgraph, use_attributes=use_attributes,
+        **({} if output_transformation is None else {"output_transformation": output_transformation})))
     return build_gnn(ds, spec, samples, seed)
 
 
-def gin(ds: TUDataset, hidden=16, layers: int = 2, *, eps: float = 0.0, readout: str = "mean",
-        output_transformation: str = "sigmoid", out_dim: int = 1, activation: str = "relu",
-        use_attributes: bool = False, samples=None, seed: int = 0) -> Graph:
-    """GIN (PyG ``GINConv`` with a 2-layer MLP, fixed ``eps``) over ``samples``."""
-    spec = GNNSpec.create("gin", ds, hidden, layers, eps=eps, readout=readout,
-                          output_transformation=output_transformation, out_dim=out_dim,
-                          activation=activation, use_attributes=use_attributes)
+def gin(ds, hidden=16, layers: int = 2, *, eps: float = 0.0, readout=AUTO, output_transformation: str | None = None,
+        out_dim: int | None = None, activation: str = "relu", dropout: float = 0.0, input_dropout: float = 0.0,
+        subgraph: str = "k-hop", use_attributes: bool = False, samples=None, seed: int = 0) -> Graph:
+    """GIN (PyG ``GINConv`` with a 2-layer MLP, fixed ``eps``) over ``samples``; see :func:`gcn`."""
+    spec = GNNSpec.create("gin", ds, hidden, layers, **_options(
+        eps=eps, readout=readout, out_dim=out_dim, activation=activation, dropout=dropout,
+        input_dropout=input_dropout, subgraph=subgraph, use_attributes=use_attributes,
+        **({} if output_transformation is None else {"output_transformation": output_transformation})))
     return build_gnn(ds, spec, samples, seed)

@@ -14,10 +14,11 @@ import torch
 from torch import nn
 
 from ._common import DatasetError
-from .gnn import GNNSpec, tu_batch
+from .gnn import GNNSpec, dropout_layer_name, tu_batch
+from .nodes import NodeDataset
 from .tu import TUDataset
 
-__all__ = ["GNNTwin", "make_twin", "gcn_twin", "sage_twin", "gin_twin", "pyg_batch",
+__all__ = ["GNNTwin", "make_twin", "gcn_twin", "sage_twin", "gin_twin", "pyg_batch", "pyg_node_data",
            "copy_weights", "copy_weights_from_twin"]
 
 _ACTIVATIONS = {"relu": torch.relu, "identity": lambda x: x, "tanh": torch.tanh, "sigmoid": torch.sigmoid}
@@ -27,6 +28,13 @@ class GNNTwin(nn.Module):
     """``conv1 .. convL`` (PyG convolutions), pooling, ``lin`` and the output transformation.
 
     ``forward(x, edge_index, batch, n_samples)`` returns ``(n_samples, out_dim)``.
+    Node level (``spec.readout`` None): ``forward(x, edge_index, masks=None)`` returns one
+    row per node, the last convolution's output (no pooling, no ``lin``). ``masks`` maps
+    the template's dropout layer names (``dropout[p=0.5]:x``, ``dropout[p=0.5]:conv1``)
+    to the masks to multiply by, as :mod:`neurovec.dropout` draws them for the
+    neurovec module; without them the twin applies no dropout (eval mode). ``edge_weight``
+    goes to GCN convolutions as is (set their ``normalize`` False to pass precomputed
+    normalisation weights, self loops listed).
     """
 
     def __init__(self, spec: GNNSpec):
@@ -48,20 +56,30 @@ class GNNTwin(nn.Module):
                 conv = GINConv(mlp, eps=spec.eps, train_eps=False)
             self.add_module(f"conv{k}", conv)
             in_dim = width
-        self.lin = nn.Linear(in_dim, spec.out_dim)
+        if not spec.node_level:
+            self.lin = nn.Linear(in_dim, spec.out_dim)
 
-    def forward(self, x: torch.Tensor, edge_index: torch.Tensor, batch: torch.Tensor,
-                n_samples: int | None = None) -> torch.Tensor:
-        from torch_geometric.nn import global_add_pool, global_mean_pool
+    def forward(self, x: torch.Tensor, edge_index: torch.Tensor, batch: torch.Tensor | dict | None = None,
+                n_samples: int | None = None, edge_weight: torch.Tensor | None = None) -> torch.Tensor:
+        from torch_geometric.nn import global_add_pool, global_max_pool, global_mean_pool
 
-        last = len(self.spec.hidden)
+        spec = self.spec
+        masks = batch if spec.node_level else None
+        if masks and spec.input_dropout:
+            x = x * masks[dropout_layer_name(spec.input_dropout, "x")]
+        last = len(spec.hidden)
         for k in range(1, last + 1):
-            x = getattr(self, f"conv{k}")(x, edge_index)
+            conv = getattr(self, f"conv{k}")
+            x = conv(x, edge_index) if edge_weight is None else conv(x, edge_index, edge_weight)
             if k < last:
-                x = _ACTIVATIONS[self.spec.activation](x)
-        pool = global_mean_pool if self.spec.readout == "mean" else global_add_pool
+                x = _ACTIVATIONS[spec.activation](x)
+                if masks and spec.dropout:
+                    x = x * masks[dropout_layer_name(spec.dropout, f"conv{k}")]
+        if spec.node_level:
+            return x
+        pool = {"mean": global_mean_pool, "sum": global_add_pool, "max": global_max_pool}[spec.readout]
         x = self.lin(pool(x, batch, size=n_samples))
-        return torch.sigmoid(x) if self.spec.output_transformation == "sigmoid" else x
+        return torch.sigmoid(x) if spec.output_transformation == "sigmoid" else x
 
 
 def make_twin(spec: GNNSpec) -> GNNTwin:
@@ -82,8 +100,15 @@ def gin_twin(ds: TUDataset, hidden=16, layers: int = 2, **options) -> GNNTwin:
 
 
 def _spec(kind, ds, hidden, layers, options) -> GNNSpec:
-    options = {k: v for k, v in options.items() if k not in ("samples", "seed")}
+    from .gnn import AUTO
+    options = {k: v for k, v in options.items() if k not in ("samples", "seed")
+               and not (k == "readout" and v is AUTO) and not (k == "output_transformation" and v is None)}
     return GNNSpec.create(kind, ds, hidden, layers, **options)
+
+
+def pyg_node_data(ds: NodeDataset, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(x, edge_index)`` of a node dataset for a node-level twin (outputs: one row per node)."""
+    return torch.tensor(ds.x, dtype=dtype), torch.tensor(ds.edge_index, dtype=torch.long)
 
 
 def pyg_batch(ds: TUDataset, samples=None, use_attributes: bool = False,

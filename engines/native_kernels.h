@@ -24,9 +24,14 @@ namespace {
 constexpr int64_t kParallelWork = 32768;
 
 // Segments [begin[t], begin[t+1]) go to thread t, with about the same number of
-// entries each (a binary search of ptr for every split point).
+// entries each (a binary search of ptr for every split point). The first thread starts
+// at segment 0 and the last ends at n_rows, so that empty segments before the first
+// entry or after the last one (sources nothing reads, in a transposed CSR) belong to
+// a thread too: every output row is written.
 template <typename I>
 int64_t split_point(const I* ptr, int64_t n_rows, int t, int n_threads) {
+    if (t <= 0) return 0;
+    if (t >= n_threads) return n_rows;
     const int64_t total = ptr[n_rows];
     const int64_t target = total * t / n_threads;
     int64_t lo = 0, hi = n_rows;

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import itertools
 import linecache
+import types
+from collections.abc import Mapping
 
 import numpy as np
 import torch
@@ -27,7 +29,7 @@ from torch import nn
 from ..compiler.ir import Node, Op, Program, compact_index, linear_grid
 from ..compiler.rewrite import zero_sign_matters
 from ..sources.graph import GraphError
-from . import kernels, runtime
+from . import kernels, native, runtime
 from .functions import TRANSFORM_FUNCTIONS, order_signed_zeros, preferred_zeros
 from .weights import WeightStore
 
@@ -55,7 +57,8 @@ def _single_element(node: Node) -> bool:
 
 def _expression(node: Node, nodes: dict[str, Node], rows: dict[str, str] | None = None,
                 in_place: set[str] = frozenset(), biased: dict[str, str] | None = None,
-                stacked: dict[str, tuple[str, list[str], bool]] | None = None) -> str:
+                stacked: dict[str, tuple[str, list[str], bool]] | None = None,
+                reductions: dict[str, str] | None = None) -> str:
     rows = rows or {}
     srcs = [nodes[s] for s in node.srcs]
     if biased and node.name in biased:  # NOTE: [bias in the GEMM]
@@ -115,22 +118,8 @@ def _expression(node: Node, nodes: dict[str, Node], rows: dict[str, str] | None 
         return f"{names[0]}.repeat_interleave({node.attrs['times']}, dim=0)"
     if node.op is Op.LINEAR:
         return _linear(node, *srcs)
-    if node.op is Op.REDUCE:
-        key, agg = node.attrs["counts"], node.attrs["aggregation"]
-        kernel = node.attrs.get("kernel", "scatter")
-        coef = node.attrs.get("coef")
-        if kernel == "sparse_mm":
-            # Per-edge coefficients (and a mean's 1/count) are the values of the sparse matrix.
-            return f"gather_sum({names[0]}, self.csr_{node.name})"
-        if coef:  # the other kernels multiply first
-            names[0] = f"{names[0]} * self.{coef}{_rows(node.shape)}"
-        if kernel == "segment":
-            return f"segment_reduce({names[0]}, self.ptr_{key}, self.seg_{key}, self.cnt_{key}, {agg!r})"
-        if kernel == "dense":
-            return f"dense_reduce({names[0]}, {int(srcs[0].count // max(node.count, 1))}, {agg!r})"
-        if kernel == "strided":
-            return f"strided_reduce({names[0]}, {int(srcs[0].count // max(node.count, 1))}, {agg!r})"
-        return f"scatter_reduce({names[0]}, self.seg_{key}, {node.count}, {agg!r}, self.cnt_{key})"
+    if node.op is Op.REDUCE:  # written by _reduction, with the kernel choose_kernels gave it
+        return reductions[node.name]
     if node.op is Op.ADD:
         x, b = srcs
         if b.shape == () and x.shape != ():
@@ -407,7 +396,8 @@ def _biased_products(program: Program, nodes: dict[str, Node], rows: dict[str, s
 # The function after it may still overwrite the sum in place (``torch.sigmoid_``): the operator's
 # autograd node saves no output, and the fallbacks' separate add is a plain add.
 
-def _biased_sums(program: Program, nodes: dict[str, Node], rows: dict[str, str]) -> dict[str, str]:
+def _biased_sums(program: Program, nodes: dict[str, Node], rows: dict[str, str],
+                 chosen: dict[str, str]) -> dict[str, str]:
     """``{addition: reduction}`` for the additions of a row-stored bias of the result's row shape
     to a sparse-matmul sum that nothing else reads (NOTE: [bias in the sparse sum])."""
     readers = program.users()
@@ -416,7 +406,7 @@ def _biased_sums(program: Program, nodes: dict[str, Node], rows: dict[str, str])
         if node.op is not Op.ADD or "hcat" in node.attrs or node.name in rows:
             continue
         reduction, bias = (nodes[s] for s in node.srcs)
-        if reduction.op is not Op.REDUCE or reduction.attrs.get("kernel") != "sparse_mm" \
+        if reduction.op is not Op.REDUCE or chosen[reduction.name] != "sparse_mm" \
                 or reduction.attrs["aggregation"] not in ("sum", "mean"):
             continue
         if bias.name not in rows or bias.shape != node.shape or reduction.shape != node.shape \
@@ -476,9 +466,134 @@ def input_facts(program: Program) -> list[Node]:
     return [n for n in program.nodes if n.op is Op.FACT and n.attrs.get("fact_layer") in dynamic]
 
 
-def generate_source(program: Program) -> str:
-    """The Python source of ``forward(self, facts=None)`` for ``program``."""
+# NOTE: [kernels chosen by the engine] Every REDUCE runs one kernel: ``sparse_mm`` (the fused
+# gather + sum of a REDUCE with an ``index``: a sparse matrix times a value, neurovec's C++
+# operator or its torch fallback), ``segment`` (CSR segments: C++ or torch), ``dense`` (equal
+# counts: a view and one torch reduction), ``strided`` (segment j is rows j, j + n, ...: a
+# layout), ``scatter`` (torch's scatter_reduce) or ``gather`` (a one-row sum or mean without
+# coefficients, which is just its rows: ``index_select``). Where the program names the kernel
+# (``Settings.reduce_kernel``, or the compiler's cost model), the module runs that one. Where
+# it says ``kernel="auto"``, this engine picks when the module is built, by the cost model
+# of ``engines/kernels.choose_kernel`` and whether its C++ kernels run here: with them, what
+# the compiler picks on a machine with g++ (a sparse sum stays one, other reductions are
+# dense below a size, else segment); without them, a sparse sum over one row each is a gather,
+# one over equal counts a dense reduction of the gathered rows (what the compiler picks on a
+# machine without g++), any other stays a sparse sum (on torch's kernels). So a program
+# whose kernels are "auto" does not depend on the machine that compiled it.
+#
+# NOTE: [standard ops] ``generate_source(program, standard_ops=True)`` writes every reduction
+# that would call a neurovec kernel (C++ operators, registered ``torch.ops.neurovec`` ops) with
+# standard torch ops instead: ``scatter`` for sparse sums (over their gathered rows) and CSR
+# segments, ``gather`` where that is exact. Dense and strided reductions are standard already,
+# and scatter is one of the kernels the equivalence suites check under every preset. The
+# program, its constants and weights stay the same. Such a forward exports anywhere torch does
+# (torch.export without neurovec's ops, ONNX) at the cost of the kernels' speed;
+# engines/export.py builds it for exporting.
+
+_NEUROVEC_KERNELS = ("segment", "sparse_mm")
+
+
+def choose_kernels(program: Program, standard_ops: bool = False) -> dict[str, str]:
+    """``{reduction: kernel}`` for every REDUCE of ``program`` (NOTE: [kernels chosen by the
+    engine]); with ``standard_ops``, none calls a neurovec kernel (NOTE: [standard ops])."""
+    result: dict[str, str] = {}
+    asked: dict[str, object] = {}  # whether the C++ kernels run here, and zero_sign_matters: asked once if needed
+
+    def gather(node: Node) -> bool:
+        if "sign" not in asked:
+            asked["sign"] = zero_sign_matters(program)
+        return _is_gather(node, program.constants) and node.name not in asked["sign"]
+
+    for node in program.nodes:
+        if node.op is not Op.REDUCE:
+            continue
+        kernel = node.attrs.get("kernel", "scatter")
+        if kernel == "auto":
+            if "native" not in asked:
+                asked["native"] = native.available()
+            kernel = _engine_kernel(node, program, asked["native"], gather(node))
+        if standard_ops and kernel in _NEUROVEC_KERNELS:
+            kernel = "gather" if gather(node) else "scatter"
+        result[node.name] = kernel
+    return result
+
+
+def _is_gather(node: Node, constants: dict[str, np.ndarray]) -> bool:
+    """A sparse sum (or mean) over one row per segment, without coefficients: its rows."""
+    return "index" in node.attrs and node.attrs.get("coef") is None \
+        and node.attrs["aggregation"] in ("sum", "mean") and bool(np.all(constants[node.attrs["counts"]] == 1))
+
+
+def _engine_kernel(node: Node, program: Program, native_here: bool, gather: bool) -> str:
+    """The kernel this engine runs a ``kernel="auto"`` reduction with (NOTE: [kernels chosen by
+    the engine])."""
+    counts = program.constants[node.attrs["counts"]]
+    if "index" in node.attrs:  # a sparse sum
+        if native_here:
+            return "sparse_mm"
+        if gather:
+            return "gather"
+        return "dense" if counts.size and bool(np.all(counts == counts[0])) else "sparse_mm"
+    agg = node.attrs["aggregation"]
+    return kernels.choose_kernel(program.node(node.srcs[0]).count, node.count, counts, _feature_size(node.shape),
+                                 "cpu", reduce="sum" if agg == "mean" else agg, native_kernels=native_here)
+
+
+def _verifiable(program: Program) -> Program:
+    """``program`` as ``Program.verify`` knows it: the IR names no "auto" kernel yet, so an "auto"
+    reduction is checked as what it means, a sparse sum where it has an ``index`` (its rows are
+    gathered), else a plain segment reduction (NOTE: [kernels chosen by the engine])."""
+    if not any(n.op is Op.REDUCE and n.attrs.get("kernel") == "auto" for n in program.nodes):
+        return program
+    return program.replace(nodes=tuple(
+        n.with_(attrs={**n.attrs, "kernel": "sparse_mm" if "index" in n.attrs else "scatter"})
+        if n.op is Op.REDUCE and n.attrs.get("kernel") == "auto" else n for n in program.nodes))
+
+
+def _feature_size(shape: tuple) -> int:
+    return int(np.prod(shape)) if shape else 1
+
+
+def _reduction(node: Node, kernel: str, rows: int) -> str:
+    """A REDUCE written with ``kernel`` (NOTE: [kernels chosen by the engine]); ``rows`` are its
+    input rows (the gathered rows of a sparse sum)."""
+    x, key, agg, coef = node.srcs[0], node.attrs["counts"], node.attrs["aggregation"], node.attrs.get("coef")
+    if kernel == "sparse_mm":
+        # Per-edge coefficients (and a mean's 1/count) are the values of the sparse matrix.
+        return f"gather_sum({x}, self.csr_{node.name})"
+    if "index" in node.attrs:  # the other kernels reduce the gathered rows
+        x = f"{x}.index_select(0, self.{node.attrs['index']})"
+    if kernel == "gather":
+        return x
+    if coef:  # the other kernels multiply first
+        x = f"{x} * self.{coef}{_rows(node.shape)}"
+    if kernel == "segment":
+        return f"segment_reduce({x}, self.ptr_{key}, self.seg_{key}, self.cnt_{key}, {agg!r})"
+    if kernel == "dense":
+        return f"dense_reduce({x}, {int(rows // max(node.count, 1))}, {agg!r})"
+    if kernel == "strided":
+        return f"strided_reduce({x}, {int(rows // max(node.count, 1))}, {agg!r})"
+    return f"scatter_reduce({x}, self.seg_{key}, {node.count}, {agg!r}, self.cnt_{key})"
+
+
+def _reductions(program: Program, chosen: dict[str, str]) -> dict[str, str]:
+    """``{reduction: its expression}`` with the kernels ``chosen``."""
     nodes = program.by_name()
+    return {node.name: _reduction(node, chosen[node.name], _input_rows(node, nodes, program.constants))
+            for node in program.nodes if node.op is Op.REDUCE}
+
+
+def _input_rows(node: Node, nodes: dict[str, Node], constants: dict[str, np.ndarray]) -> int:
+    return len(constants[node.attrs["index"]]) if "index" in node.attrs else nodes[node.srcs[0]].count
+
+
+def generate_source(program: Program, standard_ops: bool = False, chosen: dict[str, str] | None = None) -> str:
+    """The Python source of ``forward(self, facts=None)`` for ``program``, its reductions run with
+    the kernels ``chosen`` (default: :func:`choose_kernels`); with ``standard_ops``, in standard
+    torch ops only (NOTE: [standard ops])."""
+    nodes = program.by_name()
+    chosen = choose_kernels(program, standard_ops) if chosen is None else chosen
+    reductions = _reductions(program, chosen)
     inputs = {n.name for n in input_facts(program)}
     lines = ["def forward(self, facts=None):"]
     if inputs:
@@ -488,7 +603,7 @@ def generate_source(program: Program) -> str:
     lines.append("    w = self.weights")
     rows = _row_values(program, nodes)
     in_place = _in_place(program, nodes, rows)
-    biased = {**_biased_products(program, nodes, rows), **_biased_sums(program, nodes, rows)}
+    biased = {**_biased_products(program, nodes, rows), **_biased_sums(program, nodes, rows, chosen)}
     stacked = _stacked_row_products(program, nodes, rows)
     inline = {name for name, expression in rows.items() if expression != name}
     # A weight used in place (NOTE: [row-stored values]) needs no statement, nor does a value
@@ -520,18 +635,19 @@ def generate_source(program: Program) -> str:
         if node.name in inputs:
             code = f"    {node.name} = inputs[{node.attrs['fact_layer']!r}]"
         else:
-            code = f"    {node.name} = {_expression(node, nodes, rows, in_place, biased, stacked)}"
+            code = f"    {node.name} = {_expression(node, nodes, rows, in_place, biased, stacked, reductions)}"
         shape = ", ".join(map(str, node.shape if node.name in rows else (node.count,) + node.shape))
         if node.name in stacked and stacked[node.name][2]:  # stored as its one row
             shape += f") as (1, {node.count * node.shape[-1]}"
         lines.append(f"{code:<72}  # ({shape}{',' if len(node.shape) == 1 and node.name in rows else ''})")
         if node.name in signed_zeros:
-            lines.extend(_order_signed_zeros(node, nodes, rows))
+            rows_in = _input_rows(node, nodes, program.constants)
+            lines.extend(_order_signed_zeros(node, nodes, chosen[node.name], rows_in))
     lines.append(f"    return {program.output}")
     return "\n".join(lines) + "\n"
 
 
-def _order_signed_zeros(node: Node, nodes: dict[str, Node], rows: dict[str, str]) -> list[str]:
+def _order_signed_zeros(node: Node, nodes: dict[str, Node], kernel: str, rows: int) -> list[str]:
     """Statements that give the ties of 0.0 and -0.0 in max or min ``node`` the zero IEEE 754
     chooses (NOTE: [signed zeros in max and min]): the same reduction of the indicator of that
     zero among the inputs says which segments have it."""
@@ -539,7 +655,7 @@ def _order_signed_zeros(node: Node, nodes: dict[str, Node], rows: dict[str, str]
     zeros = x.with_(name=f"{node.name}_zeros")
     while zeros.name in nodes:
         zeros = zeros.with_(name=f"{zeros.name}_")
-    reduced = _expression(node.with_(srcs=(zeros.name,) + node.srcs[1:]), {**nodes, zeros.name: zeros}, rows)
+    reduced = _reduction(node.with_(srcs=(zeros.name,) + node.srcs[1:]), kernel, rows)
     return [f"    {zeros.name} = preferred_zeros({x.name}, {agg!r})",
             f"    {node.name} = order_signed_zeros({node.name}, {reduced}, {agg!r})"]
 
@@ -554,31 +670,41 @@ class CompiledModule(nn.Module):
     as a constant and may have folded it into others), and a replacement must
     have the layer's shape.
     ``module.weights[name]`` is the parameter (or fixed buffer) of a graph weight.
-    ``print(module.code)`` shows the generated ``forward``.
+    ``print(module.code)`` shows the generated ``forward``. The module takes no input
+    tensor (the graph and its facts are compiled in): ``module(x)``, a keyword other than
+    ``facts`` or facts that are not a dict get a ``TypeError`` that says how it is called.
 
     NOTE: [A class per program] As with torch.fx's ``GraphModule``, every compiled
     program gets its own subclass of ``CompiledModule`` whose ``forward`` is the
     generated code. Each module thus has its own ``forward`` code object, which is
     what ``torch.compile`` caches compiled code on: twenty modules compile twenty
-    times instead of sharing one cache entry (and its recompile limit). Pickling
-    (``torch.save``, ``copy.deepcopy``) stores the generated source with the
-    module's state and rebuilds the class on load (see ``__reduce__``).
+    times instead of sharing one cache entry (and its recompile limit). ``__call__``,
+    which checks the arguments and is where ``torch.compile(module)`` starts tracing, is
+    likewise a copy per class. Pickling (``torch.save``, ``copy.deepcopy``) stores the
+    generated source with the module's state and rebuilds the class on load (see
+    ``__reduce__``).
     """
 
     code: str = ""  # the generated forward's source, set on each program's class
+    # {reduction: the kernel it runs} (NOTE: [kernels chosen by the engine]); chosen with the
+    # code, kept on the module by __init__
+    reduce_kernels: dict[str, str] = {}
 
     def __new__(cls, program: Program, dtype: torch.dtype | None = None):
         if cls is CompiledModule:
-            cls = _program_class(generate_source(program))
+            chosen = choose_kernels(program)
+            cls = _program_class(generate_source(program, chosen=chosen))
+            cls.reduce_kernels = chosen
         return super().__new__(cls)
 
     def __init__(self, program: Program, dtype: torch.dtype | None = None):
         super().__init__()
-        program.verify()
+        _verifiable(program).verify()
         dtype = dtype or torch.get_default_dtype()
         self.program = program
         self.weights = WeightStore(program.weights, dtype)
-        backward_indices = _backward_indices(program)
+        chosen = self.reduce_kernels = type(self).reduce_kernels or choose_kernels(program)
+        backward_indices = _backward_indices(program, chosen)
         for key, array in program.constants.items():
             tensor = _tensor(array, dtype)
             self.register_buffer(key, tensor.long() if key in backward_indices else tensor, persistent=False)
@@ -596,7 +722,7 @@ class CompiledModule(nn.Module):
                 self.register_buffer(f"ptr_{key}", torch.cat([counts.new_zeros(1), counts.cumsum(0)]),
                                      persistent=False)
                 self.register_buffer(f"cnt_{key}", counts.to(dtype), persistent=False)
-            if node.op is Op.REDUCE and node.attrs.get("kernel") == "sparse_mm":
+            if node.op is Op.REDUCE and chosen[node.name] == "sparse_mm":
                 coef = node.attrs.get("coef")  # constant per-edge coefficients, if any
                 fused = kernels.GatherSum.from_index(program.constants[node.attrs["index"]],
                                                      program.constants[node.attrs["counts"]],
@@ -612,6 +738,58 @@ class CompiledModule(nn.Module):
         # source, then restore the whole state (parameters, buffers, hooks, training flag).
         return _rebuild_module, (type(self).code, self.__getstate__())
 
+    def __call__(self, *args, **kwargs):
+        # The one argument is ``facts``; anything else gets an error that says how a compiled
+        # module is called (a positional tensor, the PyG habit, or a misspelled keyword).
+        # Each program's class has its own copy of this code (NOTE: [A class per program]).
+        if args and (len(args) > 1 or kwargs or not (args[0] is None or isinstance(args[0], Mapping))) \
+                or kwargs and (len(kwargs) > 1 or "facts" not in kwargs):
+            raise self._call_error(args, kwargs)
+        return nn.Module.__call__(self, *args, **kwargs)
+
+    def __prepare_scriptable__(self):
+        # torch.jit.script calls this first: say what works instead of failing inside the generated code.
+        raise TypeError("torch.jit.script cannot compile a neurovec CompiledModule: its forward reads weights by "
+                        "their names (any string) and checks facts in Python, which TorchScript cannot express, "
+                        "and torch 2.13 deprecates TorchScript. Use neurovec.engines.export.export(module) "
+                        "(torch.export) or export_onnx(module, path); torch.jit.trace(standard_ops(module), "
+                        "example_kwarg_inputs={'facts': {...}}, check_trace=False) works too (docs/export.md)")
+
+    def _call_error(self, args: tuple, kwargs: dict) -> Exception:
+        unknown = [k for k in kwargs if k != "facts"]
+        if unknown:
+            return TypeError(f"CompiledModule got unexpected keyword argument{'s' * (len(unknown) > 1)} "
+                             f"{', '.join(map(repr, unknown))}: the only keyword it takes is facts={{fact layer: "
+                             "tensor}. " + self._how_to_call())
+        if len(args) + len(kwargs) > 1:
+            return TypeError(f"CompiledModule takes at most one argument, facts={{fact layer: tensor}} "
+                             f"(got {len(args)} positional{' and facts=' if kwargs else ''}). " + self._how_to_call())
+        return self._facts_error(args[0])
+
+    def _facts_error(self, facts) -> Exception:
+        if isinstance(facts, (torch.Tensor, np.ndarray)):
+            return TypeError(f"CompiledModule takes no input tensor (got a {type(facts).__name__} of shape "
+                             f"{tuple(facts.shape)}). " + self._how_to_call())
+        return TypeError(f"facts must be a dict {{fact layer name: tensor}} (got {type(facts).__name__}). "
+                         + self._how_to_call())
+
+    def _how_to_call(self) -> str:
+        """How a compiled module is called, with this module's own fact layers."""
+        program = self.program
+        text = ("The graph and its facts are compiled into the module: call it as module()")
+        declared = [layer for layer in program.dynamic_facts if layer in program.fact_shapes]
+        if declared:
+            text += ", or module(facts={" + ", ".join(f"{layer!r}: tensor of shape {tuple(program.fact_shapes[layer])}"
+                                                      for layer in declared[:4]) + "}) to replace features for one call"
+        else:
+            shown = ", ".join(f"{layer!r} {tuple(shape)}" for layer, shape in list(program.fact_shapes.items())[:6])
+            if len(program.fact_shapes) > 6:
+                shown += f" and {len(program.fact_shapes) - 6} more"
+            text += (". To replace features per call, compile with Settings(dynamic_facts=(<layer>,)) and call "
+                     f"module(facts={{<layer>: tensor}}) (fact layers: {shown})")
+        return text + (". New graphs are compiled anew, then load_state_dict gives them the trained weights "
+                       "(docs/export.md).")
+
     def fact_inputs(self, facts: dict | None = None) -> dict[str, torch.Tensor]:
         """The values of the dynamic fact layers for one call: the stored ones, or ``facts[layer]``.
 
@@ -621,8 +799,10 @@ class CompiledModule(nn.Module):
         still checked, then ignored.
         """
         values = {layer: getattr(self, const) for layer, const in self._inputs.items()}
-        if not facts:
+        if facts is None:
             return values
+        if not isinstance(facts, Mapping):
+            raise self._facts_error(facts)
         for layer, value in facts.items():
             if layer not in self.program.dynamic_facts:
                 known = layer in self.program.fact_shapes
@@ -667,7 +847,7 @@ def _tensor(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
     return torch.tensor(array, dtype=dtype)
 
 
-def _backward_indices(program: Program) -> set[str]:
+def _backward_indices(program: Program, chosen: dict[str, str]) -> set[str]:
     """The gather indices whose gather has a backward: those of gathers from computed values
     (or from dynamic facts, which a caller may pass with ``requires_grad``). They are kept as
     int64: the backward of ``index_select`` is ``index_add_``, which torch 2.13 runs ~20x
@@ -677,8 +857,9 @@ def _backward_indices(program: Program) -> set[str]:
     nodes = program.by_name()
     dynamic = set(program.dynamic_facts)
     return {node.attrs["index"] for node in program.nodes
-            if node.op is Op.GATHER and not (nodes[node.srcs[0]].op is Op.FACT
-                                             and nodes[node.srcs[0]].attrs.get("fact_layer") not in dynamic)}
+            if (node.op is Op.GATHER or (node.op is Op.REDUCE and "index" in node.attrs
+                                         and chosen[node.name] != "sparse_mm"))
+            and not (nodes[node.srcs[0]].op is Op.FACT and nodes[node.srcs[0]].attrs.get("fact_layer") not in dynamic)}
 
 
 def _load(source: str):
@@ -698,8 +879,14 @@ def _program_class(source: str) -> type:
     """A new subclass of :class:`CompiledModule` whose ``forward`` is ``source`` (see
     NOTE: [A class per program])."""
     forward = _load(source)
+    # torch.compile(module) starts tracing at __call__ (ours, not nn.Module's, which dynamo
+    # skips): a copy of its code object per class, so that no two programs share a cache entry.
+    call = CompiledModule.__call__
+    call = types.FunctionType(call.__code__.replace(), call.__globals__, call.__name__, call.__defaults__,
+                              call.__closure__)
+    call.__qualname__ = CompiledModule.__call__.__qualname__
     return type(CompiledModule.__name__, (CompiledModule,),
-                {"forward": forward, "code": source, "__module__": CompiledModule.__module__})
+                {"forward": forward, "__call__": call, "code": source, "__module__": CompiledModule.__module__})
 
 
 def _rebuild_module(source: str, state: dict) -> CompiledModule:

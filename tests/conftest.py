@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, settings
 
 REPO = Path(__file__).resolve().parents[1]
 # Tests read the raw data next to the project (../shared/data), never a download.
-SHARED_DATA = Path(os.environ.get("NEUROVEC_SHARED_DATA", REPO.parent / "shared" / "data"))
+SHARED_DATA = Path(os.environ.get("NEUROVEC_DATA", REPO.parent / "shared" / "data"))
 
 settings.register_profile("default", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 # On CI (the CI variable set), the same examples every run, as hypothesis's own CI profile does: a
@@ -23,7 +23,7 @@ settings.load_profile("ci" if os.environ.get("CI") else "default")
 def tu_dir() -> Path:
     path = SHARED_DATA / "tu"
     if not path.is_dir():
-        pytest.skip(f"TU data not found at {path} (set NEUROVEC_SHARED_DATA)")
+        pytest.skip(f"TU data not found at {path} (set NEUROVEC_DATA to the folder holding tu/, mutagenesis/, planetoid/, kg/, circuits/)")
     return path
 
 
@@ -31,14 +31,14 @@ def tu_dir() -> Path:
 def mutagenesis_dir() -> Path:
     path = SHARED_DATA / "mutagenesis"
     if not path.is_dir():
-        pytest.skip(f"Mutagenesis CSVs not found at {path} (set NEUROVEC_SHARED_DATA)")
+        pytest.skip(f"Mutagenesis CSVs not found at {path} (set NEUROVEC_DATA to the folder holding tu/, mutagenesis/, planetoid/, kg/, circuits/)")
     return path
 
 
 def _shared(name: str) -> Path:
     path = SHARED_DATA / name
     if not path.is_dir():
-        pytest.skip(f"{name} data not found at {path} (set NEUROVEC_SHARED_DATA)")
+        pytest.skip(f"{name} data not found at {path} (set NEUROVEC_DATA to the folder holding tu/, mutagenesis/, planetoid/, kg/, circuits/)")
     return path
 
 

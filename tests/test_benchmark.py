@@ -456,3 +456,66 @@ def test_autotune_engine(tu_dir, monkeypatch):
 def test_torch_contenders_use_fused_adam():
     weights = [torch.nn.Parameter(torch.ones(3, 2)), torch.nn.Parameter(torch.zeros(2))]
     assert contenders.adam(weights, 1e-3).defaults["fused"] is True
+
+
+# -- node tasks (--task node): one large graph ---------------------------------------------------------------
+def _node_config(planetoid_dir, **overrides) -> suite.Config:
+    settings = dict(task="node", datasets=("cora",), models=("gcn",), engines=("default", "pyg-tuned", "wrong"),
+                    warmup=0, reps=1, threads=1, data_dir=str(planetoid_dir), progress=False, bandwidth_mb=8)
+    settings.update(overrides)
+    return suite.Config(**settings)
+
+
+def test_node_task_checks_then_times_against_tuned_pyg(planetoid_dir):
+    results = suite.run(_node_config(planetoid_dir), custom_engines=CUSTOM)
+    group = results["groups"][0]
+    assert group["key"] == "cora/gcn node" and group["info"]["conv_layers"] == 2 and group["info"]["hidden"] == 16
+    records = _records(results)
+    assert records["default"]["status"] == "ok" and records["default"]["check"]["gradients_checked"] == 4
+    assert records["pyg-tuned"]["status"] == "ok" and records["pyg-tuned"]["build"]["x"].startswith("sparse CSR")
+    assert records["wrong"]["status"] == "invalid"
+    row = report.headline_rows(results)[0]
+    assert row["target"] == 2.0 and row["pyg"] == "pyg-tuned"
+    assert "cora/gcn node" in report.markdown(results)
+
+
+@pytest.mark.parametrize("model", ["gcn", "sage", "gin"])
+def test_node_subset_oracle_is_exact_on_the_k_hop_neighbourhood(planetoid_dir, model):
+    from neurovec.benchmarks.node_tasks import NodeDataCache, make_node_task, node_options
+    task = make_node_task(NodeDataCache(planetoid_dir), "cora", model, node_options("cora"), oracle_max_nodes=100)
+    oracle = task.oracle()
+    assert oracle is not None and oracle.positions.size == 8 and "neighbourhood of 8 training nodes" in oracle.name
+    engine = NeurovecEngine("default")
+    engine.build(task, torch.device("cpu"), torch.float64)
+    check = suite.check_engine(engine, task, "float64")
+    assert check["valid"] and check["samples_checked"] == 8, check
+    assert check["max_abs_error"] < 1e-9 and check["max_grad_rel_error"] < 1e-9
+
+
+def test_node_cli_arguments():
+    config = cli.config_from_args(cli.parse_args(["--task", "node", "--models", "sage", "--isolate",
+                                                  "--memory-limit-gb", "20"]))
+    assert config.task == "node" and config.datasets == ("cora",) and config.isolate and config.memory_limit_gb == 20
+    assert config.node_hidden is None and config.options.hidden == 16  # the dataset's own sizes
+    assert suite.plan(config)[0] == [("cora", "sage", "node", 1, "template")]
+    for bad in (["--task", "node", "--datasets", "MUTAG"], ["--datasets", "cora"], ["--memory-limit-gb", "4"],
+                ["--task", "node", "--models", "dims"]):
+        with pytest.raises(SystemExit):
+            cli.parse_args(bad)
+
+
+def test_isolated_engines_run_alone_and_out_of_memory_is_reported(planetoid_dir, monkeypatch):
+    import signal
+    import subprocess
+    from neurovec.benchmarks import isolated
+    results = suite.run(_node_config(planetoid_dir, engines=("default",), isolate=True))
+    record = _records(results)["default"]
+    assert record["status"] == "ok" and record["isolated"] and record["check"]["valid"]
+    assert isolated.is_out_of_memory("RuntimeError: DefaultCPUAllocator: can't allocate memory: you tried ...")
+    assert not isolated.is_out_of_memory("RuntimeError: shapes do not match")
+    killed = subprocess.CompletedProcess([], -signal.SIGKILL, "", "")
+    monkeypatch.setattr(isolated.subprocess, "run", lambda *a, **k: killed)
+    results = suite.run(_node_config(planetoid_dir, engines=("pyg",), isolate=True))
+    record = _records(results)["pyg"]
+    assert record["status"] == "out of memory" and "SIGKILL" in record["reason"]
+    assert "out of memory: killed by the kernel" in report.markdown(results)

@@ -121,3 +121,51 @@ def test_replacement_errors_name_the_layer():
     with pytest.raises(GraphError, match=r"fact layer 'x': replacement has dtype torch.complex128"):
         module(facts={"x": torch.ones(3, 2, dtype=torch.complex128)})
     torch.testing.assert_close(module(facts={"x": np.zeros((3, 2))}), torch.zeros(2, 2))
+
+
+# -- how a module is called (issue 23 item 9, issue 28 item 3) ------------------------------------
+
+def test_a_positional_tensor_says_how_the_module_is_called():
+    """The PyG habit, ``module(x)``: the error says the graph and its facts are compiled in, and how
+    features are replaced (with the module's own layers and shapes)."""
+    static = neurovec.compile(_two_layer_graph())
+    with pytest.raises(TypeError, match=r"CompiledModule takes no input tensor \(got a Tensor of shape \(3, 2\)\)\. "
+                                        r"The graph and its facts are compiled into the module: call it as "
+                                        r"module\(\)\. To replace features per call, compile with "
+                                        r"Settings\(dynamic_facts=\(<layer>,\)\) and call module\(facts=\{<layer>: "
+                                        r"tensor\}\) \(fact layers: 'x' \(3, 2\), 'unused' \(4, 2\)\)\. "
+                                        r"New graphs are compiled anew, then load_state_dict"):
+        static(torch.ones(3, 2))
+    dynamic = neurovec.compile(_two_layer_graph(), neurovec.Settings(dynamic_facts=("x",)))
+    message = r"call it as module\(\), or module\(facts=\{'x': tensor of shape \(3, 2\)\}\) to replace features"
+    for call in (lambda: dynamic(torch.ones(3, 2)), lambda: dynamic(np.ones((3, 2))),
+                 lambda: dynamic(facts=torch.ones(3, 2))):
+        with pytest.raises(TypeError, match=r"takes no input tensor \(got a (Tensor|ndarray) of shape \(3, 2\)\).*"
+                                            + message):
+            call()
+    torch.testing.assert_close(dynamic({"x": torch.zeros(3, 2)}), torch.zeros(2, 2))  # a positional dict is facts
+
+
+def test_facts_that_are_not_a_dict_are_named():
+    module = neurovec.compile(_two_layer_graph(), neurovec.Settings(dynamic_facts=("x",)))
+    for facts in ([torch.ones(3, 2)], ("x", torch.ones(3, 2)), "x"):
+        with pytest.raises(TypeError, match=rf"facts must be a dict \{{fact layer name: tensor\}} "
+                                            rf"\(got {type(facts).__name__}\)\. The graph and its facts"):
+            module(facts=facts)
+    torch.testing.assert_close(module(facts={}), module())
+
+
+def test_misspelled_keywords_name_the_accepted_one():
+    module = neurovec.compile(_two_layer_graph(), neurovec.Settings(dynamic_facts=("x",)))
+    with pytest.raises(TypeError, match=r"CompiledModule got unexpected keyword argument 'fact': the only keyword "
+                                        r"it takes is facts=\{fact layer: tensor\}\. The graph and its facts"):
+        module(fact={"x": torch.ones(3, 2)})
+    with pytest.raises(TypeError, match=r"unexpected keyword arguments 'x', 'edge_index': the only keyword"):
+        module(x=torch.ones(3, 2), edge_index=torch.zeros(2, 4))
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'training'"):
+        module(facts={}, training=True)
+    with pytest.raises(TypeError, match=r"takes at most one argument, facts=\{fact layer: tensor\} "
+                                        r"\(got 2 positional\)"):
+        module({}, {})
+    with pytest.raises(TypeError, match=r"takes at most one argument.*\(got 1 positional and facts=\)"):
+        module({}, facts={})

@@ -142,3 +142,44 @@ def test_inconsistent_templates_are_refused(mutag):
     with pytest.raises(TypeError, match="must return a neurovec.Graph"):
         neurovec.MiniBatchModel(lambda samples: None)
 
+
+
+def test_minibatch_is_immutable_and_pickles(mutag):
+    import pickle
+    model = _model(mutag)
+    batch = model.batch([0, 1, 2])
+    with pytest.raises(AttributeError, match="immutable"):
+        batch.samples = np.arange(2)
+    again = pickle.loads(pickle.dumps(batch))
+    assert np.array_equal(again.samples, batch.samples) and again.global_size == 3 and len(again) == 3
+
+
+def test_lightning_trains_two_epochs_with_minibatches_unchanged(mutag, tmp_path):
+    lightning = pytest.importorskip("lightning")
+    from lightning.pytorch.utilities import move_data_to_device
+    model = _model(mutag, dtype=torch.float32)
+    loader = neurovec.SampleLoader(model, np.arange(64), batch_size=32, shuffle=True, seed=0)
+    labels = torch.tensor(mutag.graph_labels, dtype=torch.float32)
+    batch = next(iter(loader))
+    assert move_data_to_device(batch, torch.device("cpu")) is batch     # walked through, unchanged
+    seen = []
+
+    class Module(lightning.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def training_step(self, batch, index):
+            seen.append(batch)
+            return F.binary_cross_entropy(self.model(batch).squeeze(-1), labels[batch.samples])
+
+        def configure_optimizers(self):
+            return torch.optim.Adam(self.parameters(), lr=0.01)
+
+    before = [p.detach().clone() for p in model.parameters()]
+    trainer = lightning.Trainer(max_epochs=2, accelerator="cpu", logger=False, enable_checkpointing=False,
+                                enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
+    trainer.fit(Module(), train_dataloaders=loader)
+    assert len(seen) == 4 and all(isinstance(b, neurovec.MiniBatch) for b in seen)
+    assert model.n_compiled == 2                                          # each batch compiled once
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))

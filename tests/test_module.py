@@ -8,6 +8,7 @@ import pickle
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -192,3 +193,86 @@ def test_gathers_with_a_backward_index_in_int64(tu_dir):
     assert all(getattr(module, n.attrs["index"]).dtype == torch.int64 for n in computed)
     assert all(getattr(module, n.attrs["index"]).dtype == torch.int32 for n in from_facts
                if n.attrs["index"] not in {m.attrs["index"] for m in computed})
+
+
+# -- weight names ---------------------------------------------------------------------------------
+
+# Names of nn.Module's own methods and state, alone and as dotted parts (issue 23, item 9).
+ATTRIBUTE_NAMES = ["half", "train", "to", "cuda", "forward", "training", "_parameters", "keys",
+                   "a.half", "state_dict.training", "_modules.b"]
+
+
+def _graph_with_weight_names(names, fixed=("cuda",)):
+    rng = np.random.default_rng(0)
+    b = neurovec.GraphBuilder()
+    x = b.facts("x", rng.normal(size=(4, 3)))
+    h = b.layer("h", aggregation="sum", transformation="tanh")
+    weights = [b.weight(name, rng.normal(size=(3, 3)), learnable=name not in fixed) for name in names]
+    bias = b.weight("bias.to", rng.normal(size=3))
+    b.output(*[h.neuron([(x[k % 4], w), (x[(k + 1) % 4], weights[k - 1])], bias=bias)
+               for k, w in enumerate(weights)])
+    return b.build()
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_weights_may_have_the_names_of_module_attributes(preset):
+    graph = _graph_with_weight_names(ATTRIBUTE_NAMES)
+    module = neurovec.compile(graph, preset, torch.float64)
+    reference = neurovec.ReferenceModule(graph)
+    learnable = {f"weights.{w.name}" for w in graph.weights if w.learnable}
+    assert set(module.state_dict()) == learnable == set(reference.state_dict())
+    assert module.weights["half"] is dict(module.named_parameters())["weights.half"]
+    assert_equivalent(graph, module)
+    # The module's own methods and state still work beside weights of those names.
+    module.train(False)
+    assert not module.training and not module.weights.training
+    module.train()
+    assert module.weights.training
+    module.half().double()  # the fixed 'cuda' comes back exact, the learnable ones are float16-rounded
+    assert torch.equal(module.weights["cuda"], torch.tensor(graph.weights[ATTRIBUTE_NAMES.index("cuda")].value))
+    with torch.no_grad():
+        for p in reference.parameters():
+            p.add_(0.5)
+    module.load_state_dict(reference.state_dict())
+    torch.testing.assert_close(module(), reference(), rtol=1e-9, atol=1e-9)
+    _assert_identical(module, pickle.loads(pickle.dumps(module)))
+
+
+def test_weights_named_like_attributes_are_shared_by_a_mini_batch_model():
+    graph = _graph_with_weight_names(ATTRIBUTE_NAMES, fixed=())
+    model = neurovec.MiniBatchModel(lambda samples: graph, dtype=torch.float64)
+    batch = model.batch([0])
+    assert batch.program.weights["half"] is model.weights["half"]
+    torch.testing.assert_close(model(batch), neurovec.ReferenceModule(graph)(), rtol=1e-9, atol=1e-9)
+
+
+def test_a_weight_that_is_a_prefix_of_another_is_named():
+    with pytest.raises(neurovec.GraphError, match=r"weight name 'a.half' clashes with weight 'a'.*rename one"):
+        neurovec.compile(_graph_with_weight_names(["a", "a.half"]))
+
+
+def test_load_state_dict_of_another_shape_names_the_weight(mutag):
+    small = neurovec.compile(datasets.gcn(mutag, hidden=8, layers=2, samples=[0, 1]), dtype=torch.float64)
+    wide = datasets.gcn(mutag, hidden=16, layers=2, samples=[0, 1])
+    key = next(k for k, v in small.state_dict().items() if v.ndim == 2)
+    name = key.removeprefix("weights.")
+    expected_shape = tuple(small.weights[name].shape)
+    for target in (neurovec.compile(wide), neurovec.ReferenceModule(wide)):
+        before = {k: v.clone() for k, v in target.state_dict().items()}
+        shape = tuple(target.weights[name].shape)
+        with pytest.raises(neurovec.GraphError, match=rf"load_state_dict: weight {name!r} \(key {key!r}\) has shape "
+                                                      rf"\({expected_shape[0]}, {expected_shape[1]}\) in the state "
+                                                      rf"dict, but \({shape[0]}, {shape[1]}\) in this module's graph; "
+                                                      r"load weights trained on a graph built by the same template"):
+            target.load_state_dict(small.state_dict(), strict=False)
+        for k, v in target.state_dict().items():  # nothing was loaded
+            assert torch.equal(v, before[k])
+    # torch would turn a (1,) tensor into a scalar weight without a word.
+    b = neurovec.GraphBuilder()
+    scale, x = b.weight("scale", 2.0), b.facts("x", np.ones((2, 3)))
+    b.output(b.layer("h").neuron([(x[0], scale), (x[1], scale)]))
+    module = neurovec.compile(b.build())
+    with pytest.raises(neurovec.GraphError, match=r"weight 'scale' \(key 'weights.scale'\) has shape \(1,\) in the "
+                                                  r"state dict, but \(\) in this module's graph"):
+        module.load_state_dict({"weights.scale": torch.tensor([3.0])})
+    assert module.weights["scale"].item() == 2.0

@@ -84,7 +84,7 @@ def test_bad_samples(mutag, samples, message):
 
 
 @pytest.mark.parametrize("options, message", [
-    ({"readout": "max"}, "unknown readout 'max'"),
+    ({"readout": "median"}, "unknown readout 'median'"),
     ({"output_transformation": "softmax"}, "unknown output_transformation"),
     ({"hidden": 0}, "positive width"),
     ({"layers": 0}, "at least one convolution"),

@@ -273,3 +273,31 @@ def test_inductor_every_aggregation(preset):
     eager = neurovec.compile(graph, preset, torch.float64)
     module = neurovec.compile(graph, preset, torch.float64)
     _assert_same(eager, torch.compile(module, backend="inductor", fullgraph=True), module, tol=1e-10)
+
+
+def test_weights_named_like_module_attributes_compile():
+    """Weights named ``half``, ``train``, ``training`` ... (NOTE: [weights are not attributes])
+    trace as one graph and train like any others."""
+    _require("aot_eager")
+    from .test_module import ATTRIBUTE_NAMES, _graph_with_weight_names
+    graph = _graph_with_weight_names(ATTRIBUTE_NAMES)
+    eager = neurovec.compile(graph, "default", torch.float64)
+    module = neurovec.compile(graph, "default", torch.float64)
+    call = torch.compile(module, backend="aot_eager", fullgraph=True)
+    _assert_same(eager, call, module)
+    _sgd_step(eager, eager)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        _sgd_step(module, call)
+        _assert_same(eager, call, module)
+
+
+@pytest.mark.parametrize("preset", ["unoptimized"] + PRESETS)
+def test_standard_ops_view_compiles_as_one_graph(preset):
+    """The forward in standard torch ops (NOTE: [standard ops], what engines/export.py exports)
+    traces as one graph too, every aggregation included."""
+    _require("aot_eager")
+    from neurovec.engines.export import standard_ops
+    graph = aggregation_graph()
+    eager = neurovec.compile(graph, preset, torch.float64)
+    view = standard_ops(neurovec.compile(graph, preset, torch.float64))
+    _assert_same(eager, torch.compile(view, backend="aot_eager", fullgraph=True), view)

@@ -1,0 +1,141 @@
+"""Digests of the programs the optimizer makes on the benchmark suite: the check that a
+restructuring of the compiler is behaviour-preserving (issue 24).
+
+    python benchmarks/program_digests.py                      # one line per program, then the total
+    python benchmarks/program_digests.py --passes             # and every pass's output digest
+    python benchmarks/program_digests.py --presets default upward-17-aggressive
+
+The programs are the benchmark suite's: MUTAG, ENZYMES and PROTEINS x GCN, SAGE and GIN x one-hot
+``labels`` and ``continuous`` features, and relational Mutagenesis ``simple`` and ``dims``
+(``benchmarks/tasks.make_task`` at scale 1, its default model sizes and seed). For each, and each
+preset asked for, the script runs the Vectorizer and every enabled pass of ``PIPELINE`` and prints
+
+* ``code``: a digest of the generated forward's source (``engines.torch_module.generate_source``)
+  and of every constant it reads (key, dtype, shape and bytes) -- what a compiled module computes
+  with, byte for byte;
+* ``program``: a digest of the final program (every node's name, op, inputs, rows, shape, layer and
+  attributes, the constants, the output, the weights' names);
+* with ``--passes``, the program digest after the Vectorizer and after every pass, by pass name.
+
+Two runs that print the same lines made byte-identical programs. The last line digests all of them.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import sys
+from pathlib import Path
+
+import numpy as np
+
+_ROOT = Path(__file__).resolve().parents[1]
+if __package__ in (None, ""):  # run as a script: import this checkout as the package neurovec
+    sys.path.insert(0, str(_ROOT.parent))
+
+from neurovec.compiler.ir import Program  # noqa: E402
+from neurovec.compiler.pipeline import PIPELINE, resolve_settings  # noqa: E402
+from neurovec.compiler.vectorizer import vectorize  # noqa: E402
+
+__all__ = ["PROGRAMS", "program_digest", "code_digest", "suite_graphs", "digests"]
+
+PROGRAMS = ([(d, m, f) for d in ("MUTAG", "ENZYMES", "PROTEINS") for m in ("gcn", "sage", "gin")
+             for f in ("labels", "continuous")] + [("mutagenesis", "simple", "labels"), ("mutagenesis", "dims", "labels")])
+
+
+def _hash_value(h, value) -> None:
+    """Feed an attribute value (nested tuples, dicts, numbers, strings, arrays) into ``h``."""
+    if isinstance(value, np.ndarray):
+        h.update(f"array{value.dtype.str}{value.shape}".encode())
+        h.update(np.ascontiguousarray(value).tobytes())
+    elif isinstance(value, dict):
+        h.update(b"{")
+        for key in sorted(value, key=repr):
+            h.update(repr(key).encode())
+            _hash_value(h, value[key])
+        h.update(b"}")
+    elif isinstance(value, (tuple, list)):
+        h.update(b"(")
+        for item in value:
+            _hash_value(h, item)
+        h.update(b")")
+    else:
+        h.update(f"{type(value).__name__}:{value!r};".encode())
+
+
+def _hash_constants(h, constants: dict) -> None:
+    for key in sorted(constants):
+        h.update(key.encode())
+        _hash_value(h, np.asarray(constants[key]))
+
+
+def program_digest(program: Program) -> str:
+    """A digest of everything that defines ``program`` (nodes in order, constants, output, weights)."""
+    h = hashlib.sha256()
+    for node in program.nodes:
+        h.update(f"{node.name}|{node.op.name}|{node.srcs}|{node.count}|{node.shape}|{node.layer}|".encode())
+        _hash_value(h, dict(node.attrs))
+    _hash_constants(h, program.constants)
+    h.update(f"out:{program.output}|weights:{[w.name for w in program.weights]}|dyn:{program.dynamic_facts}".encode())
+    return h.hexdigest()[:16]
+
+
+def code_digest(program: Program) -> str:
+    """A digest of the generated forward's source and every constant it reads."""
+    from neurovec.engines.torch_module import generate_source
+    h = hashlib.sha256(generate_source(program).encode())
+    _hash_constants(h, program.constants)
+    return h.hexdigest()[:16]
+
+
+def suite_graphs(data_dir: Path, programs=PROGRAMS):
+    """``(key, graph)`` of each benchmark program (``benchmarks/tasks.make_task``, scale 1)."""
+    from neurovec.benchmarks.tasks import DataCache, make_task
+    cache = DataCache(data_dir)
+    for dataset, model, features in programs:
+        task = make_task(cache, dataset, model, features=features)
+        yield f"{dataset}/{model} {features}", task.graph
+
+
+def _fresh_names_from_zero() -> None:
+    """Names that ``rewrite.fresh_const`` mints take their suffix from a process-wide counter: a
+    program's names would depend on what the process compiled before. Start it afresh for each."""
+    import itertools
+    from neurovec.compiler import rewrite
+    if hasattr(rewrite, "_counter"):
+        rewrite._counter = itertools.count()
+
+
+def digests(graph, settings) -> tuple[list[tuple[str, str]], Program]:
+    """Every step's ``(name, program digest)`` and the final program."""
+    settings = resolve_settings(settings)
+    _fresh_names_from_zero()
+    program = vectorize(graph).replace(dynamic_facts=tuple(settings.dynamic_facts))
+    steps = [("vectorize", program_digest(program))]
+    for name, enabled, run in PIPELINE:
+        if enabled(settings):
+            program = run(program, settings)
+            steps.append((name, program_digest(program)))
+    return steps, program
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data-dir", type=Path, default=_ROOT.parent / "shared" / "data")
+    parser.add_argument("--presets", nargs="+", default=["default"])
+    parser.add_argument("--passes", action="store_true", help="print every pass's output digest too")
+    args = parser.parse_args()
+    total = hashlib.sha256()
+    for key, graph in suite_graphs(args.data_dir):
+        for preset in args.presets:
+            steps, program = digests(graph, preset)
+            line = f"{key:28s} {preset:22s} code {code_digest(program)}  program {steps[-1][1]}"
+            print(line, flush=True)
+            total.update(line.encode())
+            if args.passes:
+                for name, digest in steps:
+                    print(f"    {name:40s} {digest}")
+    print(f"all {total.hexdigest()[:16]}")
+
+
+if __name__ == "__main__":
+    main()
