@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from neurovec.benchmarks import kg as bench
 
@@ -28,6 +29,11 @@ def test_headline_takes_the_fastest_valid_peer():
 
 
 def test_rules_cell_runs_and_checks(kg_dir):
-    result = bench.run_child("kinships-rules", "default", threads=1, reps=1, warmup=0, data=str(kg_dir), budget=10)
+    threads = torch.get_num_threads()
+    try:  # run_child sets the process's threads, as the benchmark's child process does
+        result = bench.run_child("kinships-rules", "default", threads=1, reps=1, warmup=0, data=str(kg_dir),
+                                 budget=10)
+    finally:
+        torch.set_num_threads(threads)
     assert result["valid"] and result["step_s"] > 0 and result["queries"] > 450
     assert result["first_loss"] == pytest.approx(result["oracle_loss"], rel=1e-4)
