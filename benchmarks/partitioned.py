@@ -119,8 +119,9 @@ def launch(args, data: Path, ranks: int | None, shards: Path | None, hidden: int
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT.parent), os.environ.get("PYTHONPATH", "")]),
            "OMP_NUM_THREADS": "1", "NEUROVEC_PROGRESS": "0"}
     source = ["--dataset", f"npz:{data}"] if ranks is None else ["--shards", str(shards)]
-    example = [str(ROOT / "examples" / "train_partitioned.py"), *source, "--models", args.model, "--presets", args.preset, "--hidden", str(hidden), "--layers", str(layers), "--epochs",
-               str(args.epochs), "--out", str(out)]
+    example = [str(ROOT / "examples" / "train_partitioned.py"), *source, "--models", args.model, "--presets",
+               args.preset, "--hidden", str(hidden), "--layers", str(layers), "--epochs", str(args.epochs),
+               "--out", str(out)]
     if settings:
         example += ["--settings", settings]
     if ranks is None:
@@ -168,8 +169,10 @@ def table(name: str, info: dict, rows: dict, parts_info: dict) -> str:
     lines = [f"### {name}: {info['nodes']:,} nodes, {info['edges']:,} edges, {info['features']} features, "
              f"{info['classes']} classes",
              "",
-             "| configuration | step s | first epoch s | compile s per rank | plan s per rank | peak RSS per rank (MB) | "
-             "largest / one process (/ fold off) | halo rows per rank, per exchanged layer (x layers) | bytes sent per step (all ranks) | edge cut |",
+             "| configuration | step s | first epoch s | compile s per rank | plan s per rank | "
+             "peak RSS per rank (MB) | "
+             "largest / one process (/ fold off) | halo rows per rank, per exchanged layer (x layers) | "
+             "bytes sent per step (all ranks) | edge cut |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for config, s in rows.items():
         ratio = f"{max(s['peak_mb']) / max(whole['peak_mb']):.2f}x" if whole else "-"
