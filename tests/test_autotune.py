@@ -14,7 +14,7 @@ import torch
 
 import neurovec
 from neurovec import datasets
-from neurovec.compiler.autotune import PLAYOFF, PLAYOFF_ALPHA, AutotuneResult, autotune, playoff_winner
+from neurovec.tuning import PLAYOFF, PLAYOFF_ALPHA, AutotuneResult, autotune, playoff_winner
 from neurovec.engines.torch_module import CompiledModule
 
 from .equivalence import assert_equivalent
@@ -183,7 +183,7 @@ def test_pruning_only_saves_real_time(step_s, compiled, pruned):
     loaded machine, two 1 ms steps can both take 20 ms."""
     from types import SimpleNamespace
 
-    from neurovec.compiler.autotune import PRUNE_FACTOR, Candidate, _Timer
+    from neurovec.tuning import PRUNE_FACTOR, Candidate, _Timer
 
     timer = _Timer(time.perf_counter(), 600.0, torch.device("cpu"), repeat=5, warmup=2, loss=None)
     best_ms = step_s * 1e3 / (2 * PRUNE_FACTOR)  # the candidate is 2x PRUNE_FACTOR slower than the best
@@ -221,7 +221,7 @@ def test_playoff_always_includes_default():
     keeps its place against challengers that are not reliably faster."""
     from itertools import cycle
 
-    from neurovec.compiler.autotune import Candidate, _Finalist, _Timer
+    from neurovec.tuning import Candidate, _Finalist, _Timer
 
     timer = _Timer(time.perf_counter(), 60.0, torch.device("cpu"), repeat=5, warmup=2, loss=None)
 
