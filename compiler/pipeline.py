@@ -63,8 +63,7 @@ PIPELINE: list[tuple[str, Callable[[Settings], bool], Pass]] = [
     ("simplify_gathers", lambda s: s.simplify_gathers, simplify_gathers.simplify_gathers),
     ("remove_identity", lambda s: s.remove_identity, cleanup.remove_identity),
     # Reductions last: the gathers before them are final now.
-    ("segment_reductions", lambda s: s.segment_reductions or s.dense_reductions or s.transposed_reductions,
-     segments.scatter_to_segment),
+    ("scatter_to_segment", lambda s: s.transposed_reductions, segments.scatter_to_segment),
     ("materialize_units", lambda s: s.merge_unit_facts or s.simplify_unit_linear, unit_facts.materialize_units),
     ("preconcatenate", lambda s: s.preconcatenate, cleanup.preconcatenate),
     ("remove_unused", lambda s: s.remove_unused, cleanup.remove_unused),
