@@ -20,8 +20,8 @@ Ops (``Node.attrs`` in brackets):
 ``LINEAR``      per-row product ``W_e . x_e`` [``kind``: ``"matmul"`` or ``"mul"``;
                 ``w_layout``, ``x_layout``: see below]
 ``REDUCE``      segment reduction of consecutive rows [``aggregation``, ``counts``: const key,
-                ``kernel``: ``"scatter"``, ``"segment"``, ``"dense"``, ``"strided"`` or
-                ``"sparse_mm"`` (then also ``index``: a fused gather, see below);
+                ``kernel``: ``"scatter"``, ``"segment"``, ``"dense"``, ``"strided"``, ``"sparse_mm"``
+                or ``"auto"`` (the engine's choice); ``index``: a fused gather, see below;
                 optional ``coef``: const key of float64 per-row factors, sum and mean only:
                 row e counts as ``coef[e] * x[e]`` (a weighted sparse matrix)]
 ``ADD``         ``x + b`` row by row (``b`` broadcasts over the value shape; a ``b`` of one
@@ -45,7 +45,10 @@ of ``counts[j]`` rows (scatter_reduce vs. CSR kernels with a gather backward);
 ``strided`` also needs equal counts but its segment j is rows ``j, j + n,
 j + 2n, ...``: a ``(k, n, ...)`` view reduced over axis 0 (thesis 5.2.9).
 ``sparse_mm`` fuses a gather into a sum or mean: the REDUCE reads rows
-``index[e]`` of its source, as one sparse CSR matrix product (thesis 3.4).
+``index[e]`` of its source, as one sparse CSR matrix product (thesis 3.4). Any REDUCE with an
+``index`` is such a sparse sum (``is_sparse_sum``). ``auto`` leaves the kernel to the engine that
+runs the program (NOTE: [kernels chosen by the engine] in ``engines/torch_module.py``): a sparse
+sum where it has an ``index``, else a reduction of consecutive segments.
 """
 from __future__ import annotations
 
@@ -55,9 +58,9 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 __all__ = ["Op", "Node", "Program", "IRError", "INDEXING", "REDUCE_KERNELS", "LAYOUTS", "linear_grid",
-           "unique_name", "users_of", "compact_index", "stored"]
+           "unique_name", "users_of", "compact_index", "stored", "is_sparse_sum"]
 
-REDUCE_KERNELS = ("scatter", "segment", "dense", "strided", "sparse_mm")
+REDUCE_KERNELS = ("scatter", "segment", "dense", "strided", "sparse_mm", "auto")
 LAYOUTS = ("full", "tile", "interleave")
 
 
@@ -180,12 +183,16 @@ class Program:
             counts = self.constants[n.attrs["counts"]]
             kernel = n.attrs.get("kernel", "scatter")
             rows = srcs[0].count
-            if kernel == "sparse_mm":
+            if kernel == "sparse_mm" and "index" not in n.attrs:
+                raise IRError(f"%{n.name} REDUCE sparse_mm has no index")
+            if "index" in n.attrs:
+                if kernel not in ("sparse_mm", "auto"):
+                    raise IRError(f"%{n.name} REDUCE with an index runs {kernel!r}, not a sparse sum")
                 index = self.constants[n.attrs["index"]]
                 if n.attrs["aggregation"] not in ("sum", "mean"):
-                    raise IRError(f"%{n.name} REDUCE sparse_mm only sums or averages")
+                    raise IRError(f"%{n.name} REDUCE with an index (a sparse sum) only sums or averages")
                 if index.size and (index.min() < 0 or index.max() >= rows):
-                    raise IRError(f"%{n.name} REDUCE sparse_mm index out of range for %{srcs[0].name}")
+                    raise IRError(f"%{n.name} REDUCE index out of range for %{srcs[0].name}")
                 rows = index.size
             if counts.shape != (n.count,) or int(counts.sum()) != rows:
                 raise IRError(f"%{n.name} REDUCE counts do not cover %{srcs[0].name}")
@@ -204,6 +211,11 @@ class Program:
             if srcs[0].count != n.count or (n.op is Op.ADD and srcs[1].count not in (1, n.count)):
                 raise IRError(f"%{n.name} {n.op.name} inputs have row counts "
                               f"{[s.count for s in srcs]}, expected {n.count}")
+
+
+def is_sparse_sum(node: Node) -> bool:
+    """A REDUCE that reads the rows ``index[e]`` of its source: a fused gather and sum (or mean)."""
+    return node.op is Op.REDUCE and "index" in node.attrs
 
 
 def users_of(nodes) -> dict[str, list[str]]:

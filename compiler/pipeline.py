@@ -1,6 +1,7 @@
-"""The compile entry point: graph -> Vectorizer -> optimizer passes -> torch module.
+"""The optimizer pipeline: graph -> Vectorizer -> optimizer passes -> program.
 
-The passes run in the order of thesis 5.2.10. Each line names the switch in
+``neurovec.compile`` (``neurovec/compiling.py``, above compiler and engines) makes a torch module
+of the program. The passes run in the order of thesis 5.2.10. Each line names the switch in
 :class:`Settings` that enables it and says why it sits where it does. Passes
 are functions ``(Program, Settings) -> Program``; with ``settings.verify`` the
 program is checked after each one, and a failure names the pass.
@@ -13,9 +14,6 @@ import sys
 import time
 from typing import Callable, Mapping
 
-import torch
-
-from ..engines.torch_module import CompiledModule
 from ..progress import Progress
 from ..sources.graph import FactLayer, Graph
 from ..memory import reusing_freed_memory
@@ -27,8 +25,7 @@ from .passes import (broadcast_adds, cleanup, coefficients, compose_gathers, com
 from .settings import Settings, unknown_settings
 from .vectorizer import vectorize
 
-__all__ = ["compile", "build_program", "resolve_settings", "PIPELINE", "enabled_passes", "FLOAT_DTYPES",
-           "PROGRESS_DELAY_S"]
+__all__ = ["build_program", "resolve_settings", "PIPELINE", "enabled_passes", "PROGRESS_DELAY_S"]
 
 logger = logging.getLogger(__name__)
 
@@ -68,8 +65,7 @@ PIPELINE: list[tuple[str, Callable[[Settings], bool], Pass]] = [
     ("simplify_gathers", lambda s: s.simplify_gathers, simplify_gathers.simplify_gathers),
     ("remove_identity", lambda s: s.remove_identity, cleanup.remove_identity),
     # Reductions last: the gathers before them are final now.
-    ("segment_reductions", lambda s: s.segment_reductions or s.dense_reductions or s.transposed_reductions,
-     segments.scatter_to_segment),
+    ("scatter_to_segment", lambda s: s.transposed_reductions, segments.scatter_to_segment),
     ("materialize_units", lambda s: s.merge_unit_facts or s.simplify_unit_linear, unit_facts.materialize_units),
     ("preconcatenate", lambda s: s.preconcatenate, cleanup.preconcatenate),
     ("remove_unused", lambda s: s.remove_unused, cleanup.remove_unused),
@@ -189,28 +185,7 @@ def resolve_settings(settings: Settings | str | dict | None) -> Settings:
                     f"(got {type(settings).__name__})")
 
 
-#: The dtypes a module can compute in.
-FLOAT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
-
-
-def compile(graph: Graph, settings: Settings | str | dict | None = None, dtype: torch.dtype | None = None
-            ) -> CompiledModule:  # noqa: A001
-    """Compile a neuron graph into a ``torch.nn.Module``.
-
-    ``settings`` is a :class:`Settings`, a preset name (see ``list_presets()``), a
-    dict of settings (``{"upward": False}`` means ``Settings(upward=False)``) or
-    None for the ``default`` preset. ``dtype`` (one of :data:`FLOAT_DTYPES`)
-    defaults to torch's default (float32); pass ``torch.float64`` to start from the
-    graph's exact initial weights (``.double()`` later keeps facts and fixed weights
-    exact but upcasts the learnable weights as they are).
-    """
-    if not isinstance(graph, Graph):
-        raise TypeError(f"neurovec.compile expects a neurovec.Graph (got {type(graph).__name__})")
-    if dtype is not None and dtype not in FLOAT_DTYPES:
-        raise TypeError(f"neurovec.compile: dtype must be one of {', '.join(map(str, FLOAT_DTYPES))} "
-                        f"(got {dtype!r}); weights are learnable, so the module computes in floating point")
-    # The module's tensors too take the pages the passes freed (at 100x PROTEINS building the
-    # module took 1.5 s outside and 0.8 s inside): see memory.py.
-    with reusing_freed_memory():
-        return CompiledModule(build_program(graph, resolve_settings(settings), dtype=dtype or torch.get_default_dtype()),
-                              dtype)
+def compile(graph: Graph, settings: Settings | str | dict | None = None, dtype=None):  # noqa: A001
+    """``neurovec.compile`` (``neurovec/compiling.py``), for code that imports it from here."""
+    from ..compiling import compile as compile_above  # the layer above: imported when called
+    return compile_above(graph, settings, dtype)

@@ -88,8 +88,6 @@ class Settings(BaseModel):
     # -- gathers, reductions, clean-up (5.2.1, 5.2.2, 5.2.9, 5.2.10) ---------------------------
     simplify_gathers: bool = Field(
         True, description="Replace gathers by nothing, slices, tiles or interleaves where possible.")
-    segment_reductions: bool = Field(True, description="Ordered scatters become CSR segment reductions.")
-    dense_reductions: bool = Field(True, description="Equal counts: reshape + dense reduction.")
     transposed_reductions: bool = Field(
         True, description="Reduce along axis 0 of a (k, n) view where that removes a gather (5.2.9).")
     remove_identity: bool = Field(True, description="Remove identity ops and merge chains of indexing ops.")
@@ -172,8 +170,8 @@ REASSOCIATING = ("reorder_linear", "compose_sums")
 _ALL_OFF = dict(
     merge_unit_facts=False, simplify_unit_linear=False, dedup_facts=False, iso_compression=False,
     dedup_linear=False, dedup_aggregations=False, linear_padding="off", linear_broadcasting=False,
-    upward=False, simplify_gathers=False, segment_reductions=False, dense_reductions=False,
-    transposed_reductions=False, remove_identity=False, preconcatenate=False, remove_unused=False,
+    upward=False, simplify_gathers=False, transposed_reductions=False, remove_identity=False,
+    preconcatenate=False, remove_unused=False,
     reduce_coefficients=False, unstack_weights=False, split_products=False, relation_products=False,
     sum_parts=False,
     reorder_linear=False, fold_constants=False, broadcast_adds=False, compose_gathers=False,

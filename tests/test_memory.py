@@ -109,19 +109,18 @@ def test_without_glibc_nothing_happens(monkeypatch):
 @glibc_only
 def test_compile_builds_the_module_while_reusing_freed_memory(monkeypatch, tu_dir):
     # The module's tensors are as large as the program's constants: they too reuse freed pages.
-    from neurovec import datasets
-    from neurovec.compiler import pipeline
+    from neurovec import compiling, datasets
 
     depths = []
 
-    class Recording(pipeline.CompiledModule):
+    class Recording(compiling.CompiledModule):
         def __init__(self, *args, **kwargs):
             depths.append(memory._depth)
             super().__init__(*args, **kwargs)
 
-    monkeypatch.setattr(pipeline, "CompiledModule", Recording)
+    monkeypatch.setattr(compiling, "CompiledModule", Recording)
     graph = datasets.gcn(datasets.load_tu("MUTAG", tu_dir, download=False), samples=[0, 1])
-    pipeline.compile(graph)
+    compiling.compile(graph)
     assert depths == [1]
 
 

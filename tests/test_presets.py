@@ -120,3 +120,10 @@ def test_a_misspelled_setting_is_named_with_the_closest_field():
         Settings(iso_compresion=False)
     with pytest.raises(ValueError, match=r"unknown settings 'upwards' \(did you mean 'upward'\?\)"):
         Settings.preset("default", upwards=False)
+
+
+@pytest.mark.parametrize("removed", ["segment_reductions", "dense_reductions"])
+def test_the_removed_reduction_switches_are_unknown_settings(removed):
+    # Reductions are always segment (or dense) reductions now; the kernel is the engine's choice.
+    with pytest.raises(ValueError, match=rf"unknown settings '{removed}' \(did you mean 'transposed_reductions'\?\)"):
+        Settings.preset("default", **{removed: False})

@@ -58,7 +58,7 @@ def assert_identical(graph: neurovec.Graph, module: torch.nn.Module, close: bool
 
 SWITCHES = [Settings.preset(p) for p in neurovec.list_presets()] + [
     Settings.preset("unoptimized", remove_identity=True, reduce_kernel=k) for k in ("scatter", "segment")] + [
-    Settings.preset("unoptimized", segment_reductions=True, remove_identity=True)]
+    Settings.preset("unoptimized", transposed_reductions=True, remove_identity=True)]
 
 
 @pytest.mark.parametrize("unit", [False, True])

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ir import Node, Op, Program
+from ..ir import Node, Op, Program, is_sparse_sum
 from ..rewrite import Rewriter
 from ..settings import Settings
 from .rows import freeze_facts, trace_rows
@@ -49,7 +49,7 @@ def reduce_coefficients(program: Program, settings: Settings) -> Program:
     for node in program.nodes:
         node = rw.take(node)
         if (node.op is not Op.REDUCE or node.attrs["aggregation"] not in ("sum", "mean")
-                or "coef" in node.attrs or node.attrs.get("kernel") == "sparse_mm"):
+                or "coef" in node.attrs or is_sparse_sum(node)):
             rw.keep(node)
             continue
         source = rw.nodes[node.srcs[0]]

@@ -31,7 +31,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..grouping import expand_segments
-from ..ir import Node, Op, Program, unique_name
+from ..ir import Node, Op, Program, is_sparse_sum, unique_name
 from ..rewrite import eliminate_dead_code, fresh_const, single_use
 from ..settings import Settings
 
@@ -54,8 +54,7 @@ def compose_gathers(program: Program, settings: Settings) -> Program:
         if _is_gather(node, program):
             chain = _row_wise_chain(nodes[node.srcs[0]], nodes, once)
             reduce = nodes[(chain[-1] if chain else node).srcs[0]]
-        if reduce is None or reduce.op is not Op.REDUCE or reduce.attrs.get("kernel") != "sparse_mm" \
-                or reduce.name not in once:
+        if reduce is None or not is_sparse_sum(reduce) or reduce.name not in once:
             result.append(node)
             continue
         rows = program.constants[node.attrs["index"]].astype(np.int64)  # the gather's
@@ -108,5 +107,5 @@ def _is_gather(node: Node, program: Program) -> bool:
     """A GATHER, or a gather that choose_kernels wrote as a one-edge-per-row fused sum."""
     if node.op is Op.GATHER:
         return True
-    return (node.op is Op.REDUCE and node.attrs.get("kernel") == "sparse_mm" and node.attrs["aggregation"] == "sum"
+    return (is_sparse_sum(node) and node.attrs["aggregation"] == "sum"
             and "coef" not in node.attrs and bool(np.all(program.constants[node.attrs["counts"]] == 1)))

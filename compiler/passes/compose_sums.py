@@ -29,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..grouping import expand_segments
-from ..ir import Node, Op, Program
+from ..ir import Node, Op, Program, is_sparse_sum
 from ..rewrite import eliminate_dead_code, fresh_const, single_use
 from ..settings import Settings
 
@@ -68,7 +68,7 @@ def compose_sums(program: Program, settings: Settings) -> Program:
             result.append(node)
             continue
         index, counts, coef = composed
-        attrs = {"aggregation": "sum", "kernel": "sparse_mm",
+        attrs = {"aggregation": "sum", "kernel": inner.attrs["kernel"],
                  "counts": fresh_const(program, constants, f"counts_{node.name}", counts),
                  "index": fresh_const(program, constants, f"idx_{node.name}", index)}
         if not np.all(coef == 1.0):
@@ -89,15 +89,14 @@ def _inner_sum(node: Node, nodes: dict[str, Node], once: set[str]) -> tuple[Node
     (directly, or plus a one-row bias under a mean); else ``(None, None)``."""
     # Not "strided": its segments are not consecutive rows (segment j is rows j, j + n, ...).
     if node.op is not Op.REDUCE or node.attrs["aggregation"] not in ("sum", "mean") \
-            or node.attrs.get("kernel") not in ("segment", "sparse_mm", "dense", "scatter"):
+            or node.attrs.get("kernel") == "strided":
         return None, None
     src, bias = nodes[node.srcs[0]], None
     if src.op is Op.ADD and src.name in once and node.attrs["aggregation"] == "mean":
         value, other = (nodes[s] for s in src.srcs)
         if other.count == 1 and other.shape == src.shape and value.name != other.name:
             src, bias = value, other
-    if src.op is Op.REDUCE and src.attrs.get("kernel") == "sparse_mm" and src.name in once \
-            and src.attrs["aggregation"] in ("sum", "mean"):
+    if is_sparse_sum(src) and src.name in once and src.attrs["aggregation"] in ("sum", "mean"):
         return src, bias
     return None, None
 

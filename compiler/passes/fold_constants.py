@@ -16,16 +16,15 @@ and its backward needs no sparse product at all::
 
 Folded are the computing ops (not pure row movements, which cost nothing to keep
 and could be large) that some non-constant op reads. Their values come from the
-program itself, run by the engine in float64, so they are exactly what the module
-would compute. Facts in ``Settings.dynamic_facts`` are never folded; a fact layer
+program itself, run in float64 by the engine the compiler was given (``compiler/backend.py``),
+so they are exactly what the module would compute. Facts in ``Settings.dynamic_facts`` are never folded; a fact layer
 that was folded into a constant is no longer replaceable at call time.
 """
 from __future__ import annotations
 
 import numpy as np
-import torch
 
-from ...engines.torch_module import CompiledModule
+from .. import backend
 from ..ir import INDEXING, Node, Op, Program
 from ..rewrite import Rewriter, eliminate_dead_code, zero_sign_matters
 from ..settings import Settings
@@ -101,7 +100,7 @@ def _expands(node: Node, nodes: dict[str, Node]) -> bool:
 
 
 def evaluate(program: Program, name: str):
-    """The float64 value of node ``name`` (a numpy array), computed by the generated module."""
+    """The float64 value of node ``name`` (a numpy array), computed by the engine (``backend``)."""
     sub = eliminate_dead_code(program.replace(output=name))
     if name in zero_sign_matters(program):
         # The sign of its zeros reaches an inverse, log or sqrt in ``program``: an (unused) inverse
@@ -115,8 +114,7 @@ def evaluate(program: Program, name: str):
         chunked = _in_chunks(sub, name)
         if chunked is not None:
             return chunked
-    with torch.no_grad():
-        return CompiledModule(sub, torch.float64)().numpy()
+    return backend.current().evaluate(sub)
 
 
 def _in_chunks(sub: Program, name: str) -> np.ndarray | None:
@@ -154,8 +152,7 @@ def _in_chunks(sub: Program, name: str) -> np.ndarray | None:
                                    gather.with_(count=hi - lo, attrs={**gather.attrs, "index": keys["index"]}),
                                    node.with_(count=b - a, attrs=attrs)), constants=constants,
                             weights=())  # it reads no weight: no module parameter to make per run
-        with torch.no_grad():
-            value[a:b] = CompiledModule(piece, torch.float64)().numpy()
+        value[a:b] = backend.current().evaluate(piece)
     return value
 
 

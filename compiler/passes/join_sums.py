@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ir import Node, Op, Program, unique_name
+from ..ir import Node, Op, Program, is_sparse_sum, unique_name
 from ..rewrite import eliminate_dead_code, fresh_const, single_use
 from ..settings import Settings
 
@@ -43,7 +43,7 @@ def join_sums(program: Program, settings: Settings) -> Program:
         if terms is None:
             result.append(node)
             continue
-        (p, index_p, counts_p, coef_p), (q, index_q, counts_q, coef_q) = terms
+        ((p, index_p, counts_p, coef_p), (q, index_q, counts_q, coef_q)), kernel = terms
         source = p.name
         if q.name != p.name:
             source = unique_name(f"{node.name}_sources", taken)
@@ -53,7 +53,7 @@ def join_sums(program: Program, settings: Settings) -> Program:
         rows = np.concatenate([np.repeat(np.arange(node.count), counts_p), np.repeat(np.arange(node.count), counts_q)])
         order = np.argsort(rows, kind="stable")
         index, coef = np.concatenate([index_p, index_q])[order], np.concatenate([coef_p, coef_q])[order]
-        attrs = {"aggregation": "sum", "kernel": "sparse_mm",
+        attrs = {"aggregation": "sum", "kernel": kernel,
                  "counts": fresh_const(program, constants, f"counts_{node.name}", counts_p + counts_q),
                  "index": fresh_const(program, constants, f"idx_{node.name}", index)}
         if not np.all(coef == 1.0):
@@ -74,7 +74,8 @@ def _terms(node: Node, nodes: dict[str, Node], once: set[str], program: Program)
     terms = [_term(a, nodes, once, program), _term(b, nodes, once, program)]
     if any(t is None for t in terms) or not any(t[1] for t in terms):
         return None
-    return tuple(t[0] for t in terms)
+    fused = next(nodes[s] for s, t in zip(node.srcs, terms) if t[1])
+    return tuple(t[0] for t in terms), fused.attrs["kernel"]  # the joined sum runs as the fused one
 
 
 def _term(node: Node, nodes: dict[str, Node], once: set[str], program: Program) -> tuple | None:
@@ -82,8 +83,7 @@ def _term(node: Node, nodes: dict[str, Node], once: set[str], program: Program) 
     (both read by the addition only), or else the value itself (``fused`` False but for
     a fused sum); None for a mean with an empty segment."""
     c = program.constants
-    if node.name in once and node.op is Op.REDUCE and node.attrs.get("kernel") == "sparse_mm" \
-            and node.attrs["aggregation"] in ("sum", "mean"):
+    if node.name in once and is_sparse_sum(node) and node.attrs["aggregation"] in ("sum", "mean"):
         counts = c[node.attrs["counts"]].astype(np.int64)
         index = c[node.attrs["index"]].astype(np.int64)
         coef = c[node.attrs["coef"]].astype(np.float64) if "coef" in node.attrs else np.ones(index.size)

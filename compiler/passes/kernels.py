@@ -1,29 +1,31 @@
-"""Per-layer choice of the segment-reduction kernel (issue 5; thesis 3.4, 6.4).
+"""Reductions shaped for the engine's kernels (issue 5; thesis 3.4, 6.4).
 
-Every REDUCE gets a ``kernel`` attr, chosen by the cost model in
-``engines/kernels.choose_kernel`` (measured on PROTEINS-sized layers), or forced
-by ``Settings.reduce_kernel`` where the forced kernel applies:
+Which kernel runs a reduction is the engine's choice, made when it builds the module from the
+program (NOTE: [kernels chosen by the engine] in ``engines/torch_module.py``): this pass writes
+``kernel="auto"`` on every REDUCE (``strided`` reductions, a layout, keep theirs), or the kernel
+``Settings.reduce_kernel`` forces where it can express the reduction (else ``segment``). What it
+decides is the program's shape, by asking the engine (``compiler/backend.py``; its answers do not
+depend on the machine that compiles):
 
-* ``dense``: equal counts, a reshape and one dense reduction;
-* ``sparse_mm``: a sum or mean right after a gather that nothing else reads,
-  fused into one CSR sparse-dense matmul (the gather disappears)::
+* a sum or mean right after a gather that nothing else reads becomes one fused sparse sum, where
+  the engine runs that best (forced: ``sparse_mm``)::
 
-      %x = GATHER(%h; index=idx)                      %r = REDUCE(%h; kernel='sparse_mm',
+      %x = GATHER(%h; index=idx)                      %r = REDUCE(%h; kernel='auto',
       %r = REDUCE(%x; aggregation='sum')      ->            index=idx, aggregation='sum')
 
-* ``segment``: CSR segment kernels whose backward is one ``index_select``;
-* ``scatter``: PyTorch's ``scatter_reduce`` (the unoptimized Vectorizer's form).
+* a large gather of a value that needs a gradient becomes a sparse sum of one row per segment,
+  where the engine runs that best (its backward is then a sorted sum over the transposed index
+  instead of ``index_add``): not where a ``-0.0`` could reach an ``inverse``, ``log`` or ``sqrt``
+  (``zero_sign_matters``): a sum turns it into ``+0.0``, a gather keeps it.
 
-``strided`` reductions (transposed dense ones) are a layout, not a kernel choice:
-they are kept. The model assumes the CPU (the device is not known at compile
-time); ``neurovec.autotune`` times the alternatives on the real device.
+``neurovec.autotune`` times forced kernels on the real device.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from ...engines.kernels import choose_gather_kernel, choose_kernel
-from ..ir import Node, Op, Program
+from .. import backend
+from ..ir import Node, Op, Program, is_sparse_sum
 from ..rewrite import eliminate_dead_code, fresh_const, single_use, zero_sign_matters
 from ..settings import Settings
 
@@ -38,29 +40,29 @@ def choose_kernels(program: Program, settings: Settings) -> Program:
     nodes = program.by_name()
     once = single_use(program)
     forced = settings.reduce_kernel
+    engine = backend.current() if forced == "auto" else None
     changed = False
     result: list[Node] = []
     for node in program.nodes:
-        if node.op is not Op.REDUCE or node.attrs.get("kernel") in ("strided", "sparse_mm"):
+        if node.op is not Op.REDUCE or node.attrs.get("kernel") == "strided" or is_sparse_sum(node):
             result.append(node)
             continue
         counts = program.constants[node.attrs["counts"]]
         source = nodes[node.srcs[0]]
         fusable = (source.op is Op.GATHER and source.name in once
                    and node.attrs["aggregation"] in ("sum", "mean"))
-        equal = counts.size > 0 and bool(np.all(counts == counts[0]))
         if forced == "auto":
-            kernel = choose_kernel(source.count, node.count, counts, _feature_size(node.shape), "cpu",
-                                   reduce="sum" if node.attrs["aggregation"] == "mean" else node.attrs["aggregation"],
-                                   after_gather=fusable)
+            fuse = fusable and engine.fuses_gather(source.count, counts, _feature_size(node.shape), "sum")
+            kernel = "auto"
         else:
-            kernel = forced
-        # A forced kernel that cannot express this reduction falls back to the general one.
-        if (kernel == "dense" and not equal) or (kernel == "sparse_mm" and not fusable):
-            kernel = "segment"
+            # A forced kernel that cannot express this reduction falls back to the general one.
+            equal = counts.size > 0 and bool(np.all(counts == counts[0]))
+            kernel = "segment" if (forced == "dense" and not equal) or (forced == "sparse_mm" and not fusable) \
+                else forced
+            fuse = kernel == "sparse_mm"
         attrs = dict(node.attrs, kernel=kernel)
         srcs = node.srcs
-        if kernel == "sparse_mm":
+        if fuse:
             attrs["index"] = source.attrs["index"]
             srcs = source.srcs
         if attrs != node.attrs or srcs != node.srcs:
@@ -70,7 +72,7 @@ def choose_kernels(program: Program, settings: Settings) -> Program:
     if changed:
         # Fused gathers are now unread.
         program = eliminate_dead_code(program.replace(nodes=tuple(result)))
-    return _gathers_as_sums(program) if forced == "auto" else program
+    return _gathers_as_sums(program, engine) if forced == "auto" else program
 
 
 def _needs_grad(program: Program) -> set[str]:
@@ -84,15 +86,11 @@ def _needs_grad(program: Program) -> set[str]:
     return result
 
 
-def _gathers_as_sums(program: Program) -> Program:
+def _gathers_as_sums(program: Program, engine) -> Program:
     """A large gather of a value that needs a gradient becomes a one-row-per-segment fused sum::
 
-        %g = GATHER(%h; index=idx)   ->   %g = REDUCE(%h; kernel='sparse_mm', index=idx,
+        %g = GATHER(%h; index=idx)   ->   %g = REDUCE(%h; kernel='auto', index=idx,
                                                       aggregation='sum', counts=ones)
-
-    Same rows forward; the backward is a sorted sum over the transposed index (C++)
-    instead of index_select's scatter (``index_add``). Not where a ``-0.0`` could reach
-    an ``inverse``, ``log`` or ``sqrt`` (``zero_sign_matters``): a sum turns it into ``+0.0``, a gather keeps it.
     """
     grad = _needs_grad(program)
     keep_sign = zero_sign_matters(program)
@@ -102,13 +100,12 @@ def _gathers_as_sums(program: Program) -> Program:
     result: list[Node] = []
     for node in program.nodes:
         if (node.op is Op.GATHER and node.name not in keep_sign
-                and choose_gather_kernel(node.count, _feature_size(node.shape), nodes[node.srcs[0]].name in grad)
-                == "sparse_mm"):
+                and engine.gathers_as_sum(node.count, _feature_size(node.shape), nodes[node.srcs[0]].name in grad)):
             if node.count not in ones:
                 ones[node.count] = fresh_const(program, constants, f"ones_{node.count}",
                                                np.ones(node.count, dtype=np.int64))
             node = node.with_(op=Op.REDUCE, attrs={"aggregation": "sum", "counts": ones[node.count],
-                                                   "kernel": "sparse_mm", "index": node.attrs["index"]})
+                                                   "kernel": "auto", "index": node.attrs["index"]})
         result.append(node)
     if not ones:
         return program

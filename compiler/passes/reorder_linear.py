@@ -35,7 +35,7 @@ import math
 
 import numpy as np
 
-from ..ir import INDEXING, Node, Op, Program
+from ..ir import INDEXING, Node, Op, Program, is_sparse_sum
 from ..rewrite import Rewriter
 from ..settings import Settings
 from .fold_constants import EXPANSION
@@ -94,7 +94,7 @@ def _pull_once(program: Program) -> Program | None:
                 return _apply_pull_through_rows(program, node)
             continue
         if node.op is not Op.REDUCE or node.attrs["aggregation"] not in ("sum", "mean") \
-                or node.attrs.get("kernel") == "sparse_mm":
+                or is_sparse_sum(node):
             continue
         source = nodes[node.srcs[0]]
         origins = trace_rows(program, nodes, source.name)

@@ -1,12 +1,14 @@
-"""Thesis 5.2.2 and 5.2.9: scatter reductions become segment, dense or strided reductions.
+"""Thesis 5.2.2 and 5.2.9: reductions read their segments in the order that needs the fewest gathers.
 
 The Vectorizer always gathers a layer's inputs into neuron order before reducing
 them, so every REDUCE already reads consecutive segments: the generic
-``scatter`` kernel can always become a CSR ``segment`` kernel (5.2.2). Further:
+``scatter`` kernel can always become a CSR ``segment`` kernel (5.2.2), or ``dense``
+for equal counts (a reduction over a ``(n, k)`` view). Which kernel finally runs is
+the engine's choice (``choose_kernels`` writes ``"auto"``); the passes in between
+evaluate and reason with these. Further (``Settings.transposed_reductions``):
 
 * all counts 1: the REDUCE is the identity for every aggregation, and goes;
-* equal counts k (``dense_reductions``): ``dense``, a reduction over a ``(n, k)`` view;
-* equal counts k (``transposed_reductions``), input a single-use chain of indexing ops:
+* equal counts k, input a single-use chain of indexing ops:
   segment j reads rows ``I[j k], ..., I[j k + k - 1]`` of the chain's source. Reading
   them in the transposed ``(k, n)`` order instead, ``B = I.reshape(n, k).T.ravel()``,
   and reducing with the ``strided`` kernel computes the same; where ``B`` simplifies
@@ -53,15 +55,9 @@ def scatter_to_segment(program: Program, settings: Settings) -> Program:
         counts = rw.constants[node.attrs["counts"]]
         k = int(counts[0]) if counts.size else 0
         equal = k > 0 and bool(np.all(counts == k))
-        if equal and settings.transposed_reductions and (_transpose(rw, node, users, k)
-                                                          or _transpose_linear(rw, node, users, k)):
+        if equal and (_transpose(rw, node, users, k) or _transpose_linear(rw, node, users, k)):
             continue
-        if equal and settings.dense_reductions:
-            rw.replace(node.with_(attrs={**node.attrs, "kernel": "dense"}))
-        elif settings.segment_reductions:
-            rw.replace(node.with_(attrs={**node.attrs, "kernel": "segment"}))
-        else:
-            rw.keep(node)
+        rw.replace(node.with_(attrs={**node.attrs, "kernel": "dense" if equal else "segment"}))
     return rw.finish()
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ir import Node, Op, Program, unique_name
+from ..ir import Node, Op, Program, is_sparse_sum, unique_name
 from ..rewrite import eliminate_dead_code, fresh_const
 from ..settings import Settings
 from .reorder_linear import shared_product
@@ -87,4 +87,4 @@ def _stackable(node: Node, nodes: dict[str, Node], users: dict[str, list[str]], 
 
 def _reads_by_index(node: Node) -> bool:
     """A reader that picks its source's rows through an index constant (which can be renumbered)."""
-    return node.op is Op.GATHER or (node.op is Op.REDUCE and node.attrs.get("kernel") == "sparse_mm")
+    return node.op is Op.GATHER or is_sparse_sum(node)

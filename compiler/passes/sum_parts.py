@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ir import Op, Program
+from ..ir import Op, Program, is_sparse_sum
 from ..rewrite import Rewriter
 from ..settings import Settings
 from .rows import trace_rows
@@ -54,7 +54,7 @@ def sum_parts(program: Program, settings: Settings) -> Program:
 def _terms(program: Program, rw: Rewriter, node) -> list[tuple[str, tuple]] | None:
     """``[(value, plan of its rows)]`` per input position, or None where the pass does not apply."""
     if node.op is not Op.REDUCE or node.attrs["aggregation"] != "sum" or "coef" in node.attrs \
-            or node.attrs.get("kernel") == "sparse_mm" or node.count == 0:
+            or is_sparse_sum(node) or node.count == 0:
         return None
     counts = rw.constants[node.attrs["counts"]]
     k = int(counts[0])

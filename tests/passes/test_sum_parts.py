@@ -78,8 +78,7 @@ def test_no_addition_that_could_be_negative_zero():
 @given(graph=graphs())
 def test_random_graphs_equal_reference(graph):
     assume(all_finite(graph))
-    options = Settings.preset("unoptimized", sum_parts=True, segment_reductions=True, dense_reductions=True,
-                              transposed_reductions=True)
+    options = Settings.preset("unoptimized", sum_parts=True, transposed_reductions=True)
     assert_equivalent(graph, neurovec.compile(graph, options, dtype=torch.float64))
 
 

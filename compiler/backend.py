@@ -1,0 +1,53 @@
+"""What the compiler asks of the engine that will run its programs, without importing it.
+
+The compiler makes programs; ``engines/`` runs them; ``neurovec/compiling.py`` sits above both and
+registers the torch engine's answers here when it is imported (``neurovec`` imports it). Two passes
+need them:
+
+* ``fold_constants`` computes constant values by running the program itself (``evaluate``), so
+  that they are exactly what the module would compute;
+* ``choose_kernels`` shapes reductions for the engine's kernels: whether a sum after a gather is
+  one fused sparse sum (``fuses_gather``), and whether a large gather with a backward is better run
+  as a sparse sum of one row per segment (``gathers_as_sum``). Which kernel then runs a reduction
+  of ``kernel="auto"`` is the engine's choice when it builds the module (NOTE: [kernels chosen by
+  the engine] in ``engines/torch_module.py``); the program does not depend on the machine that
+  compiled it.
+"""
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+from .ir import Program
+
+__all__ = ["Backend", "register", "current"]
+
+
+class Backend(Protocol):
+    def evaluate(self, program: Program) -> np.ndarray:
+        """The float64 value of ``program``'s output, as the engine computes it."""
+
+    def fuses_gather(self, n_edges: int, counts: np.ndarray, feature_size: int, reduce: str) -> bool:
+        """Whether a ``reduce`` ("sum"; a mean counts as a sum) of ``n_edges`` gathered rows of
+        ``feature_size`` values into segments of ``counts`` rows runs best as one fused sparse sum."""
+
+    def gathers_as_sum(self, count: int, feature_size: int, needs_grad: bool) -> bool:
+        """Whether a gather of ``count`` rows (of a value that needs a gradient, or not) runs best as
+        a sparse sum of one row per segment."""
+
+
+_registered: list[Backend] = []
+
+
+def register(backend: Backend) -> None:
+    """Make ``backend`` the one the passes ask (``neurovec/compiling.py`` registers the torch engine)."""
+    _registered[:] = [backend]
+
+
+def current() -> Backend:
+    if not _registered:
+        raise RuntimeError("no engine is registered for the compiler's passes: import neurovec (its "
+                           "neurovec.compiling module registers the torch engine), or call "
+                           "neurovec.compiler.backend.register(...)")
+    return _registered[0]
