@@ -9,6 +9,8 @@ import sys as _sys
 from .compiler import Program, Settings, compile, iter_presets, list_presets
 from .compiler.autotune import autotune
 from .engines.reference import ReferenceModule
+from . import clusters, dropout
+from .clusters import ClusterLoader
 from .loader import MiniBatch, MiniBatchModel, SampleLoader
 from .progress import set_progress
 from .sources import FactLayer, Graph, GraphBuilder, GraphError, NeuronLayer, Ref, Weight, load_json, save_json
@@ -19,6 +21,6 @@ _sys.modules[f"{__name__}.relational"] = relational
 __all__ = [
     "Program", "ReferenceModule", "Settings", "autotune", "compile", "iter_presets", "list_presets",
     "FactLayer", "Graph", "GraphBuilder", "GraphError", "NeuronLayer", "Ref", "Weight",
-    "load_json", "save_json", "MiniBatch", "MiniBatchModel", "SampleLoader", "set_progress",
+    "load_json", "save_json", "MiniBatch", "MiniBatchModel", "SampleLoader", "set_progress", "ClusterLoader",
 ]
 __version__ = "0.1.0"

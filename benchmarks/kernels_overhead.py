@@ -12,9 +12,7 @@ graph costs. The tasks are timed *interleaved*, step by step in shuffled order, 
 each phase is reported as the median over ``--reps`` steps, in µs, next to the
 generated forward's number of statements and reductions (``gather_sum`` / ``segment_reduce`` calls,
 C++ operators with their autograd in C++ where they are built, see NOTE: [Operators in C++] in
-``engines/ops.py``). ``--compare-operators`` times every task twice, interleaved: with those
-operators and with the Python autograd Functions over the ctypes kernels they replace
-(``native.without_operators()``).
+``engines/ops.py``).
 """
 from __future__ import annotations
 
@@ -27,7 +25,6 @@ import torch
 
 import neurovec
 from neurovec.benchmarks.tasks import DataCache, make_task
-from neurovec.engines import native
 
 PHASES = ("zero_grad", "forward", "loss", "backward", "optimizer", "step", "no-grad forward")
 
@@ -55,19 +52,10 @@ def _stepper(module: torch.nn.Module, labels: torch.Tensor):
     return step
 
 
-def _without_operators(step):
-    def python_functions_step():
-        with native.without_operators():
-            return step()
-
-    return python_functions_step
-
-
 def measure(dataset: str, tasks: list[str], preset: str = "default", reps: int = 300, warmup: int = 20,
-            data_dir: str | None = None, seed: int = 0, compare_operators: bool = False) -> dict[str, dict]:
+            data_dir: str | None = None, seed: int = 0) -> dict[str, dict]:
     """``{task: {"statements": n, "reductions": n, phase: median µs, ...}}`` for tasks named
-    ``model/features``: the generated forward's statements and reduction calls, and each phase's median.
-    ``compare_operators``: each task twice, as ``"<task> [operators]"`` and ``"<task> [python]"``."""
+    ``model/features``: the generated forward's statements and reduction calls, and each phase's median."""
     cache = DataCache(data_dir)
     steps, rows = {}, {}
     for name in tasks:
@@ -76,15 +64,11 @@ def measure(dataset: str, tasks: list[str], preset: str = "default", reps: int =
         module = neurovec.compile(task.graph, preset)
         labels = torch.as_tensor(task.labels, dtype=torch.get_default_dtype()).reshape(-1)
         steps[name] = _stepper(module, labels)
-        if compare_operators:
-            steps[f"{name} [operators]"] = steps.pop(name)
-            steps[f"{name} [python]"] = _without_operators(_stepper(module, labels))
         code = module.code
         statements = [line for line in code.splitlines()[1:] if " = " in line
                       and not line.strip().startswith(("w = ", "inputs = "))]  # not the prologue
-        for variant in [key for key in steps if key.split(" ")[0] == name]:
-            rows[variant] = {"statements": len(statements),
-                             "reductions": code.count("gather_sum(") + code.count("segment_reduce(")}
+        rows[name] = {"statements": len(statements),
+                      "reductions": code.count("gather_sum(") + code.count("segment_reduce(")}
     times: dict[str, list[tuple[float, ...]]] = {name: [] for name in steps}
     order = list(steps)
     rng = random.Random(seed)
@@ -109,12 +93,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--preset", default="default")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--reps", type=int, default=300)
-    parser.add_argument("--compare-operators", action="store_true",
-                        help="each task also with the Python autograd Functions instead of the C++ operators")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    rows = measure(args.dataset, args.tasks, args.preset, args.reps, data_dir=args.data_dir,
-                   compare_operators=args.compare_operators)
+    rows = measure(args.dataset, args.tasks, args.preset, args.reps, data_dir=args.data_dir)
     print(f"{args.dataset}, preset {args.preset}, {args.threads} thread(s), median of {args.reps} interleaved "
           "steps, µs (fused Adam, MSE):")
     print(f"| task | statements | reductions | {' | '.join(PHASES)} |")

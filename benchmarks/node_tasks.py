@@ -11,7 +11,9 @@ checked. Every engine minimises the cross-entropy of the training nodes' logits.
 PyG contenders (:data:`neurovec.benchmarks.contenders.PYG_VARIANTS`) get, per variant:
 
 * ``pyg``: dense ``x`` and ``edge_index`` (the twin as written);
-* ``pyg-tuned``: a cached sparse CSR ``adj_t`` and, where the features are mostly
+* ``pyg-tuned``: a cached sparse CSR ``adj_t`` (for GCN without listed self loops: on a
+  sparse ``adj_t`` GCNConv adds its self loop on top of a listed one, on ``edge_index`` it
+  replaces it, so the R-MAT graphs' self loops made pyg-tuned differ from the twin) and, where the features are mostly
   zeros (Cora: 1.3% nonzero), ``x`` as a sparse CSR tensor too, what a skilled PyG
   user does; where PyG's layers refuse a sparse ``x`` (the first pass raises), dense;
 * ``pyg-compiled``: ``torch.compile`` of dense ``x`` and ``edge_index``.
@@ -142,9 +144,12 @@ class NodeTask:
         x, edge_index = x.to(device), edge_index.to(device)
         if variant != "pyg-tuned":
             return (x, edge_index), {"x": "dense"}
-        from torch_geometric.utils import to_torch_csr_tensor
         n = self.data.n_nodes
-        adj_t = to_torch_csr_tensor(edge_index.flip(0), size=(n, n))
+        if self.model == "gcn":
+            # GCNConv adds one self loop per node to a sparse adj_t on top of any listed one, but replaces
+            # listed ones on edge_index (add_remaining_self_loops): without them both compute the twin.
+            edge_index = edge_index[:, edge_index[0] != edge_index[1]]
+        adj_t = _csr_adj_t(edge_index, n, dtype, device)
         share = float(np.count_nonzero(self.data.x)) / max(self.data.x.size, 1)
         if share <= SPARSE_X_SHARE:
             sparse = x.to_sparse_csr()
@@ -173,6 +178,18 @@ class NodeTask:
 
     def oracle_summary(self) -> dict | None:
         return None if self._oracle is None else {"name": self._oracle.name, "seconds": self._oracle.seconds}
+
+
+def _csr_adj_t(edge_index: torch.Tensor, n: int, dtype, device, values: torch.Tensor | None = None) -> torch.Tensor:
+    """The transposed adjacency as a sparse CSR tensor (row = target), a repeated edge kept as repeated
+    entries: PyG's ``to_torch_csr_tensor`` coalesces them into one entry of value 2, which SAGE's mean then
+    counts once in its denominator (unlike on ``edge_index``); kept apart, sums and means count each copy."""
+    src, dst = edge_index.cpu()
+    order = torch.argsort(dst, stable=True)
+    crow = torch.zeros(n + 1, dtype=torch.long)
+    crow[1:] = torch.cumsum(torch.bincount(dst, minlength=n), 0)
+    values = torch.ones(src.numel(), dtype=dtype) if values is None else values[order]
+    return torch.sparse_csr_tensor(crow, src[order], values, (n, n), check_invariants=False).to(device)
 
 
 def make_node_task(cache: NodeDataCache, dataset: str, model: str, options: ModelOptions,
@@ -231,7 +248,7 @@ def _twin_oracle(task: NodeTask) -> Oracle:
         for conv in twin.children():
             if hasattr(conv, "normalize"):
                 conv.normalize = False
-    adj_t = torch.sparse_coo_tensor(torch.stack([dst, src]), weight, (sub, sub)).coalesce().to_sparse_csr()
+    adj_t = _csr_adj_t(torch.stack([src, dst]), sub, torch.float64, "cpu", weight)
     out = twin(x, adj_t)[: seeds.size]   # k_hop lists the seeds first, in order
     torch.nn.functional.cross_entropy(out, y[torch.from_numpy(seeds)]).backward()
     grads = {name: p.grad.detach().numpy().copy() for name, p in twin.named_parameters() if p.grad is not None}

@@ -261,18 +261,34 @@ def node_batch(ds: NodeDataset, samples=None, layers: int = 2, subgraph: str = "
     return NodeBatch(x[nodes], edge_index, nodes, position[samples], degree)
 
 
+#: GCN's normalisation 1/sqrt(deg_i deg_j) is one fixed weight per distinct degree product up to this many
+#: products; beyond (skewed graphs: arxiv-like has 34k), it is factorised (NOTE: [GCN normalisation]).
+MAX_NORM_PRODUCTS = 8192
+
+
 def _gcn_norm(weights: WeightTable, src: np.ndarray, dst: np.ndarray, n: int, degree: np.ndarray | None):
-    """(source, target, fixed weight id) of every GCN input: the edges that are not self loops and one
-    self loop per node, weighted 1/sqrt(deg_i deg_j) (one fixed weight per distinct product)."""
+    """GCN's inputs: (source, target, fixed weight id) of the edges that are not self loops and of one self
+    loop per node, and the per-node fixed weight applied after the sum (None when each edge has it all).
+
+    NOTE: [GCN normalisation] c_ij = 1/sqrt(deg_i deg_j) depends only on deg_i * deg_j, so by default
+    each edge reads one fixed weight per distinct product. On skewed graphs the products number in the
+    tens or hundreds of thousands (a Weight object each); there it is factorised: the edge from j reads
+    1/sqrt(deg_j) (one weight per distinct degree), and a layer after the sum multiplies node i by
+    1/sqrt(deg_i): the same values up to rounding (float64 within 1e-15 relative).
+    """
     # GCNConv (add_remaining_self_loops) gives every node exactly one self loop of weight 1:
     # a listed loop is replaced by it, not counted on top. Repeated edges count each time.
     listed = src != dst
     gcn_src, gcn_dst = (src, dst) if listed.all() else (src[listed], dst[listed])
     deg = np.bincount(gcn_dst, minlength=n) + 1 if degree is None else degree
-    products = np.concatenate([deg * deg, deg[gcn_dst] * deg[gcn_src]])
-    norm_ids = weights.fixed_scalars("gcn_norm.deg", products, lambda p: 1.0 / np.sqrt(p))
     nodes = np.arange(n)
-    return np.concatenate([nodes, gcn_src]), np.concatenate([nodes, gcn_dst]), norm_ids
+    sources, owners = np.concatenate([nodes, gcn_src]), np.concatenate([nodes, gcn_dst])
+    products = np.concatenate([deg * deg, deg[gcn_dst] * deg[gcn_src]])
+    if np.unique(products).size <= MAX_NORM_PRODUCTS:
+        norm_ids = weights.fixed_scalars("gcn_norm.deg", products, lambda p: 1.0 / np.sqrt(p))
+        return sources, owners, norm_ids, None
+    scale = weights.fixed_scalars("gcn_norm.inv_sqrt_deg", deg, lambda d: 1.0 / np.sqrt(d))
+    return sources, owners, scale[sources], scale
 
 
 def _dropout(stack: _Stack, p: float, what: str, h: int, n: int, width: int) -> int:
@@ -326,7 +342,17 @@ def build_gnn(ds, spec: GNNSpec, samples=None, seed: int = 0) -> Graph:
                 np.concatenate([np.full(src.size, -1), np.full(isolated.size, zero if zero is not None else -1)]))
 
     if spec.kind == "gcn" and spec.normalize:
-        gcn_source, gcn_owner, gcn_weight = _gcn_norm(weights, src, dst, n, degree)
+        gcn_source, gcn_owner, gcn_weight, gcn_scale = _gcn_norm(weights, src, dst, n, degree)
+
+    sorted_inputs: dict[str, tuple] = {}
+
+    def inputs_once(key: str, make) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``csr(*make())``, made once: every convolution reads the same adjacency, and its layers share
+        these (read-only) arrays instead of sorting and holding one copy each."""
+        if key not in sorted_inputs:
+            owner, source, weight = make()
+            sorted_inputs[key] = csr(owner, n, source, weight)
+        return sorted_inputs[key]
 
     last = len(spec.hidden)
     for k, width in enumerate(spec.hidden, start=1):
@@ -336,17 +362,22 @@ def build_gnn(ds, spec: GNNSpec, samples=None, seed: int = 0) -> Graph:
             w, b = _layer_init(rng, width, in_dim)
             lin = stack.add(_dense(f"{conv}.lin", n, h, weights.add(f"{conv}.lin.weight", w), None, "identity"))
             if spec.normalize:
-                owner, source, weight = gcn_owner, gcn_source, gcn_weight
+                counts, source, weight = inputs_once("gcn", lambda: (gcn_owner, gcn_source, gcn_weight))
             else:
-                owner, source, weight = neighbours_or_zero()
-            counts, source, weight = csr(owner, n, source, weight)
-            h = stack.add(NeuronLayer(conv, counts, np.full(source.size, lin), source, weight,
-                                      bias=np.full(n, weights.add(f"{conv}.bias", b)), transformation=act, copy=False))
+                counts, source, weight = inputs_once("neighbours", neighbours_or_zero)
+            bias = weights.add(f"{conv}.bias", b)
+            if spec.normalize and gcn_scale is not None:  # NOTE: [GCN normalisation], factorised
+                agg = stack.add(NeuronLayer(f"{conv}.agg", counts, np.full(source.size, lin), source, weight,
+                                            copy=False))
+                h = stack.add(NeuronLayer(conv, np.ones(n, np.int64), np.full(n, agg), np.arange(n), gcn_scale,
+                                          bias=np.full(n, bias), transformation=act, copy=False))
+            else:
+                h = stack.add(NeuronLayer(conv, counts, np.full(source.size, lin), source, weight,
+                                          bias=np.full(n, bias), transformation=act, copy=False))
         elif spec.kind == "sage":
             w_l, b_l = _layer_init(rng, width, in_dim)
             w_r, _ = _layer_init(rng, width, in_dim)
-            owner, source, weight = neighbours_or_zero()
-            counts, source, weight = csr(owner, n, source, weight)
+            counts, source, weight = inputs_once("neighbours", neighbours_or_zero)
             mean = stack.add(NeuronLayer(f"{conv}.mean", counts, np.full(source.size, h), source, weight,
                                          aggregation="mean", copy=False))
             i_l = weights.add(f"{conv}.lin_l.weight", w_l)
@@ -360,10 +391,9 @@ def build_gnn(ds, spec: GNNSpec, samples=None, seed: int = 0) -> Graph:
         else:  # gin
             self_weight = -1 if spec.eps == 0 else weights.add(f"{conv}.one_plus_eps", 1.0 + spec.eps,
                                                                learnable=False)
-            owner = np.concatenate([np.arange(n), dst])
-            source = np.concatenate([np.arange(n), src])
-            weight = np.concatenate([np.full(n, self_weight), np.full(src.size, -1)])
-            counts, source, weight = csr(owner, n, source, weight)
+            counts, source, weight = inputs_once(f"gin{self_weight}", lambda: (
+                np.concatenate([np.arange(n), dst]), np.concatenate([np.arange(n), src]),
+                np.concatenate([np.full(n, self_weight), np.full(src.size, -1)])))
             agg = stack.add(NeuronLayer(f"{conv}.agg", counts, np.full(source.size, h), source, weight, copy=False))
             w1, b1 = _layer_init(rng, width, in_dim)
             w2, b2 = _layer_init(rng, width, width)

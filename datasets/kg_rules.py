@@ -106,7 +106,7 @@ def facts(kg, triples, inverse: bool = True) -> dict:
     from ..sources.relational import Relation
 
     (src, dst), types = kg.message_edges(inverse)
-    triples = np.asarray(triples, dtype=np.int64).reshape(-1, 3)
+    triples = np.unique(np.asarray(triples, dtype=np.int64).reshape(-1, 3), axis=0)  # a fact once; queries repeat
     entities = np.arange(kg.n_entities)
     return {"ent": Relation(entities, values=np.eye(kg.n_entities)), "node": Relation(entities),
             "relid": Relation(np.arange(kg.n_relations), values=np.eye(kg.n_relations)),
@@ -158,8 +158,9 @@ def neuralogic_model(kg, triples, dim: int, layers: int = 2, values: dict | None
     example += [R.node(str(entity(i))) for i in range(kg.n_entities)]
     example += [R.relid(str(edge_type(r)))[eye_r[r].tolist()] for r in range(kg.n_relations)]
     example += [R.edge(str(a), str(t), str(b)) for a, t, b in zip(entity(src), edge_type(types), entity(dst))]
+    distinct = np.unique(triples, axis=0)
     example += [R.query(str(h), str(r), str(t)) for h, r, t in
-                zip(entity(triples[:, 0]), edge_type(triples[:, 1]), entity(triples[:, 2]))]
+                zip(entity(distinct[:, 0]), edge_type(distinct[:, 1]), entity(distinct[:, 2]))]
     asked = [R.score(str(h), str(r), str(t)) for h, r, t in
              zip(entity(triples[:, 0]), edge_type(triples[:, 1]), entity(triples[:, 2]))]
     dataset = Dataset()

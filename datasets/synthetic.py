@@ -76,15 +76,22 @@ def rmat_edges(nodes: int, edges: int, seed: int = 0, probabilities=GRAPH500) ->
 
 
 def _in_mean(x: np.ndarray, edge_index: np.ndarray) -> np.ndarray:
-    """The mean of every node's in-neighbours' rows of ``x`` (its own row where it has none)."""
+    """The mean of every node's in-neighbours' rows of ``x`` (its own row where it has none).
+
+    One sparse CSR product (rows: targets), repeated edges counted each time.
+    """
     import torch
 
     n = x.shape[0]
-    src, dst = (torch.from_numpy(e) for e in edge_index)
-    adjacency = torch.sparse_coo_tensor(torch.stack([dst, src]), torch.ones(src.numel(), dtype=torch.float32),
-                                        (n, n), check_invariants=False).coalesce()
-    total = torch.sparse.mm(adjacency, torch.from_numpy(x)).numpy()
-    degree = np.bincount(edge_index[1], minlength=n).astype(np.float32)[:, None]
+    src, dst = edge_index
+    order = np.argsort(dst, kind="stable")
+    degree = np.bincount(dst, minlength=n)
+    crow = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(degree, out=crow[1:])
+    adjacency = torch.sparse_csr_tensor(torch.from_numpy(crow), torch.from_numpy(src[order]),
+                                        torch.ones(src.size, dtype=torch.float32), (n, n), check_invariants=False)
+    total = (adjacency @ torch.from_numpy(x)).numpy()
+    degree = degree.astype(np.float32)[:, None]
     return np.where(degree > 0, total / np.maximum(degree, 1), x)
 
 

@@ -61,7 +61,11 @@ def apply_weight(w: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
 # makes max and min truly commutative, which the passes that merge neurons with the same inputs
 # in another order (``dedup.RowIds``) rely on. The generated code does it only where the sign
 # can reach an ``inverse`` (``compiler.rewrite.zero_sign_matters``): elsewhere it costs a second
-# reduction for nothing.
+# reduction for nothing. The ordering adds a constant zero (order_signed_zeros), so gradients pass
+# it bit for bit. Zero *gradients* may still differ in sign between the reference and a compiled
+# module, with equal values: where the generated code leaves the ordering out (the sign of a tie
+# then reaches only gradients, through a product's backward g * t), and where it reads weights
+# through torch.stack + index_select, whose backward sums into +0.0 (a lone -0.0 becomes +0.0).
 
 
 def preferred_zeros(x: torch.Tensor, reduce: str) -> torch.Tensor:
@@ -74,8 +78,13 @@ def preferred_zeros(x: torch.Tensor, reduce: str) -> torch.Tensor:
 
 def order_signed_zeros(value: torch.Tensor, preferred: torch.Tensor, reduce: str) -> torch.Tensor:
     """A max or min ``value`` with its zeros given the sign of the preferred zero where
-    ``preferred`` (the reduction of :func:`preferred_zeros`) says the inputs had one. The
-    gradient passes unchanged (``x + 0.0`` and ``-(-x + 0.0)`` have derivative 1)."""
+    ``preferred`` (the reduction of :func:`preferred_zeros`) says the inputs had one.
+
+    Written as the addition of a constant zero, not a selection: ``x + 0.0`` is ``0.0`` for either
+    zero and ``x + -0.0`` is ``x`` for every ``x`` (min negates around it), so the value changes only
+    where it must and the gradient passes through one addition, bit for bit, signed zeros included.
+    (A ``torch.where`` would add the unselected branch's ``+0.0`` to the gradient, and turn an incoming
+    ``-0.0`` into ``+0.0`` at every tie.)"""
     at_tie = (value == 0) & (preferred != 0)
-    signed = value + 0.0 if reduce == "max" else -((-value) + 0.0)  # -0.0 -> 0.0, or 0.0 -> -0.0
-    return torch.where(at_tie, signed, value)
+    shift = torch.where(at_tie, 0.0, -0.0).to(value.dtype)  # a constant: at_tie is boolean
+    return value + shift if reduce == "max" else -((-value) + shift)

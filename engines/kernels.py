@@ -32,7 +32,7 @@ among tied extrema* (like ``torch.amax`` and ``scatter_reduce(..., "amax")``),
 not to a single argmax.
 
 Which kernel? On the CPU, for float32/float64, neurovec's C++ kernels
-(:mod:`.native`, wrapped as torch ops in :mod:`.ops`) compute sum, mean, max and
+(:mod:`.native`, called through :mod:`.ops`) compute sum, mean, max and
 min and the fused gather + sum, forward and backward, whenever they are built
 (``impl="cpp"``; ``"auto"`` picks them). Measured by ``benchmarks/kernels.py``
 (PROTEINS GCN sizes, 205k edges, 1 thread, CPU time on a loaded machine; see
@@ -57,10 +57,9 @@ CUDA) the torch kernels below are used:
   faster than scatter on the GPU forward), else ``torch.segment_reduce``. Not
   measured here (no GPU).
 
-While dynamo traces (``torch.compile``), every sum / mean / max / min and fused
-gather calls ``torch.ops.neurovec`` ops with fake implementations, inside autograd
-Functions dynamo traces (:mod:`.ops`), so programs compile with ``fullgraph=True``;
-the ops run the C++ kernels or their torch fallbacks.
+While dynamo traces (``torch.compile``), the C++ kernels run as operators with fake
+implementations inside autograd Functions dynamo traces (:mod:`.ops`), and the torch
+kernels without sparse tensors, so programs compile with ``fullgraph=True``.
 
 torch-scatter is optional: ``HAS_TORCH_SCATTER`` says whether it imported, and
 every function takes ``impl=`` to force a forward kernel (tests force each).
@@ -74,7 +73,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from . import ops
+from . import native, ops
 
 try:  # optional: only a forward kernel, never required
     import torch_scatter as _torch_scatter
@@ -216,7 +215,9 @@ def segment_forward(x: torch.Tensor, ptr: torch.Tensor, seg_id: torch.Tensor, re
     if impl == "cpp":
         if not ops.native_ok(x):
             raise RuntimeError(f"impl='cpp' but neurovec's C++ kernels do not run here ({_cpp_problem(x)})")
-        return ops._csr_sum_impl(x, ptr, None, None, None) if reduce == "sum" else ops._extremum_impl(x, ptr, reduce)
+        if reduce == "sum":
+            return torch.ops.neurovec_cpu.csr_sum(x, ptr, None, None, None, None)
+        return torch.ops.neurovec_cpu.extremum(x, ptr, reduce == "max")
     if impl == "torch_scatter":
         if _torch_scatter is None:
             raise RuntimeError("impl='torch_scatter' but torch_scatter is not installed")
@@ -285,47 +286,52 @@ class SegmentMean(torch.autograd.Function):
         return (grad / _per_row(counts, grad)).index_select(0, seg_id), None, None, None, None
 
 
-class _SegmentExtremum(torch.autograd.Function):
-    """Shared max / min. Backward splits ``grad_y[j]`` evenly among the rows of
-    segment ``j`` that equal the extremum (per feature), exactly as ``torch.amax``:
-    ``grad_x = mask * (grad_y / ties)[seg_id]`` with ``mask = x == y[seg_id]`` and
-    ``ties[j] = sum(mask[seg j])``. A NaN extremum has no tie (``NaN != NaN``), so
-    its gradient is NaN -- as with ``torch.amax``.
-    """
+def _extremum_forward(ctx, x, ptr, seg_id, reduce, impl):
+    out = segment_forward(x, ptr, seg_id, reduce, impl)
+    ctx.save_for_backward(x, out, ptr, seg_id)
+    ctx.impl = impl
+    return out
 
-    reduce = ""
 
-    @classmethod
-    def forward(cls, ctx, x, ptr, seg_id, impl="auto"):
-        out = segment_forward(x, ptr, seg_id, cls.reduce, impl)
-        ctx.save_for_backward(x, out, ptr, seg_id)
-        ctx.impl = impl
-        return out
+def _extremum_backward(ctx, grad):
+    """Max / min's backward: ``grad_y[j]`` split evenly among the rows of segment ``j`` that equal
+    the extremum (per feature), exactly as ``torch.amax``: ``grad_x = mask * (grad_y / ties)[seg_id]``
+    with ``mask = x == y[seg_id]`` and ``ties[j] = sum(mask[seg j])``. A NaN extremum has no tie
+    (``NaN != NaN``), so its gradient is NaN -- as with ``torch.amax``."""
+    x, out, ptr, seg_id = ctx.saved_tensors
+    # The mask is recomputed here, not kept from the forward: inference pays nothing.
+    # It is written as 1.0 / 0.0 into the gathered extrema, in place: two (E, F)
+    # allocations in all (mask, result) instead of five, which on CPU matters as
+    # much as the arithmetic (every big fresh block costs page faults).
+    # detach(): under create_graph the mask must stay a constant (it was a bool).
+    mask = out.detach().index_select(0, seg_id)
+    torch.eq(x.detach(), mask, out=mask)
+    ties = segment_forward(mask, ptr, seg_id, "sum", _same_family(ctx.impl, "sum"))
+    return (grad / ties).index_select(0, seg_id).mul_(mask), None, None, None
+
+
+class SegmentMax(torch.autograd.Function):
+    """``y[j] = amax(x[seg j], 0)``; ties share the gradient evenly (see :func:`_extremum_backward`)."""
+
+    @staticmethod
+    def forward(ctx, x, ptr, seg_id, impl="auto"):
+        return _extremum_forward(ctx, x, ptr, seg_id, "max", impl)
 
     @staticmethod
     def backward(ctx, grad):
-        x, out, ptr, seg_id = ctx.saved_tensors
-        # The mask is recomputed here, not kept from the forward: inference pays nothing.
-        # It is written as 1.0 / 0.0 into the gathered extrema, in place: two (E, F)
-        # allocations in all (mask, result) instead of five, which on CPU matters as
-        # much as the arithmetic (every big fresh block costs page faults).
-        # detach(): under create_graph the mask must stay a constant (it was a bool).
-        mask = out.detach().index_select(0, seg_id)
-        torch.eq(x.detach(), mask, out=mask)
-        ties = segment_forward(mask, ptr, seg_id, "sum", _same_family(ctx.impl, "sum"))
-        return (grad / ties).index_select(0, seg_id).mul_(mask), None, None, None
+        return _extremum_backward(ctx, grad)
 
 
-class SegmentMax(_SegmentExtremum):
-    """``y[j] = amax(x[seg j], 0)``; ties share the gradient evenly (see :class:`_SegmentExtremum`)."""
+class SegmentMin(torch.autograd.Function):
+    """``y[j] = amin(x[seg j], 0)``; ties share the gradient evenly (see :func:`_extremum_backward`)."""
 
-    reduce = "max"
+    @staticmethod
+    def forward(ctx, x, ptr, seg_id, impl="auto"):
+        return _extremum_forward(ctx, x, ptr, seg_id, "min", impl)
 
-
-class SegmentMin(_SegmentExtremum):
-    """``y[j] = amin(x[seg j], 0)``; ties share the gradient evenly (see :class:`_SegmentExtremum`)."""
-
-    reduce = "min"
+    @staticmethod
+    def backward(ctx, grad):
+        return _extremum_backward(ctx, grad)
 
 
 # torch.segment_reduce's own backward kernel: one fused pass, zero-exact for prod
@@ -344,8 +350,9 @@ class SegmentProd(torch.autograd.Function):
     Per segment and feature, with ``z`` the number of zero rows:
     ``z = 0``: ``grad_x = grad_y * (y / x)`` (``torch.prod``'s own formula);
     ``z = 1``: the zero row gets ``grad_y * prod(nonzero rows)``, the others 0;
-    ``z >= 2``: all 0. Only first derivatives are supported; with infinite inputs
-    next to zeros the gradient is unspecified (NaN where torch.prod may give 0).
+    ``z >= 2``: all 0. With infinite inputs next to zeros the gradient is unspecified
+    (NaN where torch.prod may give 0). Under ``create_graph`` the backward is
+    differentiable again (NOTE: [second derivatives of prod]).
     """
 
     @staticmethod
@@ -356,9 +363,10 @@ class SegmentProd(torch.autograd.Function):
         return out
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, grad):
         x, out, ptr, seg_id = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph
+            return _prod_backward_differentiable(grad, x, ptr, seg_id), None, None, None
         if _fused_prod_backward is not None:
             try:
                 return _fused_prod_backward(grad.contiguous(), out, x, "prod", offsets=ptr, axis=0), None, None, None
@@ -379,8 +387,28 @@ class SegmentProd(torch.autograd.Function):
         return grad_x, None, None, None
 
 
+# NOTE: [second derivatives of prod] The first derivative of a product depends on the inputs
+# themselves (the product of the other rows), so a Hessian-vector product differentiates the
+# backward in x, not only in grad. A once_differentiable backward gets that silently wrong: torch
+# refuses the second derivative only where the incoming grad needs a gradient, and where it is a
+# constant (loss = (y * c).sum()) the backward's result is taken as a constant, so every term
+# through the product's backward is dropped (issue 23, item 4). Under create_graph the backward
+# therefore lays the segments out as a (segments, longest, ...) block padded with ones and lets
+# torch differentiate its prod(1): torch.prod's own first and second derivatives, zeros included,
+# as the reference engine's per-neuron prod; only the first derivative takes the fast path.
+
+def _prod_backward_differentiable(grad: torch.Tensor, x: torch.Tensor, ptr: torch.Tensor,
+                                  seg_id: torch.Tensor) -> torch.Tensor:
+    """``grad``'s pull-back through the segment products of ``x``, differentiable in ``grad`` and ``x``."""
+    counts = ptr.diff()
+    longest = int(counts.max()) if counts.numel() else 0
+    position = torch.arange(x.shape[0], device=x.device) - ptr.index_select(0, seg_id)
+    padded = x.new_ones((counts.numel(), longest) + tuple(x.shape[1:])).index_put((seg_id, position), x)
+    (grad_padded,) = torch.autograd.grad(padded.prod(1), padded, grad, create_graph=True)
+    return grad_padded[seg_id, position]
+
+
 def _cpp_problem(x: torch.Tensor) -> str:
-    from . import native
     if not native.enabled():
         return "switched off (NEUROVEC_NATIVE=0 or native.set_enabled(False))"
     if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64):
@@ -389,16 +417,15 @@ def _cpp_problem(x: torch.Tensor) -> str:
 
 
 def _use_ops(x: torch.Tensor, reduce: str, impl: str) -> bool:
-    """Whether a reduction goes through ``ops`` (C++ kernels, or the registered torch ops
-    while dynamo traces): always for ``impl="cpp"``, for ``"auto"`` where the C++
-    kernels run or while compiling (the ops keep the graph whole, max/min included)."""
+    """Whether a reduction runs the C++ operators (:mod:`.ops`, with their own autograd): always
+    for ``impl="cpp"``, for ``"auto"`` where they run."""
     if reduce not in ops.REDUCTIONS:
         return False
     if impl == "cpp":
-        if not (ops.native_ok(x) or torch.compiler.is_compiling()):
+        if not ops.native_ok(x):
             raise RuntimeError(f"impl='cpp' but neurovec's C++ kernels do not run here ({_cpp_problem(x)})")
         return True
-    return impl == "auto" and (torch.compiler.is_compiling() or ops.native_ok(x))
+    return impl == "auto" and ops.native_ok(x)
 
 
 def segment_reduce(x: torch.Tensor, ptr: torch.Tensor, seg_id: torch.Tensor, counts: torch.Tensor | None,
@@ -587,8 +614,7 @@ def gather_segment_sum(x: torch.Tensor, ptr: torch.Tensor, index: torch.Tensor, 
         raise ValueError("gather_segment_sum takes coef (learnable) or values (constant), not both")
     if values is not None and values.requires_grad:
         raise ValueError("values are constant per-edge coefficients; pass a coef that needs a gradient as coef=")
-    if coef is None and (torch.compiler.is_compiling() or ops.native_ok(x)):
-        # C++ kernels (or, while dynamo traces, the registered op, which runs them or MKL).
+    if coef is None and ops.native_ok(x):  # the C++ operator
         if values is not None and t_values is None:
             t_values = values[t_perm]
         return ops.gather_sum(x, ptr, index, values, t_ptr, t_col, t_values)
@@ -797,7 +823,7 @@ def choose_kernel(n_edges: int, n_segments: int, counts, feature_size: int, devi
         return "scatter"
     cpu = torch.device(device).type == "cpu"
     if native_kernels is None:
-        native_kernels = cpu and (dtype is None or dtype in ops._NATIVE_DTYPES) and ops.native.available()
+        native_kernels = cpu and (dtype is None or dtype in ops._NATIVE_DTYPES) and native.available()
     if counts is not None:
         c = _as_numpy_int(counts, "counts")
         if c.size and (c == c[0]).all() and c[0] * c.size == n_edges:
@@ -830,6 +856,6 @@ def choose_gather_kernel(count: int, feature_size: int, needs_grad: bool, device
     :data:`_GATHER_MIN_ELEMENTS` for the measurements."""
     cpu = torch.device(device).type == "cpu"
     if native_kernels is None:
-        native_kernels = cpu and (dtype is None or dtype in ops._NATIVE_DTYPES) and ops.native.available()
+        native_kernels = cpu and (dtype is None or dtype in ops._NATIVE_DTYPES) and native.available()
     big = count * feature_size >= _GATHER_MIN_ELEMENTS and feature_size >= _GATHER_MIN_FEATURES
     return "sparse_mm" if native_kernels and needs_grad and big else "index_select"

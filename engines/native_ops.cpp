@@ -1,34 +1,305 @@
-// neurovec's segment reductions as torch operators, their autograd in C++.
+// neurovec's C++ CPU kernels: segment reductions over sorted, static CSR segments, as torch operators.
 //
-// The kernels of native_kernels.h registered with torch's dispatcher in the namespace
-// neurovec_cpu, each with a CPU kernel and an Autograd kernel (a torch::autograd::Function).
-// On small graphs a training step is mostly per-call overhead: from Python a call costs
-// ~2 µs of dispatch, where a Python autograd.Function costs ~6 µs forward and runs Python
-// again in the backward (see NOTE: [Operators in C++] in engines/ops.py).
+// The kernels reduce without ever materialising per-edge rows: a fused gather -> per-edge
+// coefficient -> sum (and its transpose for the backward), plain segment sums and means,
+// segment max / min and their tie-splitting backward. engines/native.py builds this file on
+// first use (torch.utils.cpp_extension, cached) and loads its operators, torch.ops.neurovec_cpu:
 //
-// Built on first use by engines/native.py with torch's headers and linked to libtorch
-// (no Python headers), cached per source hash and torch version, loaded with
-// torch.ops.load_library. Where it cannot be built, engines/ops.py calls the same kernels
-// through ctypes (native_kernels.cpp) from Python autograd Functions.
+//   csr_sum, broadcast, extremum, extremum_backward   the kernels, without autograd: what
+//       programs call under torch.compile (native.py registers their fake kernels, engines/ops.py
+//       their autograd as Python Functions that dynamo traces);
+//   gather_sum, segment_sum, segment_extremum         the same with their autograd in C++ (a
+//       torch::autograd::Function): what programs call eagerly. On small graphs a training step
+//       is mostly per-call overhead, and a call costs ~2 µs of dispatch where a Python
+//       autograd.Function costs ~6 µs forward and runs Python again backward.
 //
-// Index tensors are int32 or int64 (AT_DISPATCH_INDEX_TYPES); values float32 or float64.
-// The ops trust what the compiler guarantees: ptr is sorted from 0 to the number of
-// entries, col indexes rows of x.
+// Where this file cannot be built, every caller uses its pure-torch equivalent (engines/kernels.py);
+// tests compare them. Values are float32 or float64; index tensors int32 or int64
+// (AT_DISPATCH_INDEX_TYPES). The ops trust what the compiler guarantees: ptr is sorted from 0 to
+// the number of entries, col indexes rows of x.
+//
+// Layout: values are row-major (rows, width) arrays; segment j owns the CSR range
+// ptr[j] .. ptr[j+1]-1 of "entries" e. An entry reads source row col[e] (or row e
+// when col is null: a plain segment reduction) times val[e] (1 when val is null).
+// Nothing ever writes to the same output row from two threads: threads own
+// disjoint ranges of segments, balanced by their number of entries.
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/div.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
-#include <ATen/ops/div.h>
 #include <ATen/ops/eq.h>
 #include <ATen/ops/mul.h>
 #include <ATen/ops/segment_reduce.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
-#include "native_kernels.h"
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
 
 namespace {
+
+
+// Below this many multiply-adds a kernel runs on the calling thread: waking other
+// threads costs a few microseconds, more than the work itself.
+constexpr int64_t kParallelWork = 32768;
+
+// Segments [begin[t], begin[t+1]) go to thread t, with about the same number of
+// entries each (a binary search of ptr for every split point). The first thread starts
+// at segment 0 and the last ends at n_rows, so that empty segments before the first
+// entry or after the last one (sources nothing reads, in a transposed CSR) belong to
+// a thread too: every output row is written.
+template <typename I>
+int64_t split_point(const I* ptr, int64_t n_rows, int t, int n_threads) {
+    if (t <= 0) return 0;
+    if (t >= n_threads) return n_rows;
+    const int64_t total = ptr[n_rows];
+    const int64_t target = total * t / n_threads;
+    int64_t lo = 0, hi = n_rows;
+    while (lo < hi) {
+        int64_t mid = (lo + hi) / 2;
+        if ((int64_t)ptr[mid] < target) lo = mid + 1; else hi = mid;
+    }
+    return lo;
+}
+
+// Run body(row_begin, row_end) over all segments, split into at::get_num_threads() tasks
+// of about equal entries, one per thread of torch's intra-op pool (at::parallel_for: the
+// threads torch's own ops use, serial inside another parallel region). See NOTE:
+// [threads on a busy machine] in engines/native.py.
+template <typename I, typename Body>
+void for_segments(const I* ptr, int64_t n_rows, int64_t width, Body body) {
+    const int64_t work = (int64_t)ptr[n_rows] * (width > 0 ? width : 1);
+    const int n_threads = at::get_num_threads();
+    if (n_threads <= 1 || work < kParallelWork || n_rows < 2) {
+        body((int64_t)0, n_rows);
+        return;
+    }
+    at::parallel_for(0, n_threads, 1, [&](int64_t t0, int64_t t1) {
+        for (int64_t t = t0; t < t1; ++t)
+            body(split_point(ptr, n_rows, (int)t, n_threads), split_point(ptr, n_rows, (int)t + 1, n_threads));
+    });
+}
+
+// The feature width as a template argument for the common narrow widths (W > 0),
+// so that every loop over features is unrolled into registers; Width<0> is any
+// width, read at run time. (Run-time widths also make the compiler version each
+// loop against aliasing: 3x slower at width 3.)
+template <int W>
+struct Width {
+    static constexpr int value = W;
+};
+
+template <typename Body>
+void with_width(int64_t w, Body body) {
+    switch (w) {
+        case 1: body(Width<1>{}); break;
+        case 2: body(Width<2>{}); break;
+        case 3: body(Width<3>{}); break;
+        case 4: body(Width<4>{}); break;
+        case 8: body(Width<8>{}); break;
+        case 16: body(Width<16>{}); break;
+        case 32: body(Width<32>{}); break;
+        default: body(Width<0>{});
+    }
+}
+
+// ---------------------------------------------------------------- weighted sums
+//
+// y[j] = sum_e c[e] * x[src(e)]  (src(e) = col[e], or e when col is null),
+// then y[j] /= divide[j] if divide is given (a mean). Accumulates in registers
+// (fixed widths) or in the output row.
+
+template <typename T, typename I, typename WT, bool GATHER, bool WEIGHTED>
+void sum_rows(int64_t r0, int64_t r1, const I* __restrict__ ptr, const I* __restrict__ col,
+              const T* __restrict__ val, const T* __restrict__ x, int64_t w_any, T* __restrict__ y,
+              const T* __restrict__ divide) {
+    constexpr int kW = WT::value;
+    const int64_t w = kW ? kW : w_any;
+    constexpr int kAcc = kW ? kW : 1;
+    for (int64_t r = r0; r < r1; ++r) {
+        T acc_fixed[kAcc];
+        T* __restrict__ acc = kW ? acc_fixed : y + r * w;
+        for (int64_t k = 0; k < w; ++k) acc[k] = T(0);
+        const int64_t e1 = ptr[r + 1];
+        for (int64_t e = ptr[r]; e < e1; ++e) {
+            const T* __restrict__ xr = x + (GATHER ? (int64_t)col[e] : e) * w;
+            if constexpr (WEIGHTED) {
+                const T v = val[e];
+#pragma omp simd
+                for (int64_t k = 0; k < w; ++k) acc[k] += v * xr[k];
+            } else {
+#pragma omp simd
+                for (int64_t k = 0; k < w; ++k) acc[k] += xr[k];
+            }
+        }
+        T* __restrict__ yr = y + r * w;
+        if (divide) {
+            const T d = divide[r];
+            for (int64_t k = 0; k < w; ++k) yr[k] = acc[k] / d;
+        } else if (kW) {
+            for (int64_t k = 0; k < w; ++k) yr[k] = acc[k];
+        }
+    }
+}
+
+// The loop-invariant choices (gather or contiguous rows, weighted or not) are
+// template arguments: as run-time branches they cost 2-4x on short segments.
+template <typename T, typename I>
+void segment_sum(int64_t n_rows, const I* ptr, const I* col, const T* val, const T* x, int64_t w, T* y,
+                 const T* divide) {
+    for_segments(ptr, n_rows, w, [&](int64_t r0, int64_t r1) {
+        with_width(w, [&](auto width) {
+            using WT = decltype(width);
+            if (col) {
+                if (val) sum_rows<T, I, WT, true, true>(r0, r1, ptr, col, val, x, w, y, divide);
+                else sum_rows<T, I, WT, true, false>(r0, r1, ptr, col, val, x, w, y, divide);
+            } else {
+                if (val) sum_rows<T, I, WT, false, true>(r0, r1, ptr, col, val, x, w, y, divide);
+                else sum_rows<T, I, WT, false, false>(r0, r1, ptr, col, val, x, w, y, divide);
+            }
+        });
+    });
+}
+
+// ---------------------------------------------------------------- broadcast
+//
+// The backward of a plain segment sum / mean: every entry of segment j gets
+// g[j] (times val[e], divided by divide[j]): out[e] = c[e] * (g[j] / d[j]).
+template <typename T, typename I, typename WT, bool WEIGHTED>
+void broadcast_rows(int64_t r0, int64_t r1, const I* __restrict__ ptr, const T* __restrict__ val,
+                    const T* __restrict__ g, int64_t w_any, T* __restrict__ out, const T* __restrict__ divide) {
+    constexpr int kW = WT::value;
+    const int64_t w = kW ? kW : w_any;
+    constexpr int kAcc = kW ? kW : 1;
+    for (int64_t r = r0; r < r1; ++r) {
+        const T* __restrict__ gr = g + r * w;
+        const int64_t e1 = ptr[r + 1];
+        if (divide && !kW) {  // any width: divide per entry
+            const T d = divide[r];
+            for (int64_t e = ptr[r]; e < e1; ++e) {
+                const T v = WEIGHTED ? val[e] : T(1);
+                for (int64_t k = 0; k < w; ++k) out[e * w + k] = WEIGHTED ? v * (gr[k] / d) : gr[k] / d;
+            }
+            continue;
+        }
+        // Fixed widths: the row divided once, in registers.
+        T row_fixed[kAcc];
+        if (divide) {
+            const T d = divide[r];
+            for (int64_t k = 0; k < w; ++k) row_fixed[k] = gr[k] / d;
+            gr = row_fixed;
+        }
+        for (int64_t e = ptr[r]; e < e1; ++e) {
+            T* __restrict__ o = out + e * w;
+            if constexpr (WEIGHTED) {
+                const T v = val[e];
+#pragma omp simd
+                for (int64_t k = 0; k < w; ++k) o[k] = v * gr[k];
+            } else {
+#pragma omp simd
+                for (int64_t k = 0; k < w; ++k) o[k] = gr[k];
+            }
+        }
+    }
+}
+
+template <typename T, typename I>
+void segment_broadcast(int64_t n_rows, const I* ptr, const T* val, const T* g, int64_t w, T* out,
+                       const T* divide) {
+    for_segments(ptr, n_rows, w, [&](int64_t r0, int64_t r1) {
+        with_width(w, [&](auto width) {
+            using WT = decltype(width);
+            if (val) broadcast_rows<T, I, WT, true>(r0, r1, ptr, val, g, w, out, divide);
+            else broadcast_rows<T, I, WT, false>(r0, r1, ptr, val, g, w, out, divide);
+        });
+    });
+}
+
+// ---------------------------------------------------------------- max / min
+//
+// Forward: y[j] = max (min) over the segment's rows, per feature; NaN wins (like
+// torch.amax). Backward: the gradient of y[j] is split evenly among the rows that
+// equal it: out[e] = (x[e] == y[j]) ? g[j] / ties : (g[j] / ties) * 0, exactly the
+// floats of mask * (g / ties)[seg] in kernels.py (a NaN extremum has no ties, so
+// its whole segment gets NaN, as there).
+
+template <bool MAX, typename T>
+inline T pick(T v, T m) {
+    // A NaN stays once there ("v > NaN" is false) and replaces anything.
+    // "|" not "||": no branch (the comparisons are data-dependent, a branch mispredicts).
+    const bool take = (MAX ? v > m : v < m) | (v != v);
+    return take ? v : m;
+}
+
+template <bool MAX, typename T, typename I>
+void segment_extremum(int64_t n_rows, const I* ptr, const I* col, const T* x, int64_t w, T* y) {
+    for_segments(ptr, n_rows, w, [&](int64_t r0, int64_t r1) {
+        with_width(w, [&](auto width) {
+            constexpr int kW = decltype(width)::value;
+            const int64_t ww = kW ? kW : w;
+            constexpr int kAcc = kW ? kW : 1;
+            for (int64_t r = r0; r < r1; ++r) {
+                T* __restrict__ yr = y + r * ww;
+                // Fixed widths keep the running extremum in registers: writing it to y
+                // and reading it back each row stalls on store forwarding (4-10x slower).
+                T m_fixed[kAcc];
+                T* __restrict__ m = kW ? m_fixed : yr;
+                const int64_t e0 = ptr[r], e1 = ptr[r + 1];
+                if (e0 == e1) {  // an empty segment (never compiled): the identity, like torch.segment_reduce
+                    for (int64_t k = 0; k < ww; ++k) yr[k] = MAX ? -INFINITY : INFINITY;
+                    continue;
+                }
+                const T* __restrict__ first = x + (col ? (int64_t)col[e0] : e0) * ww;
+                for (int64_t k = 0; k < ww; ++k) m[k] = first[k];
+                for (int64_t e = e0 + 1; e < e1; ++e) {
+                    const T* __restrict__ xr = x + (col ? (int64_t)col[e] : e) * ww;
+                    // "omp simd": without it gcc emits branchy scalar code here (10x slower).
+#pragma omp simd
+                    for (int64_t k = 0; k < ww; ++k) m[k] = pick<MAX>(xr[k], m[k]);
+                }
+                if (kW) for (int64_t k = 0; k < ww; ++k) yr[k] = m[k];
+            }
+        });
+    });
+}
+
+template <typename T, typename I>
+void segment_extremum_backward(int64_t n_rows, const I* ptr, const T* x, const T* y, const T* g, int64_t w,
+                               T* out, T* ties) {
+    // ties: (n_rows, w) scratch.
+    for_segments(ptr, n_rows, w, [&](int64_t r0, int64_t r1) {
+        with_width(w, [&](auto width) {
+            constexpr int kW = decltype(width)::value;
+            const int64_t ww = kW ? kW : w;
+            constexpr int kAcc = kW ? kW : 1;
+            for (int64_t r = r0; r < r1; ++r) {
+                const T* __restrict__ yr = y + r * ww;
+                const T* __restrict__ gr = g + r * ww;
+                T tr_fixed[kAcc];  // registers for fixed widths (see segment_extremum)
+                T* __restrict__ tr = kW ? tr_fixed : ties + r * ww;
+                const int64_t e0 = ptr[r], e1 = ptr[r + 1];
+                for (int64_t k = 0; k < ww; ++k) tr[k] = T(0);
+                for (int64_t e = e0; e < e1; ++e) {
+                    const T* __restrict__ xr = x + e * ww;
+#pragma omp simd
+                    for (int64_t k = 0; k < ww; ++k) tr[k] += (xr[k] == yr[k]) ? T(1) : T(0);
+                }
+                for (int64_t k = 0; k < ww; ++k) tr[k] = gr[k] / tr[k];  // now the share of each tie
+                for (int64_t e = e0; e < e1; ++e) {
+                    const T* __restrict__ xr = x + e * ww;
+                    T* __restrict__ o = out + e * ww;
+#pragma omp simd
+                    for (int64_t k = 0; k < ww; ++k) o[k] = (xr[k] == yr[k]) ? tr[k] : tr[k] * T(0);
+                }
+            }
+        });
+    });
+}
+
+// ---------------------------------------------------------------- tensors
 
 using at::Tensor;
 using torch::autograd::AutogradContext;
@@ -85,12 +356,11 @@ Tensor csr_sum(const Tensor& x_in, const Tensor& ptr_in, const Tensor& col_in, c
     const Tensor values = like(values_in, x), divide = like(divide_in, x);
     const int64_t n = ptr.size(0) - 1;
     Tensor y = at::empty(with_rows(x, n), x.options());
-    const int threads = at::get_num_threads();
-    AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "neurovec_cpu::csr_sum", [&] {
+        AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "neurovec_cpu::csr_sum", [&] {
         AT_DISPATCH_INDEX_TYPES(ptr.scalar_type(), "neurovec_cpu::csr_sum", [&] {
             segment_sum<scalar_t, index_t>(n, ptr.data_ptr<index_t>(), data_or_null<index_t>(col),
                                            data_or_null<scalar_t>(values), x.data_ptr<scalar_t>(), row_width(x),
-                                           y.data_ptr<scalar_t>(), data_or_null<scalar_t>(divide), threads);
+                                           y.data_ptr<scalar_t>(), data_or_null<scalar_t>(divide));
         });
     });
     return y;
@@ -129,13 +399,12 @@ Tensor broadcast(const Tensor& g_in, const Tensor& ptr_in, const OptionalTensor&
     const Tensor g = g_in.contiguous(), ptr = ptr_in.contiguous();
     const Tensor values = like(values_in, g), divide = like(divide_in, g);
     Tensor out = at::empty(with_rows(g, n_entries), g.options());
-    const int threads = at::get_num_threads();
-    AT_DISPATCH_FLOATING_TYPES(g.scalar_type(), "neurovec_cpu::segment_broadcast", [&] {
+        AT_DISPATCH_FLOATING_TYPES(g.scalar_type(), "neurovec_cpu::segment_broadcast", [&] {
         AT_DISPATCH_INDEX_TYPES(ptr.scalar_type(), "neurovec_cpu::segment_broadcast", [&] {
             segment_broadcast<scalar_t, index_t>(ptr.size(0) - 1, ptr.data_ptr<index_t>(),
                                                  data_or_null<scalar_t>(values), g.data_ptr<scalar_t>(),
                                                  row_width(g), out.data_ptr<scalar_t>(),
-                                                 data_or_null<scalar_t>(divide), threads);
+                                                 data_or_null<scalar_t>(divide));
         });
     });
     return out;
@@ -146,14 +415,13 @@ Tensor extremum(const Tensor& x_in, const Tensor& ptr_in, bool max) {
     const Tensor x = x_in.contiguous(), ptr = ptr_in.contiguous();
     const int64_t n = ptr.size(0) - 1;
     Tensor y = at::empty(with_rows(x, n), x.options());
-    const int threads = at::get_num_threads();
-    AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "neurovec_cpu::segment_extremum", [&] {
+        AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "neurovec_cpu::segment_extremum", [&] {
         AT_DISPATCH_INDEX_TYPES(ptr.scalar_type(), "neurovec_cpu::segment_extremum", [&] {
             const index_t* p = ptr.data_ptr<index_t>();
             if (max) segment_extremum<true, scalar_t, index_t>(n, p, nullptr, x.data_ptr<scalar_t>(), row_width(x),
-                                                                y.data_ptr<scalar_t>(), threads);
+                                                                y.data_ptr<scalar_t>());
             else segment_extremum<false, scalar_t, index_t>(n, p, nullptr, x.data_ptr<scalar_t>(), row_width(x),
-                                                            y.data_ptr<scalar_t>(), threads);
+                                                            y.data_ptr<scalar_t>());
         });
     });
     return y;
@@ -165,13 +433,12 @@ Tensor extremum_backward(const Tensor& grad_in, const Tensor& x_in, const Tensor
     const Tensor x = x_in.contiguous(), y = y_in.contiguous(), ptr = ptr_in.contiguous();
     const Tensor grad = as(grad_in, x.scalar_type());
     Tensor out = at::empty_like(x), ties = at::empty_like(y);  // ties: scratch for widths without registers
-    const int threads = at::get_num_threads();
-    AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "neurovec_cpu::segment_extremum_backward", [&] {
+        AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "neurovec_cpu::segment_extremum_backward", [&] {
         AT_DISPATCH_INDEX_TYPES(ptr.scalar_type(), "neurovec_cpu::segment_extremum_backward", [&] {
             segment_extremum_backward<scalar_t, index_t>(ptr.size(0) - 1, ptr.data_ptr<index_t>(),
                                                          x.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(),
                                                          grad.data_ptr<scalar_t>(), row_width(x),
-                                                         out.data_ptr<scalar_t>(), ties.data_ptr<scalar_t>(), threads);
+                                                         out.data_ptr<scalar_t>(), ties.data_ptr<scalar_t>());
         });
     });
     return out;
@@ -297,6 +564,14 @@ struct SegmentExtremum : public torch::autograd::Function<SegmentExtremum> {
 
 // ---------------------------------------------------------------- registration
 
+// csr_sum: a gather sum where col is given, else a segment sum (or mean, with divide), plus a bias row.
+Tensor csr_sum_op(const Tensor& x, const Tensor& ptr, const OptionalTensor& col, const OptionalTensor& values,
+                  const OptionalTensor& divide, const OptionalTensor& bias) {
+    Tensor y = csr_sum(x, ptr, col.has_value() ? *col : Tensor(), values, divide);
+    if (bias.has_value() && bias->defined()) add_row(y, *bias);
+    return y;
+}
+
 Tensor gather_sum_cpu(const Tensor& x, const Tensor& ptr, const Tensor& col, const OptionalTensor& values,
                       const Tensor& t_ptr, const Tensor& t_col, const OptionalTensor& t_values,
                       const OptionalTensor& bias) {
@@ -322,12 +597,6 @@ Tensor segment_sum_autograd(const Tensor& x, const Tensor& ptr, const OptionalTe
     return SegmentSum::apply(x, ptr, values, divide);
 }
 
-Tensor segment_broadcast_autograd(const Tensor& g, const Tensor& ptr, const OptionalTensor& values,
-                                  const OptionalTensor& divide, int64_t n_entries) {
-    if (!needs_graph(g)) return broadcast(g, ptr, values, divide, n_entries);
-    return SegmentBroadcast::apply(g, ptr, values, divide, n_entries);
-}
-
 Tensor segment_extremum_autograd(const Tensor& x, const Tensor& ptr, bool max) {
     if (!needs_graph(x)) return extremum(x, ptr, max);
     return SegmentExtremum::apply(x, ptr, max);
@@ -336,23 +605,30 @@ Tensor segment_extremum_autograd(const Tensor& x, const Tensor& ptr, bool max) {
 }  // namespace
 
 TORCH_LIBRARY(neurovec_cpu, m) {
+    // The kernels, no autograd (fake kernels: engines/native.py).
+    m.def("csr_sum(Tensor x, Tensor ptr, Tensor? col, Tensor? values, Tensor? divide, Tensor? bias) -> Tensor");
+    m.def("broadcast(Tensor g, Tensor ptr, Tensor? values, Tensor? divide, SymInt n_entries) -> Tensor");
+    m.def("extremum(Tensor x, Tensor ptr, bool max) -> Tensor");
+    m.def("extremum_backward(Tensor grad, Tensor x, Tensor y, Tensor ptr) -> Tensor");
+    // With their autograd in C++ (eager only).
     m.def("gather_sum(Tensor x, Tensor ptr, Tensor col, Tensor? values, Tensor t_ptr, Tensor t_col, "
           "Tensor? t_values, Tensor? bias=None) -> Tensor");
     m.def("segment_sum(Tensor x, Tensor ptr, Tensor? values, Tensor? divide) -> Tensor");
-    m.def("segment_broadcast(Tensor g, Tensor ptr, Tensor? values, Tensor? divide, int n_entries) -> Tensor");
     m.def("segment_extremum(Tensor x, Tensor ptr, bool max) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(neurovec_cpu, CPU, m) {
+    m.impl("csr_sum", csr_sum_op);
+    m.impl("broadcast", broadcast);
+    m.impl("extremum", extremum);
+    m.impl("extremum_backward", extremum_backward);
     m.impl("gather_sum", gather_sum_cpu);
     m.impl("segment_sum", segment_sum_cpu);
-    m.impl("segment_broadcast", broadcast);
     m.impl("segment_extremum", extremum);
 }
 
 TORCH_LIBRARY_IMPL(neurovec_cpu, Autograd, m) {
     m.impl("gather_sum", gather_sum_autograd);
     m.impl("segment_sum", segment_sum_autograd);
-    m.impl("segment_broadcast", segment_broadcast_autograd);
     m.impl("segment_extremum", segment_extremum_autograd);
 }

@@ -54,13 +54,8 @@ def gather_sum(x: torch.Tensor, csr: CSRIndices, bias: torch.Tensor | None = Non
     # small graphs these calls are mostly such overhead.
     b = csr._buffers
     values, t_values = b.get("values"), b.get("t_values")
-    if (values is None) == (t_values is None):
-        operators = ops.eager_operators(x)
-        if operators is not None and (bias is None or bias.dtype == x.dtype):  # NOTE: [Operators in C++] in ops.py
-            return operators.gather_sum(x, b["ptr"], b["index"], values, b["t_ptr"], b["t_col"], t_values, bias)
-        if not torch.compiler.is_compiling() and ops.native_ok(x):
-            y = ops.gather_sum(x, b["ptr"], b["index"], values, b["t_ptr"], b["t_col"], t_values)
-            return y if bias is None else y + bias
+    if (values is None) == (t_values is None) and ops.native_ok(x) and (bias is None or bias.dtype == x.dtype):
+        return ops.gather_sum(x, b["ptr"], b["index"], values, b["t_ptr"], b["t_col"], t_values, bias)
     y = kernels.gather_segment_sum(x, b["ptr"], b["index"], b["seg_id"], b["t_ptr"], b["t_col"], b["t_perm"],
                                    values=values, t_values=t_values)
     return y if bias is None else y + bias

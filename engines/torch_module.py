@@ -847,13 +847,16 @@ def _tensor(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
     return torch.tensor(array, dtype=dtype)
 
 
-def _backward_indices(program: Program, chosen: dict[str, str]) -> set[str]:
-    """The gather indices whose gather has a backward: those of gathers from computed values
-    (or from dynamic facts, which a caller may pass with ``requires_grad``). They are kept as
+def _backward_indices(program: Program, chosen: dict[str, str] | None = None) -> set[str]:
+    """The gather indices whose gather has a backward: those of gathers (and of sparse sums run
+    by another kernel than sparse_mm, which gathers their rows: NOTE: [kernels chosen by the
+    engine]) from computed values (or from dynamic facts, which a caller may pass with
+    ``requires_grad``). They are kept as
     int64: the backward of ``index_select`` is ``index_add_``, which torch 2.13 runs ~20x
     slower on CPU with an int32 index (2.3 vs 0.11 ms for 43k rows, 1 thread) - the step of
     PROTEINS' SAGE spent a quarter of its time there. Gathers from constant facts keep
     int32 (half the memory; their forward is as fast)."""
+    chosen = choose_kernels(program) if chosen is None else chosen
     nodes = program.by_name()
     dynamic = set(program.dynamic_facts)
     return {node.attrs["index"] for node in program.nodes

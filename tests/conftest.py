@@ -1,7 +1,10 @@
 """Shared test fixtures: where the datasets live, and hypothesis profiles."""
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +20,46 @@ settings.register_profile("default", deadline=None, suppress_health_check=[Healt
 settings.register_profile("ci", deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True,
                           derandomize=True)
 settings.load_profile("ci" if os.environ.get("CI") else "default")
+
+
+# The JVM that NeuraLogic starts in this process (JPype) handles SIGSEGV, SIGBUS, SIGFPE and SIGILL
+# itself: its compiled code takes a SIGSEGV on purpose (null checks, safepoints). Python does not
+# see handlers installed outside it, so signal.getsignal still answers SIG_DFL, and a library that
+# "restores" every signal it read (Lightning's Trainer does, at the end of fit) puts SIG_DFL back
+# over the JVM's handler: the JVM's next deliberate SIGSEGV then kills the process with exit code
+# 139, in whichever later test calls Java. So where a test leaves one of these signals at SIG_DFL
+# that had a handler before, the handler goes back (read and written with sigaction itself). A
+# handler a test installs (the JVM's, when a test starts it) stays.
+_JVM_SIGNALS = (signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL)
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+_SIGACTION_BYTES = 256  # more than glibc's struct sigaction (152 bytes on x86-64 and aarch64)
+
+
+def _sigactions() -> dict[int, bytes]:
+    actions = {}
+    for signum in _JVM_SIGNALS:
+        action = ctypes.create_string_buffer(_SIGACTION_BYTES)
+        if _LIBC.sigaction(int(signum), None, action) == 0:
+            actions[int(signum)] = action.raw
+    return actions
+
+
+@pytest.fixture(autouse=True)
+def _native_signal_handlers_survive():
+    if _LIBC is None:
+        yield
+        return
+    before = _sigactions()
+    yield
+    after = _sigactions()
+    for signum, action in before.items():
+        if _handler(after.get(signum, action)) == 0 and _handler(action) != 0:  # reset to SIG_DFL
+            _LIBC.sigaction(signum, ctypes.create_string_buffer(action, _SIGACTION_BYTES), None)
+
+
+def _handler(action: bytes) -> int:
+    """sa_handler, the first field of struct sigaction: 0 is SIG_DFL."""
+    return int.from_bytes(action[:ctypes.sizeof(ctypes.c_void_p)], sys.byteorder)
 
 
 @pytest.fixture(scope="session")

@@ -519,3 +519,26 @@ def test_isolated_engines_run_alone_and_out_of_memory_is_reported(planetoid_dir,
     record = _records(results)["pyg"]
     assert record["status"] == "out of memory" and "SIGKILL" in record["reason"]
     assert "out of memory: killed by the kernel" in report.markdown(results)
+
+
+def test_tuned_pyg_inputs_compute_the_twin_on_a_multigraph_with_self_loops():
+    """A sparse adj_t for pyg-tuned keeps repeated edges apart (SAGE's mean counts each) and has no listed
+    self loops for GCN (GCNConv adds its own on top of them on a sparse adj_t): the same function as the
+    twin on edge_index. The subset oracle's neighbourhood on such a graph is exact too."""
+    from neurovec.benchmarks.node_tasks import NodeTask
+    from neurovec.datasets import gnn, pyg_twins
+    from neurovec.datasets.synthetic import rmat_dataset
+    data = rmat_dataset(nodes=800, edges=8000, features=4, classes=3, seed=1)
+    assert (data.edge_index[0] == data.edge_index[1]).any()
+    for model in ("gcn", "sage", "gin"):
+        spec = gnn.GNNSpec.create(model, data, 8, 2)
+        task = NodeTask("rmat", model, tasks.ModelOptions(8, 2), data, spec, oracle_max_nodes=100)
+        twin = pyg_twins.make_twin(spec).double()
+        pyg_twins.copy_weights(task.template_weights(), twin)
+        (x, adj_t), _ = task.pyg_inputs("pyg-tuned", "cpu", torch.float64)
+        (x2, edge_index), _ = task.pyg_inputs("pyg", "cpu", torch.float64)
+        torch.testing.assert_close(twin(x, adj_t), twin(x2, edge_index), atol=1e-9, rtol=1e-9)
+        task.graph = gnn.build_gnn(data, spec, None, 0)
+        engine = NeurovecEngine("default")
+        engine.build(task, torch.device("cpu"), torch.float64)
+        assert suite.check_engine(engine, task, "float64")["max_abs_error"] < 1e-9, model

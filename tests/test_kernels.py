@@ -7,14 +7,17 @@ to ~1e-12, including ties, zeros (prod) and trailing feature shapes.
 """
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import neurovec
 from neurovec.engines import kernels as K
-from neurovec.engines import native
+from neurovec.engines import native, runtime
 
 F64 = torch.float64
 _STACK_REDUCE = {
@@ -439,3 +442,185 @@ def test_half_precision_avoids_spmm_on_cpu(dtype):
     assert K._auto_impl(x, "sum", True) == "segment_reduce"
     torch.testing.assert_close(seg.reduce(x, "mean"), seg.reduce(x.double(), "mean").to(dtype), atol=1e-2, rtol=1e-2)
     assert K.choose_kernel(10, 4, None, 8, "cpu", False, after_gather=True, dtype=dtype) == "segment"
+
+
+# --------------------------------------------------------------------------- second derivatives
+#
+# Every reduction's backward is differentiable again (or refuses with a clear error). gradgradcheck
+# feeds the first backward incoming gradients that need a gradient themselves, where a
+# once_differentiable backward raises; the Hessian-vector products below feed it a constant, where
+# such a backward silently drops every term through it (NOTE: [second derivatives of prod]).
+
+MODES = {"cpp": contextlib.nullcontext, "torch": native.disabled}
+_COUNTS = [2, 1, 3, 4]
+
+
+def _mode(mode: str):
+    if mode == "cpp" and not native.available():
+        pytest.skip(f"C++ kernels not built: {native.build_info}")
+    return MODES[mode]()
+
+
+def _with_zeros(rows: int = 10) -> torch.Tensor:
+    """Values in [0.5, 1.5) with one zero in the first segment (of _COUNTS) and two in the last."""
+    x = torch.rand(rows, 3, generator=torch.Generator().manual_seed(8), dtype=F64) + 0.5
+    x[1, 0] = x[7, 2] = x[8, 2] = 0.0
+    return x
+
+
+def _distinct(rows: int = 10) -> torch.Tensor:
+    """Distinct non-zero values: max / min and prod are smooth there (gradgradcheck's finite differences)."""
+    return (torch.randperm(rows * 3, generator=torch.Generator().manual_seed(9)).to(F64).view(rows, 3) + 1) / 9
+
+
+def hessian_vector(fn, x0: torch.Tensor, composite: bool) -> torch.Tensor | None:
+    """The Hessian-vector product of ``(fn(x) * c).sum()`` (or of ``(fn(tanh x) ** 2 * c).sum()``)
+    with a constant ``c``; None where the gradient does not depend on ``x``."""
+    x = x0.clone().requires_grad_()
+    y = fn(x.tanh()) ** 2 if composite else fn(x)
+    c = torch.randn(y.shape, generator=torch.Generator().manual_seed(1), dtype=F64)
+    (g,) = torch.autograd.grad((y * c).sum(), x, create_graph=True)
+    if not g.requires_grad:
+        return None
+    v = torch.randn(x.shape, generator=torch.Generator().manual_seed(2), dtype=F64)
+    (h,) = torch.autograd.grad((g * v).sum(), x, allow_unused=True)
+    return torch.zeros_like(x) if h is None else h
+
+
+def assert_second_derivatives(fn, reference_fn, x0: torch.Tensor) -> None:
+    for composite in (False, True):
+        expected, actual = hessian_vector(reference_fn, x0, composite), hessian_vector(fn, x0, composite)
+        if expected is None or actual is None:
+            assert actual is None or not actual.any(), f"composite={composite}: the reference's gradient is constant"
+            assert expected is None or not expected.any(), f"composite={composite}: a term is missing"
+            continue
+        torch.testing.assert_close(actual, expected, atol=1e-10, rtol=1e-10, msg=lambda m: f"composite={composite}: {m}")
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("reduce,impl", CASES)
+def test_second_derivatives_of_segment_kernels(mode, reduce, impl):
+    if mode == "torch" and impl == "cpp":
+        pytest.skip("impl='cpp' with the C++ kernels off is an error")
+    seg = K.Segments.from_counts(_COUNTS, dtype=F64)
+    with _mode(mode):
+        fn = lambda t: seg.reduce(t, reduce, impl=impl)  # noqa: E731
+        assert_second_derivatives(fn, lambda t: reference(t, _COUNTS, reduce), _with_zeros())
+        assert torch.autograd.gradgradcheck(lambda t: fn(t.tanh()), (_distinct().requires_grad_(),))
+
+
+@pytest.mark.parametrize("reduce", K.REDUCTIONS)
+@pytest.mark.parametrize("kernel", ["dense", "strided", "scatter"])
+def test_second_derivatives_of_torch_kernels(kernel, reduce):
+    """dense, strided and scatter are torch's own reductions and backwards: differentiable again,
+    except that torch refuses a second derivative of a scatter prod over two zeros, with its own error."""
+    seg = K.Segments.from_counts(_COUNTS, dtype=F64)
+    counts, x0, fn = {
+        "dense": ([3, 3, 3], _with_zeros(9), lambda t: K.dense_reduce(t, 3, reduce)),
+        # strided: segment j is rows j, j + 3, j + 6; the reference reads them in that order.
+        "strided": ([3, 3, 3], _with_zeros(9), lambda t: runtime.strided_reduce(t, 3, reduce)),
+        "scatter": (_COUNTS, _with_zeros(), lambda t: K.scatter_reduce_native(t, seg.seg_id, 4, reduce, seg.counts)),
+    }[kernel]
+    order = torch.arange(9).view(3, 3).T.reshape(-1) if kernel == "strided" else torch.arange(x0.shape[0])
+    reference_fn = lambda t: reference(t[order], counts, reduce)  # noqa: E731
+    if kernel == "scatter" and reduce == "prod":
+        with pytest.raises(RuntimeError, match="Double backward is unsupported for src when >1 zeros"):
+            hessian_vector(fn, x0, composite=False)
+        x0[8, 2] = 0.5  # one zero per segment: differentiable again
+    assert_second_derivatives(fn, reference_fn, x0)
+    assert torch.autograd.gradgradcheck(lambda t: fn(t.tanh()), (_distinct(x0.shape[0]).requires_grad_(),))
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("with_values", [False, True])
+def test_second_derivatives_of_the_fused_gather(mode, with_values):
+    """sparse_mm: the C++ operator (with and without its bias), MKL / torch."""
+    index = [0, 2, 2, 1, 0, 3, 3, 1, 0, 2]
+    values = np.linspace(0.5, 2.0, 10) if with_values else None
+    csr = runtime.CSRIndices(K.GatherSum.from_index(index, _COUNTS, 4, values, dtype=F64))
+    scale = torch.ones(10, 1, dtype=F64) if values is None else torch.tensor(values).view(-1, 1)
+    bias = torch.rand(3, generator=torch.Generator().manual_seed(3), dtype=F64)
+    x0 = torch.rand(4, 3, generator=torch.Generator().manual_seed(4), dtype=F64)
+    with _mode(mode):
+        for b in (None, bias):
+            def fn(t, b=b):
+                return runtime.gather_sum(t, csr, b)
+
+            def reference_fn(t, b=b):
+                y = reference(t[torch.tensor(index)] * scale, _COUNTS, "sum")
+                return y if b is None else y + b
+
+            assert_second_derivatives(fn, reference_fn, x0)
+            assert torch.autograd.gradgradcheck(lambda t: fn(t.tanh()), (x0.clone().requires_grad_(),))
+
+
+def test_second_derivatives_of_a_learnable_edge_coefficient():
+    gs = K.GatherSum.from_index([0, 2, 2, 1, 0, 3, 3, 1, 0, 2], _COUNTS, 4, dtype=F64)
+    x = torch.rand(4, 3, generator=torch.Generator().manual_seed(5), dtype=F64)
+    coef = torch.rand(10, generator=torch.Generator().manual_seed(6), dtype=F64)
+    assert_second_derivatives(lambda c: gs(x, c), lambda c: reference(x[gs.index.long()] * c.view(-1, 1), _COUNTS, "sum"),
+                              coef)
+    assert torch.autograd.gradgradcheck(lambda t, c: gs(t.tanh(), c), (x.requires_grad_(), coef.requires_grad_()))
+
+
+def _layer_graph(aggregation: str) -> neurovec.Graph:
+    """Two layers of ``aggregation`` neurons over weighted inputs (3 each in the first, 1-4 in the
+    second). Zero weights make products vanish where their second derivatives do not: in feature 0
+    every first-layer product has two zero factors (``w0``, ``w1``), in feature 1 one (``w2``)."""
+    rng = np.random.default_rng(0)
+    b = neurovec.GraphBuilder()
+    x = b.facts("x", rng.uniform(0.5, 1.5, (6, 2)))
+    w = [b.weight(f"w{i}", value) for i, value in enumerate(
+        ([0.0, rng.uniform(0.5, 1.5)], [0.0, rng.uniform(0.5, 1.5)], [rng.uniform(0.5, 1.5), 0.0]))]
+    h = b.layer("h", aggregation=aggregation, transformation="tanh")
+    hs = [h.neuron([(x[(i + k) % 6], w[k]) for k in range(3)]) for i in range(6)]
+    o = b.layer("o", aggregation=aggregation)
+    v = b.weight("v", rng.uniform(0.5, 1.5, 2))
+    b.output(*(o.neuron([(hs[i], v) for i in idx]) for idx in ([0], [1, 2], [3, 4, 5, 0], [2, 5])))
+    return b.build()
+
+
+def _weight_hessian_vector(module, seed: int = 0) -> dict[str, torch.Tensor]:
+    out = module()
+    c = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed), dtype=F64)
+    names = sorted(n for n, p in module.weights.items() if isinstance(p, torch.nn.Parameter))
+    params = [module.weights[n] for n in names]
+    grads = torch.autograd.grad((out * c).sum(), params, create_graph=True)
+    vs = [torch.randn(p.shape, generator=torch.Generator().manual_seed(seed + 1 + i), dtype=F64)
+          for i, p in enumerate(params)]
+    dot = sum((g * v).sum() for g, v in zip(grads, vs) if g.requires_grad)
+    hvp = torch.autograd.grad(dot, params, allow_unused=True) if torch.is_tensor(dot) else [None] * len(params)
+    return {n: torch.zeros_like(p) if h is None else h for n, p, h in zip(names, params, hvp)}
+
+
+@pytest.mark.parametrize("kernel", ["auto", "scatter", "segment", "dense", "sparse_mm"])
+@pytest.mark.parametrize("aggregation", K.REDUCTIONS)
+def test_compiled_second_derivatives_equal_the_reference(aggregation, kernel):
+    """A compiled module's Hessian-vector product in its weights equals the reference engine's, for
+    every aggregation and forced kernel (the C++ kernels on, where built)."""
+    graph = _layer_graph(aggregation)
+    module = neurovec.compile(graph, neurovec.Settings(reduce_kernel=kernel), dtype=F64)
+    expected = _weight_hessian_vector(neurovec.ReferenceModule(graph, F64))
+    assert any(h.any() for h in expected.values())
+    if kernel == "scatter" and aggregation == "prod":  # two zeros in one neuron (see above)
+        with pytest.raises(RuntimeError, match="Double backward is unsupported"):
+            _weight_hessian_vector(module)
+        return
+    actual = _weight_hessian_vector(module)
+    for name in expected:
+        torch.testing.assert_close(actual[name], expected[name], atol=1e-9, rtol=1e-9,
+                                   msg=lambda m: f"{name}: {m}\n{module.code}")
+
+
+def test_second_derivatives_under_torch_compile_are_refused():
+    """Under torch.compile (AOTAutograd) torch itself does not differentiate a compiled backward: the
+    second derivative fails loudly, for neurovec's kernels as for torch's own ops, never silently."""
+    seg = K.Segments.from_counts(_COUNTS, dtype=F64)
+    compiled = torch.compile(lambda t: seg.reduce(t.tanh(), "prod") ** 2, backend="aot_eager", fullgraph=True)
+    x = _distinct().requires_grad_()
+    try:
+        (g,) = torch.autograd.grad(compiled(x).sum(), x, create_graph=True)
+        with pytest.raises(RuntimeError):
+            torch.autograd.grad(g.sum(), x)
+    finally:
+        torch._dynamo.reset()

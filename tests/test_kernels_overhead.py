@@ -14,11 +14,3 @@ def test_phases_of_a_step(tu_dir, capsys):
     kernels_overhead.main(["--data-dir", str(tu_dir), "--tasks", "gcn/labels", "--reps", "2"])
     out = capsys.readouterr().out
     assert "| MUTAG/gcn/labels |" in out and "no-grad forward" in out
-
-
-def test_compare_operators(tu_dir):
-    """``--compare-operators``: every task with the C++ operators and with the Python Functions."""
-    rows = kernels_overhead.measure("MUTAG", ["gcn/labels"], reps=2, warmup=1, data_dir=str(tu_dir),
-                                    compare_operators=True)
-    assert set(rows) == {"gcn/labels [operators]", "gcn/labels [python]"}
-    assert all(row["step"] > 0 and row["reductions"] >= 1 for row in rows.values())

@@ -27,7 +27,6 @@ from hypothesis import strategies as st
 import neurovec
 from neurovec.engines import native, ops
 
-from .equivalence import outputs_and_grads
 
 F64 = torch.float64
 THREADS = (1, 2, 4)
@@ -58,7 +57,23 @@ def num_threads(n: int):
         torch.set_num_threads(before)
 
 
-BINDINGS = {"operators": contextlib.nullcontext, "ctypes": native.without_operators}
+#: How programs call the kernels: eagerly the operators with their autograd in C++, under torch.compile
+#: the operators without autograd inside the autograd Functions dynamo traces (engines/ops.py).
+BINDINGS = ("eager", "traced")
+
+
+def gather_fn(binding: str, a):
+    if binding == "traced":
+        return lambda t: ops._TracedGatherSum.apply(t, *a, None)
+    return lambda t: ops.gather_sum(t, *a)
+
+
+def segment_fn(binding: str, ptr, reduce: str, counts, values):
+    if binding == "eager":
+        return lambda t: ops.segment_reduce(t, ptr, reduce, counts, values)
+    if reduce in ("sum", "mean"):
+        return lambda t: ops._TracedSegmentSum.apply(t, ptr, values, counts if reduce == "mean" else None)
+    return lambda t: ops._TracedSegmentExtremum.apply(t, ptr, reduce == "max")
 
 
 # --------------------------------------------------------------------------- layouts
@@ -178,11 +193,9 @@ def test_gather_sum_writes_every_row(binding, layout, with_values, seed):
     a = csr(counts, index, n_sources, values)
     x = torch.from_numpy(rng.normal(size=(n_sources, width)))
     g = torch.from_numpy(rng.normal(size=(counts.size, width)))
-    with BINDINGS[binding]():
-        fn = lambda t: ops.gather_sum(t, *a)  # noqa: E731
-        rows = lambda t: t[torch.from_numpy(index)]  # noqa: E731
-        y_ref, gx_ref = run(lambda t: reference_segments(rows(t), counts, "sum", a[2]), x, g)
-        assert_all_threads(fn, x, g, y_ref, gx_ref)
+    rows = lambda t: t[torch.from_numpy(index)]  # noqa: E731
+    y_ref, gx_ref = run(lambda t: reference_segments(rows(t), counts, "sum", a[2]), x, g)
+    assert_all_threads(gather_fn(binding, a), x, g, y_ref, gx_ref)
 
 
 @pytest.mark.parametrize("binding", BINDINGS)
@@ -198,9 +211,8 @@ def test_segment_reductions_write_every_row(binding, layout, reduce, with_values
     cnt = torch.from_numpy(counts).to(F64)
     x = distinct((entries, width), seed)
     g = torch.from_numpy(rng.normal(size=(counts.size, width)))
-    with BINDINGS[binding]():
-        y_ref, gx_ref = run(lambda t: reference_segments(t, counts, reduce, values), x, g)
-        assert_all_threads(lambda t: ops.segment_reduce(t, ptr, reduce, cnt, values), x, g, y_ref, gx_ref)
+    y_ref, gx_ref = run(lambda t: reference_segments(t, counts, reduce, values), x, g)
+    assert_all_threads(segment_fn(binding, ptr, reduce, cnt, values), x, g, y_ref, gx_ref)
 
 
 @pytest.mark.parametrize("binding", BINDINGS)
@@ -216,17 +228,18 @@ def test_gradcheck_with_empty_segments(binding, threads, kernel):
         n_sources = 1500
         readable = np.r_[5:600, 700:1400]
         a = csr(counts, rng.choice(readable, counts.sum()), n_sources, _values(rng, counts.sum()))
-        fn = lambda t: ops.gather_sum(t, *a)  # noqa: E731
+        fn = gather_fn(binding, a)
         x = torch.from_numpy(rng.normal(size=(n_sources, width)))
     else:
         ptr = torch.from_numpy(np.concatenate([[0], np.cumsum(counts)]))
         cnt = torch.from_numpy(np.maximum(counts, 1)).to(F64)
         # The extrema of empty segments are -inf / inf, which finite differences cannot take.
         nonempty = torch.from_numpy(counts > 0)
-        fn = lambda t: ops.segment_reduce(t, ptr, kernel, cnt)[nonempty]  # noqa: E731
+        reduce = segment_fn(binding, ptr, kernel, cnt, None)
+        fn = lambda t: reduce(t)[nonempty]  # noqa: E731
         x = distinct((int(counts.sum()), width), 3)
     assert int(counts.sum()) * width >= PARALLEL_WORK
-    with BINDINGS[binding](), num_threads(threads):
+    with num_threads(threads):
         assert torch.autograd.gradcheck(fn, (x.requires_grad_(),), fast_mode=True)
 
 
@@ -256,12 +269,26 @@ def unread_graph():
 
 @pytest.mark.parametrize("binding", BINDINGS)
 def test_compiled_module_with_unread_rows_equals_reference(unread_graph, binding):
+    """Eagerly, and under torch.compile (aot_eager: dynamo and AOTAutograd, no code generation)."""
     graph, (out_ref, grads_ref) = unread_graph
     module = neurovec.compile(graph, "default", dtype=F64)
     assert "gather_sum(" in module.code, module.code
-    for n in THREADS:
-        with BINDINGS[binding](), num_threads(n):
-            out, grads = outputs_and_grads(module)
-        torch.testing.assert_close(out, out_ref, atol=1e-9, rtol=1e-9)
-        torch.testing.assert_close(grads["W"], grads_ref["W"], atol=1e-9, rtol=1e-9,
-                                   msg=lambda m: f"{n} threads, {binding}: {m}")
+    run_module = torch.compile(module, backend="aot_eager", fullgraph=True) if binding == "traced" else module
+    try:
+        for n in THREADS:
+            with num_threads(n):
+                out, grads = outputs_and_grads(module, run_module)
+            torch.testing.assert_close(out, out_ref, atol=1e-9, rtol=1e-9)
+            torch.testing.assert_close(grads["W"], grads_ref["W"], atol=1e-9, rtol=1e-9,
+                                       msg=lambda m: f"{n} threads, {binding}: {m}")
+    finally:
+        torch._dynamo.reset()
+
+
+def outputs_and_grads(module, run_module=None):
+    """``equivalence.outputs_and_grads``, with the outputs from ``run_module`` (e.g. compiled)."""
+    out = (module if run_module is None else run_module)()
+    projection = torch.randn(out.shape, generator=torch.Generator().manual_seed(0), dtype=out.dtype)
+    names = [n for n, p in module.weights.items() if isinstance(p, torch.nn.Parameter)]
+    grads = torch.autograd.grad((out * projection).sum(), [module.weights[n] for n in names])
+    return out.detach(), dict(zip(names, grads))

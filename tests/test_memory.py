@@ -1,7 +1,9 @@
 """neurovec/memory.py: while compiling or grounding, freed large blocks stay in malloc's heap (glibc)."""
 import ctypes
+import subprocess
+import sys
+import textwrap
 
-import numpy as np
 import pytest
 
 from neurovec import memory
@@ -15,45 +17,62 @@ class _MallInfo2(ctypes.Structure):  # glibc >= 2.33
                                                      "fsmblks", "uordblks", "fordblks", "keepcost")]
 
 
-def _mapped_bytes() -> int:
-    """Bytes malloc holds in blocks of their own mapping (``mallinfo2().hblkhd``)."""
-    memory._LIBC.mallinfo2.restype = _MallInfo2
+# Where a large block comes from depends on the heap's past: a process that freed a 70 MB block
+# into its heap (any earlier test's compile) serves the next 64 MB from there, mapping or not. So
+# these checks run in a fresh interpreter, whose heap holds no large free block.
+_MAPPED_BYTES = """
+import numpy as np
+from neurovec import memory
+from neurovec.memory import reusing_freed_memory
+
+def mapped_bytes():  # bytes malloc holds in blocks of their own mapping (mallinfo2().hblkhd)
     return memory._LIBC.mallinfo2().hblkhd
+"""
 
 
-@glibc_only
+def _in_a_fresh_process(body: str) -> None:
+    result = subprocess.run([sys.executable, "-c", _MAPPED_BYTES + textwrap.dedent(body)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+
+
+needs_mallinfo2 = pytest.mark.skipif(memory._LIBC is None or not hasattr(memory._LIBC, "mallinfo2"),
+                                     reason="needs glibc >= 2.33 (mallinfo2)")
+
+
+@needs_mallinfo2
 def test_large_blocks_come_from_the_heap_inside():
     # 64 MB is above every mmap threshold of glibc: outside, a mapping of its own (fresh pages
     # each time); inside, a block of the heap, where a freed one is reused.
-    if not hasattr(memory._LIBC, "mallinfo2"):
-        pytest.skip("glibc before 2.33 has no mallinfo2")
-    before = _mapped_bytes()
-    outside = np.ones(2**23)
-    assert _mapped_bytes() >= before + outside.nbytes
-    del outside
-    with reusing_freed_memory():
-        before = _mapped_bytes()
-        inside = np.ones(2**23)
-        assert _mapped_bytes() < before + inside.nbytes
-        del inside
-    assert memory._depth == 0
+    _in_a_fresh_process("""
+        before = mapped_bytes()
+        outside = np.ones(2**23)
+        assert mapped_bytes() >= before + outside.nbytes
+        del outside
+        with reusing_freed_memory():
+            before = mapped_bytes()
+            inside = np.ones(2**23)
+            assert mapped_bytes() < before + inside.nbytes
+            del inside
+        assert memory._depth == 0
+    """)
 
 
-@glibc_only
+@needs_mallinfo2
 def test_after_a_compile_blocks_of_a_few_megabytes_still_come_from_the_heap():
     # Setting mallopt options ends glibc's dynamic mmap threshold: with the defaults put back,
     # every tensor of a few MB a training step allocates would be a fresh mapping, every step.
-    if not hasattr(memory._LIBC, "mallinfo2"):
-        pytest.skip("glibc before 2.33 has no mallinfo2")
-    with reusing_freed_memory():
-        np.ones(2**20)
-    before = _mapped_bytes()
-    block = np.ones(2**19)  # 4 MB: above glibc's default threshold, below 32 MB
-    assert _mapped_bytes() < before + block.nbytes
-    del block
-    before = _mapped_bytes()
-    big = np.ones(2**23)  # 64 MB: still a mapping of its own
-    assert _mapped_bytes() >= before + big.nbytes
+    _in_a_fresh_process("""
+        with reusing_freed_memory():
+            np.ones(2**20)
+        before = mapped_bytes()
+        block = np.ones(2**19)  # 4 MB: above glibc's default threshold, below 32 MB
+        assert mapped_bytes() < before + block.nbytes
+        del block
+        before = mapped_bytes()
+        big = np.ones(2**23)  # 64 MB: still a mapping of its own
+        assert mapped_bytes() >= before + big.nbytes
+    """)
 
 
 def test_nested_and_failing_blocks_end_the_reuse_once(monkeypatch):

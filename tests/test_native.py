@@ -1,10 +1,10 @@
-"""neurovec's C++ kernels (``engines/native.py``) and the ops around them (``engines/ops.py``).
+"""neurovec's C++ kernels (``engines/native.py``) and the entry points around them (``engines/ops.py``).
 
 Every op is checked against a per-segment reference (the reference engine's
 ``stack + sum/mean/amax/amin``), outputs and gradients in float64, with the C++
-kernels on and off (the torch fallback), through the eager autograd Functions and
-through the registered ``torch.ops.neurovec`` ops; and the build: cache, lock,
-switch, and a compiler that fails.
+kernels on and off (the torch fallback), eagerly (the operators with their autograd
+in C++) and as under torch.compile (the operators without autograd, inside the traced
+autograd Functions); and the build: cache, lock, switch, and a compiler that fails.
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from .strategies import gnn_graphs, graphs
 from .test_equivalence import all_finite
 
 F64 = torch.float64
-ROOT = Path(__file__).resolve().parents[2]  # the folder holding the neurovec package
+ROOT = Path(neurovec.__file__).absolute().parent.parent  # the folder holding the neurovec package, as imported here
 
 needs_native = pytest.mark.skipif(not native.available(), reason=f"C++ kernels not built: {native.build_info}")
 
@@ -65,15 +65,29 @@ def ptr_of(counts, dtype=torch.int64) -> torch.Tensor:
     return torch.tensor(np.concatenate([[0], np.cumsum(counts)]), dtype=dtype)
 
 
+def segment_fn(backend: str, traced: bool, ptr, reduce: str, counts, values):
+    """The reduction as programs run it: the C++ operators eagerly, the autograd Functions over the
+    operators without autograd that torch.compile traces, or (backend torch) the torch kernels."""
+    if backend == "torch":
+        seg_id = torch.repeat_interleave(torch.arange(ptr.numel() - 1), ptr.diff().long())
+        return lambda t: K.segment_reduce(t if values is None else t * values.view((-1,) + (1,) * (t.dim() - 1)),
+                                          ptr.long(), seg_id, counts, reduce)
+    if not traced:
+        return lambda t: ops.segment_reduce(t, ptr, reduce, counts, values)
+    if reduce in ("sum", "mean"):
+        return lambda t: ops._TracedSegmentSum.apply(t, ptr, values, counts if reduce == "mean" else None)
+    return lambda t: ops._TracedSegmentExtremum.apply(t, ptr, reduce == "max")
+
+
 # --------------------------------------------------------------------------- segment reductions
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(counts=st.lists(st.integers(1, 5), min_size=1, max_size=10),
        width=st.sampled_from([(), (1,), (3,), (16,), (5,), (2, 3)]),
        reduce=st.sampled_from(ops.REDUCTIONS), with_values=st.booleans(), ties=st.booleans(),
-       index_dtype=st.sampled_from([torch.int32, torch.int64]), registered=st.booleans(),
+       index_dtype=st.sampled_from([torch.int32, torch.int64]), traced=st.booleans(),
        seed=st.integers(0, 2**16))
-def test_segment_ops_match_reference(backend, counts, width, reduce, with_values, ties, index_dtype, registered, seed):
+def test_segment_ops_match_reference(backend, counts, width, reduce, with_values, ties, index_dtype, traced, seed):
     """Outputs and gradients of sum (with per-row values) / mean / max / min, ties split evenly."""
     gen = torch.Generator().manual_seed(seed)
     shape = (sum(counts),) + width
@@ -81,15 +95,7 @@ def test_segment_ops_match_reference(backend, counts, width, reduce, with_values
     x = torch.randint(-2, 3, shape, generator=gen).to(F64) if ties else torch.randn(shape, dtype=F64, generator=gen)
     values = torch.randn(shape[0], dtype=F64, generator=gen) if with_values and reduce == "sum" else None
     ptr, cnt = ptr_of(counts, index_dtype), torch.tensor(counts, dtype=F64)
-
-    def native_path(t):
-        if registered:  # the custom op and its registered autograd, as under torch.compile
-            if reduce in ("sum", "mean"):
-                return torch.ops.neurovec.segment_sum(t, ptr, values, cnt if reduce == "mean" else None)
-            return getattr(torch.ops.neurovec, f"segment_{reduce}")(t, ptr)
-        return ops.segment_reduce(t, ptr, reduce, cnt, values)
-
-    y, gx = grads(native_path, x, seed)
+    y, gx = grads(segment_fn(backend, traced, ptr, reduce, cnt, values), x, seed)
     y_ref, gx_ref = grads(lambda t: reference_reduce(t, counts, reduce, values), x, seed)
     exact = ties and reduce in ("max", "min")  # integer extrema and their gradients are exact
     tol = 0 if exact else 1e-12
@@ -100,17 +106,17 @@ def test_segment_ops_match_reference(backend, counts, width, reduce, with_values
 @needs_native
 @pytest.mark.parametrize("reduce", ["max", "min"])
 def test_extremum_bitwise_equal_to_torch_fallback(reduce):
-    """Forward and backward floats identical to the torch formula, ties, -0.0, NaN and inf included."""
+    """Forward and backward floats identical to the torch kernels', ties, -0.0, NaN and inf included."""
     x = torch.tensor([[1.0, -0.0, float("nan"), 3.0], [1.0, 0.0, 2.0, float("inf")], [0.5, -0.0, 1.0, 3.0],
                       [2.0, 5.0, -1.0, float("-inf")], [2.0, 5.0, -1.0, float("-inf")]], dtype=F64)
     ptr = torch.tensor([0, 3, 5])
     g = torch.tensor([[1.0, -2.0, 3.0, -0.5], [-1.0, 4.0, 0.0, 2.0]], dtype=F64)
-    y = ops._extremum_impl(x, ptr, reduce)
-    gx = ops._extremum_backward_impl(g, x, y, ptr)
-    with native.disabled():
-        y_t = ops._extremum_impl(x, ptr, reduce)
-        gx_t = ops._extremum_backward_impl(g, x, y_t, ptr)
-    np.testing.assert_array_equal(y.numpy(), y_t.numpy())
+    x_cpp, x_torch = x.clone().requires_grad_(), x.clone().requires_grad_()
+    y = ops.segment_reduce(x_cpp, ptr, reduce)
+    (gx,) = torch.autograd.grad(y, x_cpp, g)
+    y_t = K.segment_reduce(x_torch, ptr, torch.tensor([0, 0, 0, 1, 1]), None, reduce, impl="segment_reduce")
+    (gx_t,) = torch.autograd.grad(y_t, x_torch, g)
+    np.testing.assert_array_equal(y.detach().numpy(), y_t.detach().numpy())
     np.testing.assert_array_equal(gx.numpy(), gx_t.numpy())  # NaN where NaN, and signed zeros...
     assert (torch.signbit(gx) == torch.signbit(gx_t)).all()
 
@@ -120,18 +126,17 @@ def test_double_backward(backend, reduce):
     ptr, cnt = ptr_of([2, 1, 3]), torch.tensor([2.0, 1.0, 3.0], dtype=F64)
     x = (torch.arange(12, dtype=F64).view(6, 2) * 0.37 % 1.3).requires_grad_()
     values = torch.linspace(0.5, 2.0, 6, dtype=F64)
-    assert torch.autograd.gradgradcheck(lambda t: ops.segment_reduce(t, ptr, reduce, cnt), (x,))
-    assert torch.autograd.gradgradcheck(lambda t: ops.segment_reduce(t, ptr, "sum", None, values), (x,))
-    assert torch.autograd.gradgradcheck(lambda t: torch.ops.neurovec.segment_sum(t, ptr, values, None), (x,))
+    assert torch.autograd.gradgradcheck(segment_fn(backend, False, ptr, reduce, cnt, None), (x,))
+    assert torch.autograd.gradgradcheck(segment_fn(backend, False, ptr, "sum", None, values), (x,))
 
 
 # --------------------------------------------------------------------------- gather + sum
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(counts=st.lists(st.integers(1, 5), min_size=1, max_size=10), n_sources=st.integers(1, 6),
-       width=st.sampled_from([(), (3,), (16,), (2, 3)]), with_values=st.booleans(), registered=st.booleans(),
+       width=st.sampled_from([(), (3,), (16,), (2, 3)]), with_values=st.booleans(), traced=st.booleans(),
        seed=st.integers(0, 2**16), data=st.data())
-def test_gather_sum_matches_reference(backend, counts, n_sources, width, with_values, registered, seed, data):
+def test_gather_sum_matches_reference(backend, counts, n_sources, width, with_values, traced, seed, data):
     """Repeated sources (also within a segment), unread sources, single-edge segments."""
     e = sum(counts)
     index = data.draw(st.lists(st.integers(0, n_sources - 1), min_size=e, max_size=e))
@@ -141,8 +146,8 @@ def test_gather_sum_matches_reference(backend, counts, n_sources, width, with_va
     x = torch.randn((n_sources,) + width, dtype=F64, generator=gen)
 
     def fused(t):
-        if registered:
-            return torch.ops.neurovec.gather_sum(t, gs.ptr, gs.index, gs.values, gs.t_ptr, gs.t_col, gs.t_values)
+        if traced and backend == "cpp":
+            return ops._TracedGatherSum.apply(t, gs.ptr, gs.index, gs.values, gs.t_ptr, gs.t_col, gs.t_values, None)
         return gs(t)
 
     y, gx = grads(fused, x, seed)
@@ -169,8 +174,8 @@ def test_native_equals_fallback_at_scale(dtype):
     x = torch.randn(3000, 16, dtype=dtype)
     tol = 1e-5 if dtype == torch.float32 else 1e-12
     rows = rng.multinomial(3000 - 500, np.full(500, 1 / 500)) + 1  # 500 segments over the 3000 rows of x
-    ptr, cnt = ptr_of(rows), torch.tensor(rows, dtype=dtype)
-    for fn in (gs, lambda t: ops.segment_reduce(t, ptr, "max"), lambda t: ops.segment_reduce(t, ptr, "mean", cnt)):
+    seg = K.Segments.from_counts(rows, dtype=dtype)
+    for fn in (gs, lambda t: seg.reduce(t, "max"), lambda t: seg.reduce(t, "mean")):
         y, gx = grads(fn, x, 0)
         with native.disabled():
             y_t, gx_t = grads(fn, x, 0)
@@ -181,10 +186,10 @@ def test_native_equals_fallback_at_scale(dtype):
 @pytest.mark.parametrize("reduce", ["gather", *ops.REDUCTIONS])
 def test_inputs_without_gradient_skip_autograd(backend, reduce):
     """A value that needs no gradient (inference, or constant facts) gets the same floats
-    and no autograd node (the eager entry points call the implementation directly)."""
+    and no autograd node."""
     gs = K.GatherSum.from_index([0, 2, 2, 1, 0], [2, 3], 3, [0.5, 1.5, -1.0, 2.0, 0.25], dtype=F64)
-    ptr, cnt = ptr_of([2, 1]), torch.tensor([2.0, 1.0], dtype=F64)
-    fn = gs if reduce == "gather" else (lambda t: ops.segment_reduce(t, ptr, reduce, cnt))
+    seg = K.Segments.from_counts([2, 1], dtype=F64)
+    fn = gs if reduce == "gather" else (lambda t: seg.reduce(t, reduce))
     x = torch.randn(3, 2, dtype=F64)
     y_grad = fn(x.clone().requires_grad_())
     y_plain = fn(x)
@@ -195,50 +200,39 @@ def test_inputs_without_gradient_skip_autograd(backend, reduce):
     np.testing.assert_array_equal(y_no_grad.numpy(), y_grad.detach().numpy())
 
 
-# --------------------------------------------------------------------------- registered ops
+# --------------------------------------------------------------------------- the operators
 
-@pytest.mark.parametrize("case", ["gather_sum", "segment_sum", "segment_broadcast", "segment_max", "segment_min",
-                                  "segment_extremum_backward"])
+@needs_native
+@pytest.mark.parametrize("case", ["csr_sum", "csr_gather", "csr_bias", "broadcast", "extremum", "extremum_backward",
+                                  "gather_sum", "segment_sum", "segment_extremum"])
 def test_opcheck(case):
-    """Schemas, fake (meta) implementations and autograd registrations pass torch's own checks."""
-    ptr = torch.tensor([0, 2, 3, 6])
-    x = torch.randn(6, 2, dtype=F64, requires_grad=True)
-    gs = K.GatherSum.from_index([0, 2, 2, 1, 0, 3], [2, 1, 3], 4, np.linspace(0.5, 1.5, 6), dtype=F64)
-    cnt = torch.tensor([2.0, 1.0, 3.0], dtype=F64)
-    args = {
-        "gather_sum": (torch.randn(4, 2, dtype=F64, requires_grad=True), gs.ptr, gs.index, gs.values, gs.t_ptr,
-                       gs.t_col, gs.t_values),
-        "segment_sum": (x, ptr, torch.rand(6, dtype=F64), cnt),
-        "segment_broadcast": (torch.randn(3, 2, dtype=F64, requires_grad=True), ptr, None, cnt, 6),
-        "segment_max": (x, ptr),
-        "segment_min": (x, ptr),
-        "segment_extremum_backward": (torch.randn(3, 2, dtype=F64), x.detach(),
-                                      ops._extremum_impl(x.detach(), ptr, "max"), ptr),
-    }[case]
-    torch.library.opcheck(getattr(torch.ops.neurovec, case), args)
-
-
-@pytest.mark.parametrize("case", ["kernel_csr_sum", "kernel_gather", "kernel_broadcast", "kernel_extremum",
-                                  "kernel_extremum_backward"])
-def test_opcheck_compiled_kernels(case):
-    """The autograd-free ops that programs call under torch.compile: schemas and fake implementations."""
+    """Schemas, and the fake kernels of the operators without autograd (those torch.compile traces);
+    the autograd registration of the others (eager only)."""
     ptr = torch.tensor([0, 2, 3, 6])
     x = torch.randn(6, 2, dtype=F64)
     gs = K.GatherSum.from_index([0, 2, 2, 1, 0, 3], [2, 1, 3], 4, np.linspace(0.5, 1.5, 6), dtype=F64)
     cnt = torch.tensor([2.0, 1.0, 3.0], dtype=F64)
-    op, args = {
-        "kernel_csr_sum": ("kernel_csr_sum", (x, ptr, None, torch.rand(6, dtype=F64), cnt)),
-        "kernel_gather": ("kernel_csr_sum", (torch.randn(4, 2, dtype=F64), gs.ptr, gs.index, gs.values, None)),
-        "kernel_broadcast": ("kernel_broadcast", (torch.randn(3, 2, dtype=F64), ptr, None, cnt, 6)),
-        "kernel_extremum": ("kernel_extremum", (x, ptr, "min")),
-        "kernel_extremum_backward": ("kernel_extremum_backward", (torch.randn(3, 2, dtype=F64), x,
-                                                                  ops._extremum_impl(x, ptr, "max"), ptr)),
+    source = torch.randn(4, 2, dtype=F64)
+    op = {"csr_gather": "csr_sum", "csr_bias": "csr_sum"}.get(case, case)
+    args = {
+        "csr_sum": (x, ptr, None, torch.rand(6, dtype=F64), cnt, None),
+        "csr_gather": (source, gs.ptr, gs.index, gs.values, None, None),
+        "csr_bias": (source, gs.ptr, gs.index, None, None, torch.randn(2, dtype=F64)),
+        "broadcast": (torch.randn(3, 2, dtype=F64), ptr, None, cnt, 6),
+        "extremum": (x, ptr, False),
+        "extremum_backward": (torch.randn(3, 2, dtype=F64), x, torch.ops.neurovec_cpu.extremum(x, ptr, True), ptr),
+        "gather_sum": (source.requires_grad_(), gs.ptr, gs.index, gs.values, gs.t_ptr, gs.t_col, gs.t_values, None),
+        "segment_sum": (x.requires_grad_(), ptr, torch.rand(6, dtype=F64), cnt),
+        "segment_extremum": (x.requires_grad_(), ptr, True),
     }[case]
-    torch.library.opcheck(getattr(torch.ops.neurovec, op), args, test_utils=("test_schema", "test_faketensor"))
+    eager = case in ("gather_sum", "segment_sum", "segment_extremum")
+    checks = ("test_schema", "test_autograd_registration") if eager else ("test_schema", "test_faketensor")
+    torch.library.opcheck(getattr(torch.ops.neurovec_cpu, op), args, test_utils=checks)
 
 
+@needs_native
 def test_compiled_programs_call_the_autograd_free_kernels():
-    """Under torch.compile the reductions trace to ``neurovec::kernel_*`` ops (no Python
+    """Under torch.compile the reductions trace to the operators without autograd (no Python
     autograd kernel per call; NOTE: [Kernels under torch.compile]), and their gradients
     equal eager ones."""
     from torch._dynamo.testing import AotEagerAndRecordGraphs
@@ -253,14 +247,17 @@ def test_compiled_programs_call_the_autograd_free_kernels():
 
     backend = AotEagerAndRecordGraphs()
     x = torch.randn(4, 2, dtype=F64)
-    y, gx = grads(torch.compile(program, backend=backend, fullgraph=True), x, 0)
+    try:
+        y, gx = grads(torch.compile(program, backend=backend, fullgraph=True), x, 0)
+    finally:
+        torch._dynamo.reset()
     y_ref, gx_ref = grads(program, x, 0)
     torch.testing.assert_close(y, y_ref, atol=1e-12, rtol=1e-12)
     torch.testing.assert_close(gx, gx_ref, atol=1e-12, rtol=1e-12)
     code = "".join(g.code for g in backend.fw_graphs + backend.bw_graphs)
-    assert "neurovec.kernel_csr_sum" in code and "neurovec.kernel_broadcast" in code
-    assert "neurovec.kernel_extremum_backward" in code
-    assert "neurovec.gather_sum" not in code and "neurovec.segment_" not in code
+    assert "neurovec_cpu.csr_sum" in code and "neurovec_cpu.broadcast" in code
+    assert "neurovec_cpu.extremum_backward" in code
+    assert "neurovec_cpu.gather_sum" not in code and "neurovec_cpu.segment_" not in code
 
 
 # --------------------------------------------------------------------------- build, cache, switch
@@ -268,7 +265,7 @@ def test_compiled_programs_call_the_autograd_free_kernels():
 def _python(code: str, **env) -> subprocess.CompletedProcess:
     environment = dict(os.environ, PYTHONPATH=str(ROOT), **env)
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          env=environment, timeout=600)
+                          env=environment, timeout=900)
 
 
 _REPORT = """
@@ -277,18 +274,7 @@ _REPORT = """
     ok = native.available()
     y = kernels.Segments.from_counts([2, 1]).reduce(torch.tensor([1.0, 2.0, 3.0]), "sum")
     print(json.dumps({"available": ok, "built": native.build_info.get("built"), "y": y.tolist(),
-                      "error": native.build_info.get("error"), "operators": native.operators() is not None,
-                      "operators_built": native.ops_build_info.get("built")}))
-"""
-
-# Only the ctypes library (a few seconds to build, where the operators take ~30 s): the
-# reduction calls the ctypes kernels directly. Both libraries share native._cached_build.
-_REPORT_KERNELS = """
-    import json, torch
-    from neurovec.engines import native, ops
-    ok = native.library() is not None
-    y = ops._csr_sum_impl(torch.tensor([1.0, 2.0, 3.0]), torch.tensor([0, 2, 3]), None, None, None)
-    print(json.dumps({"available": ok, "built": native.build_info.get("built"), "y": y.tolist()}))
+                      "error": native.build_info.get("error")}))
 """
 
 
@@ -307,37 +293,56 @@ def test_switched_off_by_environment(tmp_path):
 def test_failing_compiler_falls_back_with_a_warning(tmp_path):
     result = _python(_REPORT, CXX="false", NEUROVEC_CACHE_DIR=str(tmp_path), PATH="/nonexistent")
     report = _report(result)
-    assert report["available"] is False and report["operators"] is False and report["y"] == [3.0, 3.0]
-    assert "no C++ compiler" in report["error"] and "native CPU kernels unavailable" in result.stderr
-    assert "C++ torch operators unavailable" in result.stderr
+    assert report["available"] is False and report["y"] == [3.0, 3.0]
+    assert "no C++ compiler" in report["error"] and "C++ kernels unavailable, using torch kernels" in result.stderr
+    assert result.stderr.count("unavailable") == 1  # said once
 
 
-@pytest.mark.skipif(native._compiler() is None, reason="no C++ compiler")
-def test_concurrent_first_use_builds_once(tmp_path):
-    """Two processes start on an empty cache at once: one builds, the other waits and loads it."""
-    environment = dict(os.environ, PYTHONPATH=str(ROOT), NEUROVEC_CACHE_DIR=str(tmp_path))
-    procs = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(_REPORT_KERNELS)], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env=environment) for _ in range(2)]
-    reports = []
-    for p in procs:
-        out, err = p.communicate(timeout=600)
-        reports.append(_report(subprocess.CompletedProcess(p.args, p.returncode, out, err)))
-    assert all(r["available"] and r["y"] == [3.0, 3.0] for r in reports), reports
-    assert sorted(r["built"] for r in reports) == [False, True]
-    libraries = list((tmp_path / "native").glob("*/*.so"))
-    assert len(libraries) == 1  # no temporary left behind
-    # A later process loads the cached library without building.
-    assert _report(_python(_REPORT_KERNELS, NEUROVEC_CACHE_DIR=str(tmp_path)))["built"] is False
+def _warm_up(cache: Path, **env) -> subprocess.CompletedProcess:
+    environment = dict(os.environ, PYTHONPATH=str(ROOT), NEUROVEC_CACHE_DIR=str(cache), **env)
+    return subprocess.run([sys.executable, "-m", "neurovec.engines.native_build"], capture_output=True, text=True,
+                          env=environment, timeout=900)
+
+
+def test_warm_up_command_says_why_there_are_no_kernels(tmp_path):
+    result = _warm_up(tmp_path, NEUROVEC_NATIVE="0")
+    assert result.returncode != 0 and "switched off (NEUROVEC_NATIVE=0)" in result.stderr
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(native._compiler() is None, reason="no C++ compiler")
-def test_operators_build_in_a_fresh_cache(tmp_path):
-    """The torch operators (native_ops.cpp) build from scratch, load, and are reused by a later process."""
-    first = _report(_python(_REPORT, NEUROVEC_CACHE_DIR=str(tmp_path)))
-    assert first["operators"] and first["operators_built"] and first["y"] == [3.0, 3.0], first
-    again = _report(_python(_REPORT, NEUROVEC_CACHE_DIR=str(tmp_path)))
-    assert again["operators"] and again["operators_built"] is False, again
+def test_first_build_says_what_it_does(tmp_path):
+    """With an empty cache, the first use says that it builds the C++ kernels, where, and how to build
+    them ahead of time, before the build starts (a warning: shown without any logging set up), and
+    shows the build as a step of its own; the warm-up command then finds them built."""
+    result = _python(_REPORT, NEUROVEC_CACHE_DIR=str(tmp_path))
+    report = _report(result)
+    assert report["available"] and report["built"], report
+    lines = result.stderr.splitlines()
+    said = [i for i, line in enumerate(lines) if "building its C++ kernels" in line]
+    assert len(said) == 1 and str(tmp_path / "native") in lines[said[0]], result.stderr
+    assert "python -m neurovec.engines.native_build" in lines[said[0]]
+    assert any("neurovec: building C++ kernels" in line for line in lines[said[0] + 1:]), result.stderr
+    warm = _warm_up(tmp_path)
+    assert warm.returncode == 0 and "already built" in warm.stdout and "building" not in warm.stderr, warm
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(native._compiler() is None, reason="no C++ compiler")
+def test_concurrent_first_use_builds_once(tmp_path):
+    """Two processes start on an empty cache at once: one builds, the other waits and loads it;
+    a later process loads the cached library without building."""
+    environment = dict(os.environ, PYTHONPATH=str(ROOT), NEUROVEC_CACHE_DIR=str(tmp_path))
+    procs = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(_REPORT)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=environment) for _ in range(2)]
+    reports = []
+    for p in procs:
+        out, err = p.communicate(timeout=900)
+        reports.append(_report(subprocess.CompletedProcess(p.args, p.returncode, out, err)))
+    assert all(r["available"] and r["y"] == [3.0, 3.0] for r in reports), reports
+    assert sorted(r["built"] for r in reports) == [False, True]
+    assert len(list((tmp_path / "native").glob("*/*.so"))) == 1
+    assert _report(_python(_REPORT, NEUROVEC_CACHE_DIR=str(tmp_path)))["built"] is False
 
 
 # --------------------------------------------------------------------------- compiled modules, kernels off
@@ -353,28 +358,7 @@ def test_compiled_modules_equal_reference_with_kernels_off(preset, graph):
         assert_equivalent(graph, neurovec.compile(graph, preset, dtype=torch.float64))
 
 
-@pytest.mark.parametrize("reduce", ["gather", *ops.REDUCTIONS])
-def test_constant_indices_are_not_autograd_inputs(backend, reduce, monkeypatch):
-    """The eager Python Functions (used where the C++ operators are not built) take their index
-    tensors (and per-edge values) as one tuple, kept on ctx (NOTE: [Lean eager Functions]): the
-    autograd node has one input, ``x``, instead of one slot per constant, which autograd would
-    inspect on every call. Gradients are unchanged."""
-    monkeypatch.setattr(native, "_operators_on", False)  # as native.without_operators()
-    gs = K.GatherSum.from_index([0, 2, 2, 1, 0], [2, 3], 3, [0.5, 1.5, -1.0, 2.0, 0.25], dtype=F64)
-    ptr, cnt = ptr_of([2, 1]), torch.tensor([2.0, 1.0], dtype=F64)
-    fn = gs if reduce == "gather" else (lambda t: ops.segment_reduce(t, ptr, reduce, cnt))
-    x = torch.randn(3, 2, dtype=F64, requires_grad=True)
-    y = fn(x)
-    if ops.native_ok(x):  # the eager Functions run where the C++ kernels do
-        assert len(y.grad_fn.next_functions) == 1, y.grad_fn.next_functions
-    assert torch.autograd.gradcheck(fn, (x,))
-
-
-needs_operators = pytest.mark.skipif(native.operators() is None,
-                                     reason=f"C++ operators not built: {native.ops_build_info}")
-
-
-@needs_operators
+@needs_native
 @pytest.mark.parametrize("reduce", ["gather", *ops.REDUCTIONS])
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
 def test_operators_record_one_cpp_node(reduce, index_dtype):

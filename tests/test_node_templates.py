@@ -168,3 +168,18 @@ def test_synthetic_rmat_is_seeded_and_skewed():
     assert undirected.n_edges == 4001
     assert SHAPES["arxiv-like"][:4] == (169_343, 1_166_243, 128, 40)
     assert SHAPES["products-like"][:4] == (2_449_029, 61_859_140, 100, 47)
+
+
+def test_factorised_gcn_normalisation_is_exact(odd, monkeypatch):
+    """Beyond MAX_NORM_PRODUCTS distinct degree products GCN reads 1/sqrt(deg_j) per edge and 1/sqrt(deg_i)
+    after the sum (NOTE: [GCN normalisation]): the twin's outputs and gradients still."""
+    monkeypatch.setattr(gnn, "MAX_NORM_PRODUCTS", 2)
+    graph = gnn.gcn(odd, hidden=4, layers=2, seed=2)
+    assert "conv1.agg" in [layer.name for layer in graph.layers]
+    assert sum(w.name.startswith("gcn_norm.inv_sqrt_deg") for w in graph.weights) == 4  # degrees 1, 2, 3, 4
+    module = neurovec.compile(graph, dtype=torch.float64)
+    twin = _twin("gcn", odd, hidden=4)
+    twins.copy_weights(module, twin)
+    ours, theirs = module(), twin(*twins.pyg_node_data(odd, torch.float64))
+    torch.testing.assert_close(ours, theirs, atol=1e-9, rtol=1e-9)
+    _grads(module, twin, ours, theirs)

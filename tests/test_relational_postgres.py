@@ -1,7 +1,7 @@
 """SQL push-down on PostgreSQL: the graphs of grounding DataFrames, from a live server.
 
 Skipped unless ``NEUROVEC_POSTGRES_URL`` names a database the tests may write tables into (they replace ``atom``,
-``bond``, ``molecule``, ``a``, ``b``, ``c``, ``kind``, ``edge`` and ``start``), e.g.::
+``bond``, ``molecule``, ``a``, ``b``, ``c``, ``kind``, ``edge``, ``start`` and ``Odd"Table``), e.g.::
 
     NEUROVEC_POSTGRES_URL=postgresql+psycopg2://user@localhost:5432/scratch python -m pytest tests/test_relational_postgres.py
 
@@ -17,10 +17,10 @@ import sqlite3
 
 import pytest
 
-from neurovec.sources.relational import Query, R, Relation, TemplateError, V, ground, models
+from neurovec.sources.relational import Database, Query, R, Relation, TemplateError, V, ground, models
 
 from .test_relational import _reach, assert_same_graph
-from .test_relational_sql import _database, _frames, _relations, _template, small_db  # noqa: F401 (a fixture)
+from .test_relational_sql import _database, _frames, _odd_names, _relations, _template, small_db  # noqa: F401
 
 URL = os.environ.get("NEUROVEC_POSTGRES_URL")
 pytestmark = pytest.mark.skipif(not URL, reason="NEUROVEC_POSTGRES_URL is not set")
@@ -85,3 +85,15 @@ def test_postgres_mutagenesis(mutagenesis_dir, engine):
                  "bond_type": Relation.from_frame(frames["bond_type"], ["bond", "type"], example="molecule")}
     assert_same_graph(ground(template, models.mutagenesis_database(URL), queries).graph,
                       ground(template, relations, queries).graph)
+
+
+def test_postgres_names_that_need_quoting(tmp_path, engine):
+    """PostgreSQL keeps capitals only in quoted names (and refuses unquoted reserved words): SQLAlchemy quotes the
+    relations' tables and columns, and the graph is SQLite's."""
+    path = tmp_path / "odd.db"
+    relations, t = _odd_names(path)
+    con = sqlite3.connect(path)
+    pd.read_sql('SELECT * FROM "Odd""Table"', con).to_sql('Odd"Table', engine, index=False, if_exists="replace")
+    con.close()
+    on_postgres = ground(t, Database(engine, relations), R.q).graph
+    assert_same_graph(on_postgres, ground(t, Database(path, relations), R.q).graph)

@@ -210,25 +210,79 @@ def test_integer_columns_come_back_whole_and_sorted(tmp_path):
     con.executemany("INSERT INTO t VALUES (?, ?, ?)", rows)
     con.commit()
     con.close()
+    import sqlalchemy as sa
+    t = sa.table("t", sa.column("a"), sa.column("b"), sa.column("c"))
+    columns = [t.c.a, t.c.b, t.c.c]
     grounder = SQLGrounder.__new__(SQLGrounder)
     with Database(path, {}).connect() as grounder.conn:
         for order in (["a"], ["b", "a"], ["c", "b", "a"]):
-            expected = grounder._execute(f"SELECT a, b, c FROM t ORDER BY {', '.join(order)}").fetchall()
-            got = grounder._ints(["a", "b", "c"], "t", order)
+            expected = grounder.conn.exec_driver_sql(f"SELECT a, b, c FROM t ORDER BY {', '.join(order)}").fetchall()
+            got = grounder._ints(columns, t, [t.c[c] for c in order])
             if len(order) == 3:   # a total order: the same rows in the same order
                 np.testing.assert_array_equal(got, np.array(expected))
             else:                 # ties in any order: sorted by the order's columns, the same rows
                 keys = [["a", "b", "c"].index(c) for c in order]
                 np.testing.assert_array_equal(got[:, keys], np.array(expected)[:, keys])
                 assert sorted(map(tuple, got.tolist())) == sorted(map(tuple, expected))
-        assert grounder._ints(["a"], "t WHERE a > 99").shape == (0, 1)
+        above = sa.select(t.c.a).where(t.c.a > 99).subquery()
+        assert grounder._ints([above.c.a], above).shape == (0, 1)
         # a column longer than SQLite's longest string: read row by row instead
         raw = grounder.conn.connection.driver_connection
         longest = raw.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, 100)
         try:
-            np.testing.assert_array_equal(grounder._ints(["a", "b", "c"], "t", ["c", "b", "a"]), np.array(expected))
+            np.testing.assert_array_equal(grounder._ints(columns, t, [t.c.c, t.c.b, t.c.a]), np.array(expected))
         finally:
             raw.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, longest)
-        grounder._execute("INSERT INTO t VALUES (NULL, 1, 2)")
-        with pytest.raises(TemplateError, match="expected 301 integers in column a of t"):
-            grounder._ints(["a", "b"], "t")
+        grounder.conn.exec_driver_sql("INSERT INTO t VALUES (NULL, 1, 2)")
+        with pytest.raises(TemplateError, match="expected 301 integers in column t.a of t"):
+            grounder._ints(columns[:2], t)
+
+
+def _odd_names(path) -> tuple:
+    """A table whose name and columns need quoting (a double quote, capitals, SQL's reserved words): the SQLite file,
+    the relations naming it as a table and through a SELECT, and the template reading them."""
+    con = sqlite3.connect(path)
+    con.execute('CREATE TABLE "Odd""Table" ("Atom ID" TEXT, "select" TEXT, "Value" REAL, "order" INTEGER)')
+    con.executemany('INSERT INTO "Odd""Table" VALUES (?, ?, ?, ?)',
+                    [("x", "y", 0.5, 0), ("y", "x", -1.0, 0), ("x", "x", 2.0, 1), ("x", "z", 0.25, 1)])
+    con.commit()
+    con.close()
+    relations = {"e": SQLRelation('Odd"Table', args=("Atom ID", "select"), values="Value", example="order"),
+                 "f": SQLRelation('SELECT "select", "Value" * 2 AS "Twice" FROM "Odd""Table" WHERE "order" = 1',
+                                  args="select", values="Twice")}
+    t = Template()
+    t += (R.h(V.X)[1.5] <= (R.e(V.X, V.Y), R.f(V.Y)[-0.5])) | Metadata(transformation=Transformation.TANH)
+    t += (R.q[1.0] <= R.h(V.X)) | Metadata(aggregation=Aggregation.SUM)
+    return relations, t
+
+
+def test_names_that_need_quoting(tmp_path):
+    """SQLAlchemy quotes the relations' tables and columns (a double quote in a name, capitals, reserved words):
+    the graph of the same rows as DataFrames."""
+    path = tmp_path / "odd.db"
+    relations, t = _odd_names(path)
+    con = sqlite3.connect(path)
+    frame = pd.read_sql('SELECT * FROM "Odd""Table"', con)
+    con.close()
+    twice = frame[frame["order"] == 1].assign(Twice=frame["Value"] * 2)
+    frames = {"e": Relation.from_frame(frame, ["Atom ID", "select"], values="Value", example="order"),
+              "f": Relation.from_frame(twice, "select", values="Twice")}
+    from_sql = ground(t, Database(path, relations), R.q).graph
+    assert_same_graph(from_sql, ground(t, frames, R.q).graph)
+    assert from_sql.layers[-1].counts.sum() > 0
+
+
+def test_sqlalchemy_is_needed_only_for_a_database():
+    """SQLAlchemy is an optional dependency: without it the relational package imports, and a Database says what to
+    install (it failed with 'No module named sqlalchemy' before)."""
+    import subprocess
+    import sys
+    code = ("import sys; sys.modules['sqlalchemy'] = None\n"   # as if it were not installed
+            "from neurovec.sources.relational import Database, R, Template, V\n"
+            "try:\n"
+            "    Database('x.db', {})\n"
+            "except ImportError as error:\n"
+            "    print(error)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert 'Database needs SQLAlchemy: pip install -e ".[datasets]"' in done.stdout

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import neurovec
+from neurovec.engines.functions import order_signed_zeros, preferred_zeros
 from neurovec.engines.reference import ReferenceModule
 
 from .equivalence import assert_equivalent
@@ -71,3 +72,40 @@ def test_the_order_of_zeros_keeps_the_gradients(aggregation, kernel):
     for preset in ("unoptimized", "default"):
         assert_equivalent(graph, neurovec.compile(graph, neurovec.Settings.preset(preset, reduce_kernel=kernel),
                                                   dtype=torch.float64))
+
+
+@pytest.mark.parametrize("aggregation", ["max", "min"])
+def test_ordering_the_zeros_passes_the_gradient_bit_for_bit(aggregation):
+    """order_signed_zeros changes a tie's zero, never the gradient: an incoming -0.0 stays -0.0
+    (a torch.where would add its other branch's +0.0 at every tie)."""
+    xs = torch.tensor([[0.0, -0.0, 0.0, -0.0, 2.0, -0.0], [-0.0, 0.0, 0.0, -0.0, 1.0, 3.0]], dtype=torch.float64,
+                      requires_grad=True)
+    plain = xs.amax(0) if aggregation == "max" else xs.amin(0)
+    preferred = preferred_zeros(xs, aggregation)
+    ordered = order_signed_zeros(plain, preferred.amax(0) if aggregation == "max" else preferred.amin(0), aggregation)
+    # Ties of both zeros give the IEEE zero; ties of one zero keep it.
+    signs = [False, False, False, True, False, False] if aggregation == "max" else [True, True, False, True, False, True]
+    assert torch.signbit(ordered).tolist() == signs
+    for g in (torch.full((6,), -0.0, dtype=torch.float64), torch.tensor([-0.0, 0.0, -1.5, 2.0, -0.0, 0.0],
+                                                                         dtype=torch.float64)):
+        (expected,) = torch.autograd.grad(plain, xs, g, retain_graph=True)
+        (actual,) = torch.autograd.grad(ordered, xs, g, retain_graph=True)
+        assert torch.equal(actual, expected) and torch.equal(torch.signbit(actual), torch.signbit(expected))
+
+
+@pytest.mark.parametrize("aggregation", ["max", "min"])
+def test_the_reference_gradient_through_a_tie_keeps_its_sign(aggregation):
+    """The reference engine's weight gradients through a tie of 0.0 and -0.0 are the chain rule's,
+    signed zeros included: here the product's weight -0.0 sends -0.0 or 0.0 back into the tie."""
+    b = neurovec.GraphBuilder()
+    x = b.facts("x", np.array([2.0, -3.0]))
+    w = [b.weight("w0", np.array(0.0)), b.weight("w1", np.array(-0.0)), b.weight("wo", np.array(-0.0))]
+    h = b.layer("h", aggregation=aggregation)
+    out = b.layer("out")
+    b.output(out.neuron([(h.neuron([(x[0], w[0]), (x[1], w[1])]), w[2])]))
+    reference = ReferenceModule(b.build())
+    params = [reference.weights[name] for name in ("w0", "w1")]
+    grads = torch.autograd.grad(reference()[0], params)
+    # The chain rule by hand: d out / d w_i = wo * (share of the tie) * x_i, both zeros tied.
+    expected = [torch.tensor(-0.0 * 0.5 * 2.0, dtype=torch.float64), torch.tensor(-0.0 * 0.5 * -3.0, dtype=torch.float64)]
+    assert [bool(torch.signbit(g)) for g in grads] == [bool(torch.signbit(e)) for e in expected]

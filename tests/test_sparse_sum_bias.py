@@ -11,13 +11,12 @@ import neurovec
 from neurovec import datasets
 from neurovec.benchmarks.tasks import FEATURES, DataCache, make_task
 from neurovec.engines import kernels as K
-from neurovec.engines import native, runtime, torch_module
+from neurovec.engines import native, ops, runtime, torch_module
 
 from .equivalence import assert_equivalent, outputs_and_grads
 
 F64 = torch.float64
-needs_operators = pytest.mark.skipif(native.operators() is None,
-                                     reason=f"C++ operators not built: {native.ops_build_info}")
+needs_operators = pytest.mark.skipif(not native.available(), reason=f"C++ kernels not built: {native.build_info}")
 
 
 def csr(with_values: bool, index_dtype=torch.int64) -> runtime.CSRIndices:
@@ -29,15 +28,14 @@ def csr(with_values: bool, index_dtype=torch.int64) -> runtime.CSRIndices:
     return indices
 
 
-@pytest.mark.parametrize("path", ["operators", "python", "torch"])
+@pytest.mark.parametrize("path", ["operators", "torch"])
 @pytest.mark.parametrize("with_values", [False, True])
 def test_biased_gather_sum_is_the_sum_plus_the_bias_bitwise(path, with_values):
-    """Every path (C++ operator, Python Functions over the ctypes kernels, pure torch) gives
+    """Both paths (the C++ operator, pure torch) give
     exactly ``gather_sum(x) + bias``, and its gradients (second order too)."""
-    if path == "operators" and native.operators() is None:
-        pytest.skip(f"C++ operators not built: {native.ops_build_info}")
-    mode = {"operators": contextlib.nullcontext, "python": native.without_operators,
-            "torch": native.disabled}[path]
+    if path == "operators" and not native.available():
+        pytest.skip(f"C++ kernels not built: {native.build_info}")
+    mode = {"operators": contextlib.nullcontext, "torch": native.disabled}[path]
     indices = csr(with_values)
     x = torch.randn(3, 4, 2, dtype=F64, requires_grad=True)
     bias = torch.randn(4, 2, dtype=F64, requires_grad=True)
@@ -69,6 +67,23 @@ def test_the_operator_adds_the_bias_in_its_one_node(index_dtype, with_values):
     assert torch.autograd.gradcheck(lambda b: runtime.gather_sum(x.detach(), indices, b), (bias,))
     with torch.no_grad():
         assert runtime.gather_sum(x, indices, bias).grad_fn is None
+
+
+@needs_operators
+@pytest.mark.parametrize("with_values", [False, True])
+def test_the_traced_sum_adds_the_bias_in_its_one_call(with_values):
+    """Under torch.compile the sum and its bias are one ``csr_sum`` call (engines/ops.py): the same
+    floats as the separate add, and its gradients."""
+    b = csr(with_values)._buffers
+    x = torch.randn(3, 4, 2, dtype=F64, requires_grad=True)
+    bias = torch.randn(4, 2, dtype=F64, requires_grad=True)
+
+    def traced(t, c):
+        return ops._TracedGatherSum.apply(t, b["ptr"], b["index"], b["values"], b["t_ptr"], b["t_col"],
+                                          b["t_values"], c)
+
+    assert torch.equal(traced(x, bias), traced(x, None) + bias)
+    assert torch.autograd.gradcheck(traced, (x, bias))
 
 
 @needs_operators

@@ -90,7 +90,7 @@ class FactTable:
     value_row: np.ndarray
     values: np.ndarray | None            # (n_values, *shape); None: unit facts
     weights: list | None = None          # template facts: per value row, a weight name (None: a unit fact)
-    sql: str | None = None               # ... in this temporary table
+    sql: object = None                   # ... in this temporary table (an sa.table)
 
     @property
     def size(self) -> int:

@@ -38,7 +38,7 @@ class Table:
     derived: np.ndarray
     level: np.ndarray | None = None
     in_order: bool = False            # whether the rows are sorted by (example, args) (then by any prefix too)
-    sql: object = None                # the SQL grounder's temporary table of these atoms
+    sql: object = None                # the SQL grounder's temporary table of these atoms (an sa.table)
     _sorted: dict = field(default_factory=dict, repr=False)
 
     @property
