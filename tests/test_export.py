@@ -227,7 +227,7 @@ def test_sparse_facts_pickle_and_export(model):
     """A sparse sum of a weight's columns (compiler/passes/sparse_facts.py): pickled, in standard ops
     (the reference engine's numbers) and through torch.export, saved and loaded."""
     from .passes.test_sparse_facts import TEMPLATES, node_dataset, transposes
-    graph = TEMPLATES[model](node_dataset(), hidden=4)
+    graph = TEMPLATES[model](node_dataset())
     module = neurovec.compile(graph, "default", torch.float64)
     assert transposes(module.program)
     again = pickle.loads(pickle.dumps(module))

@@ -308,7 +308,7 @@ def test_fullgraph_with_sparse_facts(model):
     """A sparse sum of a weight's columns (compiler/passes/sparse_facts.py) compiles whole and trains."""
     _require("aot_eager")
     from .passes.test_sparse_facts import TEMPLATES, node_dataset, transposes
-    graph = TEMPLATES[model](node_dataset(), hidden=4)
+    graph = TEMPLATES[model](node_dataset())
     eager = neurovec.compile(graph, "default", torch.float64)
     module = neurovec.compile(graph, "default", torch.float64)
     assert transposes(module.program)

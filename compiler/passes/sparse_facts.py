@@ -21,8 +21,9 @@ nonzeros, not to the whole matrix. A side-by-side product of two facts (``fuse_f
 ``hcat``, GraphSAGE) becomes one sparse sum over both weights' columns, stacked.
 
 Where: the fact is static (not in ``Settings.dynamic_facts``), the weight one matrix for all rows,
-and the fact's density (nonzeros / entries) is at most ``Settings.sparse_fact_density`` for
-products up to :data:`WIDE` values wide, proportionally less for wider ones. Measured (1 thread,
+the product has at least :data:`MIN_WORK` multiply-adds, and the fact's density (nonzeros /
+entries) is at most ``Settings.sparse_fact_density`` for products up to :data:`WIDE` values wide,
+proportionally less for wider ones. Measured (1 thread,
 float32, forward + backward, loaded machine, so indicative): 2708 rows x 1433 by 16 outputs, the
 sparse sum is 40x faster at 1% density, 20x at 5%, 8x at 10%, 3x at 20% and even at 50%; at 64
 outputs (5%) 2.2x; at 128 outputs (20000 x 256) 1.4x faster at 5% and 4x slower at 20%, where
@@ -43,7 +44,13 @@ from ..ir import Node, Op, Program
 from ..rewrite import Rewriter, zero_sign_matters
 from ..settings import Settings
 
-__all__ = ["sparse_facts", "WIDE", "fact_csr"]
+__all__ = ["sparse_facts", "WIDE", "MIN_WORK", "fact_csr"]
+
+#: Products of fewer multiply-adds (rows x inputs x outputs) stay GEMMs: there the sparse sum's fixed
+#: cost (one more op and backward) decides. Measured with the bias (1 thread, float32, forward +
+#: backward, loaded): 100 x 100 by 16 at 5%, 56 us as ``addmm`` against 69 us; 300 x 300 by 16,
+#: 133 against 76 us; 1000 x 500 by 16, 525 against 159 us.
+MIN_WORK = 1 << 19
 
 #: Products up to this many values wide take ``Settings.sparse_fact_density`` as it is; wider ones
 #: proportionally less (see the module doc: the crossover density falls as the product widens).
@@ -112,8 +119,10 @@ def _hcat_sides(add: Node, nodes: dict[str, Node]) -> list[str]:
 
 def _sparse_enough(matrix: np.ndarray, node: Node, density: float) -> bool:
     width = int(np.prod(node.shape))
+    if matrix.size * width < MIN_WORK:
+        return False
     limit = density * min(1.0, WIDE / max(width, 1))
-    return matrix.size > 0 and np.count_nonzero(matrix) <= limit * matrix.size
+    return np.count_nonzero(matrix) <= limit * matrix.size
 
 
 def fact_csr(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

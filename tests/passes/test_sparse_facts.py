@@ -7,7 +7,7 @@ import torch
 
 import neurovec
 from neurovec.compiler.ir import Node, Op, Program
-from neurovec.compiler.passes.sparse_facts import WIDE, fact_csr, sparse_facts
+from neurovec.compiler.passes.sparse_facts import MIN_WORK, WIDE, fact_csr, sparse_facts
 from neurovec.compiler.pipeline import build_program, enabled_passes
 from neurovec.compiler.settings import Settings
 from neurovec.datasets import gcn, gin, sage
@@ -18,9 +18,10 @@ from neurovec.sources.graph import Weight
 from ..equivalence import assert_equivalent, outputs_and_grads
 
 TEMPLATES = {"gcn": gcn, "sage": sage, "gin": gin}
+NO_DEDUP = Settings(dedup_facts=False, iso_compression=False, dedup_linear=False, dedup_aggregations=False)
 
 
-def node_dataset(n=40, features=60, density=0.02, seed=0, values="binary", empty_rows=3, empty_cols=4):
+def node_dataset(n=150, features=250, density=0.01, seed=0, values="binary", empty_rows=3, empty_cols=4):
     """A random graph (in-degree 1 on average) whose features are sparse, with some all-zero rows and
     columns: aggregated over a node and its neighbours, they stay under 10% nonzero."""
     rng = np.random.default_rng(seed)
@@ -42,7 +43,7 @@ def transposes(program: Program) -> list[Node]:
 
 @pytest.mark.parametrize("model", TEMPLATES)
 def test_sparse_first_layer_becomes_a_sparse_sum(model):
-    graph = TEMPLATES[model](node_dataset(), hidden=4)
+    graph = TEMPLATES[model](node_dataset())
     program = build_program(graph, "default")
     columns = transposes(program)
     assert len(columns) == (2 if model == "sage" else 1)  # SAGE: the node's own features and their mean
@@ -66,7 +67,7 @@ def test_dense_facts_and_dynamic_facts_stay_products():
 
 
 def test_wider_products_need_sparser_facts():
-    ds = node_dataset(n=60, features=40, density=0.06, empty_rows=0, empty_cols=0)
+    ds = node_dataset(n=600, features=40, density=0.06, empty_rows=0, empty_cols=0)
     ds = NodeDataset("sparse", ds.x, np.zeros((2, 0), dtype=np.int64), ds.y, num_classes=3)  # A X = X
     density = np.count_nonzero(ds.x) / ds.x.size
     assert WIDE * 0.1 / 64 < density < 0.1
@@ -82,12 +83,19 @@ def test_equals_the_reference(model, values, threads):
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        graph = TEMPLATES[model](node_dataset(values=values, seed=threads), hidden=5)
-        module = neurovec.compile(graph, "default", torch.float64)
+        graph = TEMPLATES[model](node_dataset(values=values, seed=threads))
+        # All-zero rows are one distinct row to deduplication: without it the zero matrix stays whole.
+        options = NO_DEDUP if values == "zero" else "default"
+        module = neurovec.compile(graph, options, torch.float64)
         assert transposes(module.program)
         assert_equivalent(graph, module)
     finally:
         torch.set_num_threads(before)
+
+
+def test_small_products_stay_gemms():
+    graph = gcn(node_dataset(n=40, features=60, density=0.02))  # 40 x 60 x 16 < MIN_WORK
+    assert 40 * 60 * 16 < MIN_WORK and not transposes(build_program(graph, "default"))
 
 
 def test_fact_csr_pads_empty_rows():
@@ -102,7 +110,7 @@ def test_fact_csr_pads_empty_rows():
 def _side_by_side_program(fa: np.ndarray, fb: np.ndarray) -> Program:
     """``%s = ADD(LINEAR(Wa, Fa), LINEAR(Wb, Fb))`` marked side by side, as fuse_fact_products leaves it."""
     rng = np.random.default_rng(3)
-    n, o = fa.shape[0], 3
+    n, o = fa.shape[0], 8
     weights = (Weight("a", rng.normal(size=(o, fa.shape[1])), True), Weight("b", rng.normal(size=(o, fb.shape[1])), True))
     nodes = (
         Node("wa", Op.WEIGHTS, (), 1, (o, fa.shape[1]), {"names": ("a",)}),
@@ -118,8 +126,8 @@ def _side_by_side_program(fa: np.ndarray, fb: np.ndarray) -> Program:
 
 def test_side_by_side_product_is_one_sparse_sum():
     rng = np.random.default_rng(0)
-    fa = (rng.random((50, 20)) < 0.05) * rng.normal(size=(50, 20))
-    fb = (rng.random((50, 10)) < 0.05) * 1.0
+    fa = (rng.random((400, 200)) < 0.03) * rng.normal(size=(400, 200))
+    fb = (rng.random((400, 100)) < 0.03) * 1.0
     program = _side_by_side_program(fa, fb)
     program.verify()
     rewritten = sparse_facts(program, Settings())
@@ -131,7 +139,7 @@ def test_side_by_side_product_is_one_sparse_sum():
     torch.testing.assert_close(actual[0], expected[0], rtol=1e-12, atol=1e-12)
     for name in expected[1]:
         torch.testing.assert_close(actual[1][name], expected[1][name], rtol=1e-12, atol=1e-12)
-    dense = _side_by_side_program(rng.normal(size=(50, 20)), fb)
+    dense = _side_by_side_program(rng.normal(size=(400, 200)), fb)
     assert sparse_facts(dense, Settings()) is dense
 
 
@@ -148,7 +156,7 @@ def _projected(module: torch.nn.Module) -> tuple[torch.Tensor, dict[str, torch.T
 def test_float16_is_as_close_as_the_gemm(model):
     """In float16 (where the reassociating passes are off) the sparse sum stays as close to float64 as
     the dense GEMM does: each output is a sum of the same few products."""
-    graph = TEMPLATES[model](node_dataset(n=60, features=40), hidden=8)
+    graph = TEMPLATES[model](node_dataset())
     exact = _projected(neurovec.compile(graph, "default", torch.float64))
     half = neurovec.compile(graph, "default", torch.float16)
     assert transposes(half.program)
