@@ -27,6 +27,8 @@ Ops (``Node.attrs`` in brackets):
 ``ADD``         ``x + b`` row by row (``b`` broadcasts over the value shape; a ``b`` of one
                 row is added to every row)
 ``TRANSFORM``   elementwise / per-row function [``fn``]
+``TRANSPOSE``   the columns of a one-row matrix value as rows: ``x[0].T``, ``(1, o, i)`` to ``(i, o)``
+                (a weight's columns, which a sparse sum over a constant fact matrix gathers)
 ==============  =====================================================================
 
 ``Program.output`` names the node whose rows are the graph's outputs, in order.
@@ -76,6 +78,7 @@ class Op(enum.Enum):
     REDUCE = "reduce"
     ADD = "add"
     TRANSFORM = "transform"
+    TRANSPOSE = "transpose"
 
 
 # Ops that only move rows around (no arithmetic).
@@ -207,6 +210,10 @@ class Program:
                     raise IRError(f"%{n.name} REDUCE coef must be {rows} floats on a sum or mean")
         elif n.op is Op.LINEAR:
             linear_grid(n, srcs[0], srcs[1])  # raises on inconsistent layouts
+        elif n.op is Op.TRANSPOSE:
+            if srcs[0].count != 1 or len(srcs[0].shape) != 2 or (n.count, *n.shape) != srcs[0].shape[::-1]:
+                raise IRError(f"%{n.name} TRANSPOSE of %{srcs[0].name} {(srcs[0].count, *srcs[0].shape)} "
+                              f"is not ({n.count}, {', '.join(map(str, n.shape))})")
         elif n.op in (Op.ADD, Op.TRANSFORM):
             if srcs[0].count != n.count or (n.op is Op.ADD and srcs[1].count not in (1, n.count)):
                 raise IRError(f"%{n.name} {n.op.name} inputs have row counts "

@@ -20,8 +20,8 @@ from ..memory import reusing_freed_memory
 from .ir import IRError, Program
 from .passes import (broadcast_adds, cleanup, coefficients, compose_gathers, compose_sums, dedup, fold_constants,
                      fuse_fact_products, join_sums, kernels, linear_broadcast, padding, relation_products,
-                     reorder_linear, segments, simplify_gathers, split_products, stack_products, sum_parts,
-                     unit_facts, unstack_weights, upward)
+                     reorder_linear, segments, simplify_gathers, sparse_facts, split_products, stack_products,
+                     sum_parts, unit_facts, unstack_weights, upward)
 from .settings import Settings, unknown_settings
 from .vectorizer import vectorize
 
@@ -102,6 +102,8 @@ PIPELINE: list[tuple[str, Callable[[Settings], bool], Pass]] = [
     ("stack_products", lambda s: s.stack_products, stack_products.stack_products),
     # Last: a hint for the code generator on the final products.
     ("fuse_fact_products", lambda s: s.fuse_fact_products, fuse_fact_products.fuse_fact_products),
+    # Then the products of sparse static facts (and side-by-side ones) become sparse sums of weight columns.
+    ("sparse_facts", lambda s: s.sparse_fact_density > 0, sparse_facts.sparse_facts),
 ]
 
 

@@ -140,6 +140,11 @@ class Settings(BaseModel):
         True, description="A sum of two shared-weight products of static facts (GraphSAGE's first layer) as one "
                           "GEMM over the facts side by side.")
 
+    sparse_fact_density: float = Field(
+        0.1, ge=0.0, le=1.0, description="A product of a static fact matrix with at most this fraction of nonzeros "
+        "by a weight (Cora's bag of words: 1-5%) runs as a sparse sum of the weight's columns (products over 32 "
+        "wide: proportionally less); 0 never.")
+
     # -- kernels ------------------------------------------------------------------------------------
     reduce_kernel: Literal["auto", "scatter", "segment", "dense", "sparse_mm"] = Field(
         "auto", description="Kernel for segment reductions: chosen per layer by a cost model, or forced.")
@@ -175,7 +180,7 @@ _ALL_OFF = dict(
     reduce_coefficients=False, unstack_weights=False, split_products=False, relation_products=False,
     sum_parts=False,
     reorder_linear=False, fold_constants=False, broadcast_adds=False, compose_gathers=False,
-    join_sums=False, compose_sums=False, stack_products=False, fuse_fact_products=False,
+    join_sums=False, compose_sums=False, stack_products=False, fuse_fact_products=False, sparse_fact_density=0.0,
     reduce_kernel="scatter",
 )
 

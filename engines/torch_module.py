@@ -125,6 +125,8 @@ def _expression(node: Node, nodes: dict[str, Node], rows: dict[str, str] | None 
         if b.shape == () and x.shape != ():
             return f"{x.name} + {b.name}{_rows(x.shape)}"
         return f"{x.name} + {b.name}"
+    if node.op is Op.TRANSPOSE:  # a weight's columns, read by a sparse sum (compiler/passes/sparse_facts.py)
+        return f"{rows[names[0]] if names[0] in rows else names[0] + '[0]'}.T"
     if node.op is Op.TRANSFORM:
         fn = node.attrs["fn"]
         if fn in _READABLE_TRANSFORMS:
@@ -290,6 +292,8 @@ def _row_product(node: Node, nodes: dict[str, Node]) -> str | None:
 
 def _takes_row(reader: Node, value: Node, rows: dict[str, str]) -> bool:
     if reader.name in rows:  # a product of two rows, itself kept as a row
+        return True
+    if reader.op is Op.TRANSPOSE:  # W.T: a weight's columns
         return True
     if reader.op is Op.CONCAT:  # a stack of rows (all of them kept as rows)
         return all(s in rows for s in reader.srcs)

@@ -220,3 +220,20 @@ def test_the_export_doc_runs(tu_dir, tmp_path, monkeypatch):
     assert namespace["predictions"].shape == (38, 1)
     torch.testing.assert_close(namespace["traced"](facts={"x": namespace["x"]}),
                                namespace["module"](facts={"x": namespace["x"]}))
+
+
+@pytest.mark.parametrize("model", ["gcn", "sage"])
+def test_sparse_facts_pickle_and_export(model):
+    """A sparse sum of a weight's columns (compiler/passes/sparse_facts.py): pickled, in standard ops
+    (the reference engine's numbers) and through torch.export, saved and loaded."""
+    from .passes.test_sparse_facts import TEMPLATES, node_dataset, transposes
+    graph = TEMPLATES[model](node_dataset())
+    module = neurovec.compile(graph, "default", torch.float64)
+    assert transposes(module.program)
+    again = pickle.loads(pickle.dumps(module))
+    assert again.code == module.code and torch.equal(again(), module())
+    view = standard_ops(module)
+    assert not any(kernel in view.code for kernel in NEUROVEC_KERNELS)
+    assert_equivalent(graph, view)
+    program = _round_trip(torch.export.export(view, args=(), kwargs={}))
+    torch.testing.assert_close(program.module()(), module(), rtol=1e-12, atol=1e-12)

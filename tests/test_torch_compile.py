@@ -301,3 +301,20 @@ def test_standard_ops_view_compiles_as_one_graph(preset):
     eager = neurovec.compile(graph, preset, torch.float64)
     view = standard_ops(neurovec.compile(graph, preset, torch.float64))
     _assert_same(eager, torch.compile(view, backend="aot_eager", fullgraph=True), view)
+
+
+@pytest.mark.parametrize("model", ["gcn", "sage"])
+def test_fullgraph_with_sparse_facts(model):
+    """A sparse sum of a weight's columns (compiler/passes/sparse_facts.py) compiles whole and trains."""
+    _require("aot_eager")
+    from .passes.test_sparse_facts import TEMPLATES, node_dataset, transposes
+    graph = TEMPLATES[model](node_dataset())
+    eager = neurovec.compile(graph, "default", torch.float64)
+    module = neurovec.compile(graph, "default", torch.float64)
+    assert transposes(module.program)
+    call = torch.compile(module, backend="aot_eager", fullgraph=True)
+    _assert_same(eager, call, module)
+    _sgd_step(eager, eager)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        _sgd_step(module, call)
+        _assert_same(eager, call, module)
