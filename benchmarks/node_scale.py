@@ -10,7 +10,8 @@ itself, and its peak is its own. A dataset is a named shape of
 sizes) or that shape's node and edge counts scaled by ``--fraction``. In order, the phases:
 
 * ``generate``: the synthetic dataset (R-MAT edges, features, planted labels, masks);
-* ``build``: the template's neuron graph (``datasets.gnn.build_gnn``), validation included;
+* ``build``: the template's neuron graph (``datasets.gnn.build_gnn``), validation included (for PyG: the
+  twin and its inputs);
 * ``validate``: the ``Graph`` validation alone (the same layers validated again);
 * ``vectorize`` and every compiler pass the preset enables (``compiler.pipeline.PIPELINE``), each
   followed, as ``neurovec.compile`` does, by the program's verification when the preset verifies
@@ -281,13 +282,15 @@ def summary(cell: dict) -> dict:
     edges = cell["info"].get("edges")
     compile_rows = [row for row in rows if row["group"] == "compile"]
     compile_s = sum(row["seconds"] for row in compile_rows)
-    build_s = sum(row["seconds"] for row in rows if row["phase"] == "build")
+    build_s = sum(row["seconds"] for row in rows if row["phase"] == "build" or row["phase"].endswith(" build"))
     steps = [row["seconds"] for row in rows if row["group"] == "train"]
+    step_cpu = [row["cpu_seconds"] for row in rows if row["group"] == "train"]
     out = {"compile_s": compile_s, "verify_s": sum(row["verify_seconds"] for row in compile_rows),
            "compile_cpu_s": sum(row["cpu_seconds"] for row in compile_rows),
            "build_s": build_s, "peak_rss": max((row["peak_rss"] for row in rows), default=0),
            "first_step_s": steps[0] if steps else None,
-           "step_s": min(steps[1:]) if len(steps) > 1 else None}
+           "step_s": min(steps[1:]) if len(steps) > 1 else None,
+           "step_cpu_s": min(step_cpu[1:]) if len(step_cpu) > 1 else None}
     if edges and compile_s:
         out["compile_edges_per_s"] = edges / compile_s
         out["build_compile_edges_per_s"] = edges / (compile_s + build_s)
@@ -302,8 +305,9 @@ def markdown(cells: list[dict], label: str) -> str:
              f"Machine: {platform.node()}, {os.cpu_count()} cores, Python {platform.python_version()}. "
              "Peak RSS per phase (reset before each), in GB; edges/s counts the dataset's edges.", ""]
     lines += ["| dataset | engine | model | outcome | build s | compile s (verify) | compile M edges/s | "
-              "compile CPU s | M edges/CPU s | build+compile M edges/s | first step s | step s | peak RSS GB |",
-              "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+              "compile CPU s | M edges/CPU s | build+compile M edges/s | first step s | step s | step CPU s | "
+              "peak RSS GB |",
+              "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for cell in cells:
         s = summary(cell)
 
@@ -314,7 +318,7 @@ def markdown(cells: list[dict], label: str) -> str:
                      f"{num(s['build_s'] or None)} | {compile_cell} | {num(s.get('compile_edges_per_s'), 1e6)} | "
                      f"{num(s['compile_cpu_s'] or None)} | {num(s.get('compile_edges_per_cpu_s'), 1e6)} | "
                      f"{num(s.get('build_compile_edges_per_s'), 1e6)} | {num(s['first_step_s'])} | "
-                     f"{num(s['step_s'])} | {num(s['peak_rss'], 1e9)} |")
+                     f"{num(s['step_s'])} | {num(s['step_cpu_s'])} | {num(s['peak_rss'], 1e9)} |")
     for cell in cells:
         info = cell["info"]
         lines += ["", f"## {cell['dataset']}, {cell['model'].upper()} {cell.get('layers', '')}, {cell['engine']}, "
