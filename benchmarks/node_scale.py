@@ -264,16 +264,20 @@ def run_cell(args, dataset: str, fraction: float, model: str, pyg: str | None) -
         cell["info"].update(line.get("info", {}))
     finished = {row["phase"] for row in cell["phases"]}
     unfinished = [line["started"] for line in lines if "started" in line and line["started"] not in finished]
-    errors = [row["error"] for row in cell["phases"] if "error" in row]
-    if errors:
-        cell["outcome"] = errors[0]
+    failed = [row for row in cell["phases"] if "error" in row]
+    cap = f", {args.memory_limit_gb:g} GB cap" if args.memory_limit_gb else ""
+    cell["memory_limit_gb"] = args.memory_limit_gb
+    if failed:
+        kind = "out of memory" if failed[0]["error"].startswith("out of memory") else "failed"
+        cell["outcome"] = f"{kind} in {failed[0]['phase']}{cap if kind == 'out of memory' else ''}"
+        cell["error"] = failed[0]["error"]
     elif returncode == 0:
         cell["outcome"] = "ok"
     elif returncode in (-9, 137):
-        cell["outcome"] = (f"killed (SIGKILL: out of memory?) in {unfinished[0]!r}" if unfinished
+        cell["outcome"] = (f"killed (SIGKILL: out of memory?) in {unfinished[0]}" if unfinished
                            else "killed (SIGKILL: out of memory?)")
     else:
-        cell["outcome"] = f"failed (exit {returncode})" + (f" in {unfinished[0]!r}" if unfinished else "")
+        cell["outcome"] = f"failed (exit {returncode})" + (f" in {unfinished[0]}" if unfinished else "")
     return cell
 
 
@@ -297,6 +301,11 @@ def summary(cell: dict) -> dict:
         out["compile_neuron_edges_per_s"] = cell["info"].get("neuron_edges", 0) / compile_s
         # On a loaded machine the process waits for a core: its CPU seconds say more than the wall's.
         out["compile_edges_per_cpu_s"] = edges / max(out["compile_cpu_s"], 1e-9)
+    if cell.get("outcome") != "ok":  # a compile cut short has no time or rate
+        out.update(compile_s=0.0, compile_cpu_s=0.0, verify_s=0.0)
+        for key in ("compile_edges_per_s", "build_compile_edges_per_s", "compile_neuron_edges_per_s",
+                    "compile_edges_per_cpu_s"):
+            out.pop(key, None)
     return out
 
 
@@ -325,12 +334,15 @@ def markdown(cells: list[dict], label: str) -> str:
                       f"{cell['threads']} thread(s): {cell['outcome']}", ""]
         described = ", ".join(f"{key} {value:,}" if isinstance(value, int) else f"{key} {value}"
                               for key, value in info.items())
+        if "error" in cell:
+            described += f"; {cell['error'][:300]}"
         lines += [described, "", "| phase | s | CPU s | verify s | M edges/s | peak RSS GB |",
                   "|---|---:|---:|---:|---:|---:|"]
         edges = info.get("edges")
         for row in cell["phases"]:
             rate = f"{edges / row['seconds'] / 1e6:.2f}" if edges and row["seconds"] > 0 else "-"
-            note = f" ({row['error'][:80]})" if "error" in row else ""
+            note = " (out of memory)" if row.get("error", "").startswith("out of memory") else (
+                " (failed)" if "error" in row else "")
             lines.append(f"| {row['phase']}{note} | {row['seconds']:.2f} | {row['cpu_seconds']:.2f} | "
                          f"{row['verify_seconds']:.2f} | {rate} | {row['peak_rss'] / 1e9:.2f} |")
     return "\n".join(lines) + "\n"

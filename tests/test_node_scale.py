@@ -33,3 +33,17 @@ def test_node_scale_records_every_phase_of_a_tiny_run(tmp_path, pyg):
             "generate", "pyg-tuned build", "pyg-tuned step 1", "pyg-tuned step 2"]
     readme = (tmp_path / "README.md").read_text()
     assert "# Node-level scale (test)" in readme and "| arxiv-like x 0.002 | neurovec default | GCN | ok |" in readme
+
+
+def test_a_cell_out_of_memory_is_reported_with_its_phase_and_no_compile_rate():
+    row = dict(group="compile", seconds=2.0, cpu_seconds=1.0, verify_seconds=0.0, peak_rss=int(15e9))
+    cell = {"dataset": "products-like x 0.5", "engine": "neurovec default", "model": "gcn", "threads": 1,
+            "outcome": "out of memory in fold_constants, 16 GB cap", "error": "out of memory: RuntimeError: ...",
+            "info": {"edges": 1000}, "phases": [{**row, "phase": "vectorize"},
+                                                {**row, "phase": "fold_constants", "error": "out of memory: ..."}]}
+    summary = node_scale.summary(cell)
+    assert summary["compile_s"] == 0 and "compile_edges_per_s" not in summary and summary["peak_rss"] == int(15e9)
+    text = node_scale.markdown([cell], "test")
+    assert "| out of memory in fold_constants, 16 GB cap | - | - | - |" in text
+    assert "| fold_constants (out of memory) |" in text
+    assert node_scale.is_out_of_memory(RuntimeError("DefaultCPUAllocator: can't allocate memory"))
