@@ -332,11 +332,11 @@ class Graph:
                 raise GraphError(f"layer {i} is a {type(layer).__name__} ({layer!r:.60}), expected a neurovec "
                                  "FactLayer or NeuronLayer (build the list from FactLayer(...), FactLayer.units(...) "
                                  "and NeuronLayer(...))")
-        names = [layer.name for layer in self.layers]
-        for i, name in enumerate(names):
-            if names.index(name) != i:
-                raise GraphError(f"layer name {name!r} is used by layers {names.index(name)} and {i}")
-        weight_names = [w.name for w in self.weights]
+        first_of: dict[str, int] = {}
+        for i, layer in enumerate(self.layers):
+            first = first_of.setdefault(layer.name, i)
+            if first != i:
+                raise GraphError(f"layer name {layer.name!r} is used by layers {first} and {i}")
         seen: dict[str, int] = {}
         for i, w in enumerate(self.weights):
             if not isinstance(w, Weight):
@@ -348,19 +348,17 @@ class Graph:
                 raise GraphError(f"weight {w.name!r}: expected a scalar, vector or matrix (got shape {w.shape})")
             if not np.all(np.isfinite(w.value)):
                 raise GraphError(f"weight {w.name!r} contains NaN or inf")
-        weight_shapes = [w.shape for w in self.weights]
         sizes = np.array([layer.size for layer in self.layers], dtype=np.int64)
-        shapes: list[tuple[int, ...]] = []
+        known = _Known(self.layers, sizes, self.weights)
         for index, layer in enumerate(self.layers):
             if isinstance(layer, FactLayer):
-                shapes.append(_validate_facts(layer))
+                known.add_shape(_validate_facts(layer))
             elif isinstance(layer, NeuronLayer):
-                shapes.append(_validate_neurons(index, layer, self.layers, sizes, shapes,
-                                                weight_shapes, weight_names))
+                known.add_shape(_validate_neurons(index, layer, known))
             else:
                 raise GraphError(f"layer {index} is a {type(layer).__name__}, expected FactLayer or NeuronLayer")
-        self._validate_outputs(sizes, shapes)
-        return shapes
+        self._validate_outputs(sizes, known.shapes)
+        return known.shapes
 
     def _validate_outputs(self, sizes: np.ndarray, shapes: list) -> None:
         if self.output_layer.shape != self.output_ordinal.shape:
@@ -394,15 +392,48 @@ def _validate_facts(layer: FactLayer) -> tuple[int, ...]:
         raise GraphError(f"{where}: values must be scalars, vectors or matrices (got shape {layer.values.shape[1:]})")
     if layer.size == 0:
         raise GraphError(f"{where} is empty")
-    finite = np.isfinite(layer.values).reshape(layer.size, -1).all(axis=1)
-    if not finite.all():
-        raise GraphError(f"{where}, neuron {int(np.flatnonzero(~finite)[0])}: value contains NaN or inf")
+    # A NaN or inf anywhere makes the sum NaN or inf; a finite sum needs no per-value pass (where the sum
+    # overflows, the values are looked at one by one).
+    if not np.isfinite(layer.values.sum()):
+        finite = np.isfinite(layer.values).reshape(layer.size, -1).all(axis=1)
+        if not finite.all():
+            raise GraphError(f"{where}, neuron {int(np.flatnonzero(~finite)[0])}: value contains NaN or inf")
     if layer.unit and (layer.values.ndim != 1 or not np.all(layer.values == 1.0)):
         raise GraphError(f"{where} is marked unit but its values are not scalar ones")
     return layer.value_shape
 
 
-def _validate_neurons(index, layer, layers, sizes, shapes, weight_shapes, weight_names):
+class _Known:
+    """What validation knows of the layers before the current one and of the weights.
+
+    Shapes are numbered as they first appear (small ints), so that a layer's checks
+    look up the shape classes of the layers it reads instead of going over all earlier
+    layers: validation is linear in layers and edges, not quadratic in layers.
+    """
+
+    def __init__(self, layers, sizes: np.ndarray, weights):
+        self.layers, self.sizes = layers, sizes
+        self.weight_names = [w.name for w in weights]
+        self.weight_shapes = [w.shape for w in weights]
+        self.wshape_ids, self.wshape_list = _shape_classes(self.weight_shapes)
+        self.shapes: list[tuple[int, ...]] = []  # the value shape of every layer validated so far
+        self.shape_ids = np.zeros(len(layers), dtype=np.int64)  # their classes; the rest is not yet known
+        self._shape_class: dict[tuple, int] = {}
+        self.shape_list: list[tuple] = []
+
+    def add_shape(self, shape: tuple[int, ...]) -> None:
+        cls = self._shape_class.setdefault(shape, len(self._shape_class))
+        if cls == len(self.shape_list):
+            self.shape_list.append(shape)
+        self.shape_ids[len(self.shapes)] = cls
+        self.shapes.append(shape)
+
+    def weight_classes(self, weight: np.ndarray) -> np.ndarray:
+        """The shape class of each weight index (-1: no weight)."""
+        return np.where(weight >= 0, self.wshape_ids[np.maximum(weight, 0)] if self.wshape_ids.size else 0, -1)
+
+
+def _validate_neurons(index: int, layer: NeuronLayer, known: _Known) -> tuple[int, ...]:
     where = f"layer {layer.name!r}"
     n, n_edges = layer.size, layer.n_edges
     if n == 0:
@@ -423,66 +454,39 @@ def _validate_neurons(index, layer, layers, sizes, shapes, weight_shapes, weight
     if int(layer.counts.sum()) != n_edges:
         raise GraphError(f"{where}: counts sum to {int(layer.counts.sum())} but there are {n_edges} inputs")
 
-    def fail(edges: np.ndarray, problem: str):
-        e = int(edges[0])
-        j = int(layer.edge_neuron(e))
-        raise GraphError(f"{where}, neuron {j}, input {e - int(layer.ptr[j])}: {problem(e)}")
-
-    src = layer.input_layer
-    bad = np.flatnonzero((src < 0) | (src >= len(layers)))
-    if bad.size:
-        fail(bad, lambda e: f"references missing layer index {src[e]}")
-    bad = np.flatnonzero(src == index)
-    if bad.size:
-        fail(bad, lambda e: f"references neuron {layer.input_ordinal[e]} of its own layer; neurons of one "
-                            "layer must be independent")
-    bad = np.flatnonzero(src > index)
-    if bad.size:
-        fail(bad, lambda e: f"references later layer {layers[src[e]].name!r} (a cycle or a backward "
-                            "reference: layers must be in topological order)")
-    ordinal = layer.input_ordinal
-    bad = np.flatnonzero((ordinal < 0) | (ordinal >= sizes[src]))
-    if bad.size:
-        fail(bad, lambda e: f"references missing neuron {ordinal[e]} of layer {layers[src[e]].name!r} "
-                            f"(it has {sizes[src[e]]} neurons)")
-    n_weights = len(weight_shapes)
-    weight = layer.input_weight
-    bad = np.flatnonzero((weight < NO_WEIGHT) | (weight >= n_weights))
-    if bad.size:
-        fail(bad, lambda e: f"references missing weight index {weight[e]} (there are {n_weights})")
+    # Whole-array checks first: a few passes over the edges (min, max), no per-edge temporaries where
+    # the layer reads one layer. Only where they find a problem do the detailed checks run, to name
+    # the first offending neuron and input (the same message as a per-edge check would give).
+    src, ordinal, weight = layer.input_layer, layer.input_ordinal, layer.input_weight
+    sizes, n_weights = known.sizes, len(known.weight_shapes)
+    src_low, src_high = int(src.min()), int(src.max())
+    ok = 0 <= src_low and src_high < index
+    if ok:
+        if src_low == src_high:
+            ok = int(ordinal.min()) >= 0 and int(ordinal.max()) < sizes[src_low]
+        else:
+            ok = int(ordinal.min()) >= 0 and not np.any(ordinal >= sizes[src])
+    weight_low, weight_high = int(weight.min()), int(weight.max())
+    ok = ok and weight_low >= NO_WEIGHT and weight_high < n_weights
+    if not ok:
+        _fail_inputs(index, layer, known)
     bad_bias = np.flatnonzero((layer.bias < NO_WEIGHT) | (layer.bias >= n_weights))
     if bad_bias.size:
         j = int(bad_bias[0])
         raise GraphError(f"{where}, neuron {j}: bias references missing weight index {layer.bias[j]}")
 
     # Shapes: one check per distinct (input layer shape, weight shape) pair, not per edge.
-    shape_ids, shape_list = _shape_classes([shapes[i] for i in range(index)])
-    wshape_ids, wshape_list = _shape_classes(weight_shapes)
-    edge_value_cls = shape_ids[src]
-    edge_weight_cls = np.where(weight >= 0, wshape_ids[np.maximum(weight, 0)] if n_weights else 0, -1)
-    # One small-int code per (value class, weight class) pair, in their lexicographic order: the pairs present and
-    # the first edge of each come from bincount and minimum.at, with no sort (np.unique(axis=0) sorted every edge).
-    n_classes = len(wshape_list) + 1
-    code = edge_value_cls * n_classes + (edge_weight_cls + 1)
-    present = np.flatnonzero(np.bincount(code))
-    first_edge = np.full(int(present[-1]) + 1, n_edges, dtype=np.int64)
-    np.minimum.at(first_edge, code, np.arange(n_edges, dtype=np.int64))
-    pairs = np.stack([present // n_classes, present % n_classes - 1], 1)
     out_shape = None
-    for (value_cls, weight_cls), e in zip(pairs.tolist(), first_edge[present].tolist()):
-        value_shape = shape_list[value_cls]
-        w_shape = None if weight_cls < 0 else wshape_list[weight_cls]
+    for value_cls, weight_cls in _shape_pairs(layer, src_low, src_high, weight_low, weight_high, known):
+        value_shape = known.shape_list[value_cls]
+        w_shape = None if weight_cls < 0 else known.wshape_list[weight_cls]
         result = product_shape(w_shape, value_shape)
-        if result is None:
-            fail([e], lambda e: f"weight {weight_names[weight[e]]!r} of shape {w_shape} does not fit the "
-                                f"value of layer {layers[src[e]].name!r} with shape {value_shape}")
-        if out_shape is None:
-            out_shape, out_edge = result, e
-        elif result != out_shape:
-            fail([e], lambda e: f"weighted input has shape {result}, but input {int(out_edge)} of the layer "
-                                f"gives {out_shape}: all weighted inputs of a layer must have one shape")
+        if result is None or (out_shape is not None and result != out_shape):
+            _fail_shapes(layer, known)
+        out_shape = result
     has_bias = layer.bias >= 0
     if has_bias.any():
+        wshape_ids, wshape_list, weight_names = known.wshape_ids, known.wshape_list, known.weight_names
         bias_cls = np.where(has_bias, wshape_ids[np.maximum(layer.bias, 0)], -1)
         distinct = np.unique(bias_cls[has_bias])
         if distinct.size > 1:
@@ -499,6 +503,107 @@ def _validate_neurons(index, layer, layers, sizes, shapes, weight_shapes, weight
     if layer.transformation == "softmax" and out_shape == ():
         raise GraphError(f"{where}: softmax needs vector or matrix values (got scalars)")
     return out_shape
+
+
+def _present(values: np.ndarray, low: int, high: int) -> np.ndarray:
+    """The distinct values of ``values`` (all in ``[low, high]``), sorted: a count per value where the
+    range is no longer than the array, a sort where it is (so neither the range nor a sort dominates)."""
+    if high - low < values.size:
+        return np.flatnonzero(np.bincount(values - low)) + low
+    return np.unique(values)
+
+
+def _shape_pairs(layer, src_low, src_high, weight_low, weight_high, known: _Known) -> list[tuple[int, int]]:
+    """The distinct (value shape class, weight shape class or -1) pairs of the layer's inputs, in
+    lexicographic order. A layer that reads one layer, or whose weights have one shape, needs no
+    per-edge pass beyond the distinct layers or weights it reads; others one small-int code per edge."""
+    src, weight, n_edges = layer.input_layer, layer.input_weight, layer.n_edges
+    if src_low == src_high:
+        value_classes = known.shape_ids[[src_low]]
+    else:
+        value_classes = np.unique(known.shape_ids[_present(src, src_low, src_high)])
+    if weight_high < 0:
+        weight_classes = np.array([-1])
+    else:
+        # The weights between the least and the greatest used: if they have one shape, that shape is present.
+        low = max(weight_low, 0)
+        in_range = np.unique(known.wshape_ids[low:weight_high + 1]) if weight_high - low < n_edges else None
+        if in_range is not None and in_range.size == 1:
+            weight_classes = np.concatenate([[-1] if weight_low < 0 else [], in_range]).astype(np.int64)
+        else:
+            weight_classes = np.unique(known.weight_classes(_present(weight, weight_low, weight_high)))
+    if value_classes.size == 1 or weight_classes.size == 1:
+        return [(v, w) for v in value_classes.tolist() for w in weight_classes.tolist()]
+    n_classes = len(known.wshape_list) + 1
+    code = known.shape_ids[src] * n_classes + (known.weight_classes(weight) + 1)
+    present = np.flatnonzero(np.bincount(code))
+    return list(zip((present // n_classes).tolist(), (present % n_classes - 1).tolist()))
+
+
+def _fail_at(layer, where: str, edges, problem):
+    e = int(edges[0])
+    j = int(layer.edge_neuron(e))
+    raise GraphError(f"{where}, neuron {j}, input {e - int(layer.ptr[j])}: {problem(e)}")
+
+
+def _fail_inputs(index: int, layer: NeuronLayer, known: _Known):
+    """Raise the error for the first input that references a missing or later layer, neuron or weight."""
+    where = f"layer {layer.name!r}"
+    layers, sizes, n_weights = known.layers, known.sizes, len(known.weight_shapes)
+    src = layer.input_layer
+    bad = np.flatnonzero((src < 0) | (src >= len(layers)))
+    if bad.size:
+        _fail_at(layer, where, bad, lambda e: f"references missing layer index {src[e]}")
+    bad = np.flatnonzero(src == index)
+    if bad.size:
+        _fail_at(layer, where, bad, lambda e: f"references neuron {layer.input_ordinal[e]} of its own layer; "
+                                              "neurons of one layer must be independent")
+    bad = np.flatnonzero(src > index)
+    if bad.size:
+        _fail_at(layer, where, bad, lambda e: f"references later layer {layers[src[e]].name!r} (a cycle or a "
+                                              "backward reference: layers must be in topological order)")
+    ordinal = layer.input_ordinal
+    bad = np.flatnonzero((ordinal < 0) | (ordinal >= sizes[src]))
+    if bad.size:
+        _fail_at(layer, where, bad, lambda e: f"references missing neuron {ordinal[e]} of layer "
+                                              f"{layers[src[e]].name!r} (it has {sizes[src[e]]} neurons)")
+    weight = layer.input_weight
+    bad = np.flatnonzero((weight < NO_WEIGHT) | (weight >= n_weights))
+    if bad.size:
+        _fail_at(layer, where, bad, lambda e: f"references missing weight index {weight[e]} (there are "
+                                              f"{n_weights})")
+    raise AssertionError(f"{where}: the whole-array input checks failed but no input is wrong")  # pragma: no cover
+
+
+def _fail_shapes(layer: NeuronLayer, known: _Known):
+    """Raise the error for the first input whose weight does not fit its value, or whose product's shape
+    differs from the layer's first (in the order of (value shape, weight shape) classes)."""
+    where = f"layer {layer.name!r}"
+    src, weight, n_edges = layer.input_layer, layer.input_weight, layer.n_edges
+    # One small-int code per (value class, weight class) pair, in their lexicographic order: the pairs
+    # present and the first edge of each come from bincount and minimum.at, with no sort.
+    n_classes = len(known.wshape_list) + 1
+    code = known.shape_ids[src] * n_classes + (known.weight_classes(weight) + 1)
+    present = np.flatnonzero(np.bincount(code))
+    first = np.full(present[-1] + 1, n_edges, dtype=np.int64)
+    np.minimum.at(first, code, np.arange(n_edges))
+    out_shape = out_edge = None
+    for pair in present.tolist():
+        value_cls, weight_cls, e = pair // n_classes, pair % n_classes - 1, int(first[pair])
+        value_shape = known.shape_list[value_cls]
+        w_shape = None if weight_cls < 0 else known.wshape_list[weight_cls]
+        result = product_shape(w_shape, value_shape)
+        if result is None:
+            _fail_at(layer, where, [e], lambda e: f"weight {known.weight_names[weight[e]]!r} of shape {w_shape} "
+                                                  f"does not fit the value of layer {known.layers[src[e]].name!r} "
+                                                  f"with shape {value_shape}")
+        if out_shape is None:
+            out_shape, out_edge = result, e
+        elif result != out_shape:
+            _fail_at(layer, where, [e], lambda e: f"weighted input has shape {result}, but input {int(out_edge)} "
+                                                  f"of the layer gives {out_shape}: all weighted inputs of a layer "
+                                                  "must have one shape")
+    raise AssertionError(f"{where}: the shape check failed but no input is wrong")  # pragma: no cover
 
 
 def _shape_classes(shapes: Sequence[tuple]) -> tuple[np.ndarray, list[tuple]]:

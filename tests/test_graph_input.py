@@ -241,3 +241,52 @@ def test_builder_inputs_and_bulk_layers_name_what_is_wrong():
     assert b.build().n_neurons == 4
     with pytest.raises(GraphError, match=r"layer 1 is a str \('h'\), expected a neurovec FactLayer or NeuronLayer"):
         Graph([facts(), "h"], [], [0], [0])
+
+
+# -- validation checks whole arrays first, and names the first bad input as a per-edge check would --
+
+def test_ordinal_past_the_smaller_of_two_read_layers_is_named():
+    # The ordinals' maximum (3) fits layer 'b' (5 neurons) but not 'a' (2): the whole-array check
+    # must look per edge when a layer reads several layers.
+    a, b = FactLayer("a", np.ones((2, 2))), FactLayer("b", np.ones((5, 2)))
+    h = NeuronLayer("h", counts=[2, 2], input_layer=[1, 0, 1, 0], input_ordinal=[3, 1, 0, 3])
+    with pytest.raises(GraphError, match=r"layer 'h', neuron 1, input 1: references missing neuron 3 of layer "
+                                         r"'a' \(it has 2 neurons\)"):
+        Graph([a, b, h], [], [2], [0])
+
+
+def test_weights_of_several_shapes_are_checked_per_input():
+    # Weights 0 and 2 fit the (2,) input, weight 1 (between them, unused) does not: the layer is valid.
+    # With weight 1 used on one input, that input is named.
+    weights = [Weight("A", np.ones((3, 2))), Weight("B", np.ones((4, 4))), Weight("C", np.ones((3, 2)))]
+    ok = NeuronLayer("h", counts=[2, 1], input_layer=[0, 0, 0], input_ordinal=[0, 1, 2], input_weight=[0, 2, 2])
+    assert Graph([facts(), ok], weights, [1], [0]).layer_shapes[1] == (3,)
+    bad = NeuronLayer("h", counts=[2, 1], input_layer=[0, 0, 0], input_ordinal=[0, 1, 2], input_weight=[0, 2, 1])
+    with pytest.raises(GraphError, match=r"layer 'h', neuron 1, input 0: weight 'B' of shape \(4, 4\) does not fit "
+                                         r"the value of layer 'x' with shape \(2,\)"):
+        Graph([facts(), bad], weights, [1], [0])
+
+
+def test_first_bad_input_is_named_when_several_are_bad():
+    # Checks run in a fixed order (missing layer, own layer, later layer, neuron, weight), each naming its
+    # first input, whatever the whole-array check saw first.
+    h = NeuronLayer("h", counts=[1, 2], input_layer=[0, 0, 0], input_ordinal=[0, 7, 1], input_weight=[0, -1, 5])
+    with pytest.raises(GraphError, match=r"layer 'h', neuron 1, input 0: references missing neuron 7 of layer 'x'"):
+        Graph([facts(), h], [Weight("W", np.ones((2, 2)))], [1], [0])
+
+
+def test_validation_of_a_deep_graph_with_a_weight_per_layer():
+    # Many layers, each reading the facts and the layer before through its own weight (as knowledge-graph
+    # templates do): every layer's shape comes out, and a bad shape deep down is named.
+    depth = 300
+    layers, weights = [facts()], []
+    for k in range(depth):
+        weights.append(Weight(f"W{k}", np.ones((2, 2))))
+        layers.append(NeuronLayer(f"h{k}", counts=[2, 2, 2], input_layer=[0, k, 0, k, 0, k],
+                                  input_ordinal=[0, 0, 1, 1, 2, 2], input_weight=[k, -1, k, -1, k, -1]))
+    graph = Graph(layers, weights, [depth], [0])
+    assert graph.layer_shapes == ((2,),) * (depth + 1)
+    weights[depth - 1] = Weight(f"W{depth - 1}", np.ones((3, 2)))
+    with pytest.raises(GraphError, match=rf"layer 'h{depth - 1}', neuron 0, input 0: weighted input has shape "
+                                         r"\(3,\), but input 1 of the layer gives \(2,\)"):
+        Graph(layers, weights, [depth], [0])

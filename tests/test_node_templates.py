@@ -183,3 +183,21 @@ def test_factorised_gcn_normalisation_is_exact(odd, monkeypatch):
     ours, theirs = module(), twin(*twins.pyg_node_data(odd, torch.float64))
     torch.testing.assert_close(ours, theirs, atol=1e-9, rtol=1e-9)
     _grads(module, twin, ours, theirs)
+
+
+def test_gcn_norm_helpers_equal_the_plain_sorts():
+    # _few_products counts distinct degree products over the (degree, degree) pairs present; _by_owner
+    # sorts with torch's radix sort: both must give what a sort of every edge gives.
+    from neurovec.datasets._common import csr
+    from neurovec.datasets.gnn import _by_owner, _few_products
+
+    rng = np.random.default_rng(3)
+    for n_levels, n in [(5, 50), (60, 400), (5000, 6000)]:  # the last has too many pairs to count: it sorts
+        deg = rng.integers(1, n_levels + 1, n)
+        src, dst = rng.integers(0, n, 3 * n), rng.integers(0, n, 3 * n)
+        distinct = np.unique(np.concatenate([deg * deg, deg[dst] * deg[src]])).size
+        for limit in (distinct - 1, distinct):
+            assert _few_products(deg, src, dst, limit) == (distinct <= limit)
+        weight = rng.integers(-1, 9, src.size)
+        for got, want in zip(_by_owner(dst, n, src, weight), csr(dst, n, src, weight)):
+            assert np.array_equal(got, want)
