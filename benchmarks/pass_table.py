@@ -1,4 +1,4 @@
-"""What each pass buys: leave-one-out on the benchmark programs (issue 24).
+"""What each pass buys: leave-one-out on the benchmark programs.
 
     python benchmarks/pass_table.py                          # print the table
     python benchmarks/pass_table.py --write docs/optimizer.md

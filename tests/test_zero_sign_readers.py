@@ -1,4 +1,4 @@
-"""The sign of a zero reaches the gradient through log and sqrt (issue 23 item 7, compiler side).
+"""The sign of a zero reaches the gradient through log and sqrt (compiler side).
 
 ``log'(x) = 1 / x`` and ``sqrt'(x) = 1 / (2 sqrt(x))`` are -inf at ``-0.0`` and inf at ``0.0``. The
 reference engine sums from ``+0.0``, so a one-input sum of ``-0.0`` is ``+0.0``; a pass that drops
