@@ -57,6 +57,8 @@ WHY_IT_STAYS = {
     "remove_identity (after algebra)": "likewise after the algebra passes",
     "simplify_gathers (after algebra)": "the algebra passes plan their own gathers (emit_plan) here",
     "compose_gathers (after compose_sums)": "no gather is left after a composed sum here",
+    "relation_products": "no product here uses one of many weight matrices; RGCN's per-relation products "
+                         "do (docs/knowledge_graphs.md)",
     "sparse_facts": "no product of static facts here is both sparse and large enough "
                     "(sparse_fact_density, MIN_WORK multiply-adds) to run faster as a sparse sum of weight columns",
 }
