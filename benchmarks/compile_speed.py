@@ -66,7 +66,7 @@ def deep_chain(depth: int, width: int = 4, dim: int = 3, weighted_layers: int | 
     before the first layer). The first ``weighted_layers`` layers (None: all) multiply their first
     input by a matrix of their own; the others add their inputs as they are. Every node of
     the vectorized program is reachable through many paths (Fibonacci-many for ``skip=2``): the
-    shape on which a labelling that re-walked every path below a node never finished (issue 23)."""
+    shape on which a labelling that re-walked every path below a node never finished."""
     rng = np.random.default_rng(seed)
     layers: list = [FactLayer("x", rng.normal(size=(width, dim)))]
     weights: list[Weight] = []

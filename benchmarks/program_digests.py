@@ -1,5 +1,5 @@
 """Digests of the programs the optimizer makes on the benchmark suite: the check that a
-restructuring of the compiler is behaviour-preserving (issue 24).
+restructuring of the compiler is behaviour-preserving.
 
     python benchmarks/program_digests.py                      # one line per program, then the total
     python benchmarks/program_digests.py --passes             # and every pass's output digest

@@ -60,7 +60,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 __all__ = ["Op", "Node", "Program", "IRError", "INDEXING", "REDUCE_KERNELS", "LAYOUTS", "linear_grid",
-           "unique_name", "users_of", "compact_index", "stored", "is_sparse_sum"]
+           "users_of", "compact_index", "stored", "is_sparse_sum"]
 
 REDUCE_KERNELS = ("scatter", "segment", "dense", "strided", "sparse_mm", "auto")
 LAYOUTS = ("full", "tile", "interleave")
@@ -232,17 +232,6 @@ def users_of(nodes) -> dict[str, list[str]]:
         for s in n.srcs:
             result[s].append(n.name)
     return result
-
-
-def unique_name(base: str, taken) -> str:
-    """``base``, or ``base_2``, ``base_3``, ... : the first one not in ``taken`` (which it joins)."""
-    name, k = base, 1
-    while name in taken:
-        k += 1
-        name = f"{base}_{k}"
-    if isinstance(taken, set):
-        taken.add(name)
-    return name
 
 
 def compact_index(array) -> np.ndarray:

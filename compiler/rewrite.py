@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 import itertools
-from typing import Iterable
+from typing import Iterable, Iterator
 
 import numpy as np
 
 from .ir import Node, Op, Program, stored
 
-__all__ = ["replace_uses", "eliminate_dead_code", "fresh_name", "fresh_const", "single_use",
+__all__ = ["replace_uses", "eliminate_dead_code", "unique_name", "fresh_name", "fresh_const", "single_use",
            "zero_sign_matters", "unit_reduction_is_identity", "Rewriter"]
 
 
@@ -44,25 +44,43 @@ def eliminate_dead_code(program: Program) -> Program:
     return program.replace(nodes=nodes, constants=constants)
 
 
+def unique_name(base: str, taken, numbers: Iterator[int] | None = None) -> str:
+    """The one place that mints names of nodes and constants: ``base`` if ``taken`` (anything with
+    ``in``) lacks it, else ``base_n`` for the first ``n`` from ``numbers`` that it lacks (by default
+    2, 3, ... afresh for this call). A set ``taken`` gets the name added."""
+    name = base
+    if name in taken:
+        numbers = itertools.count(2) if numbers is None else numbers
+        while name in taken:
+            name = f"{base}_{next(numbers)}"
+    if isinstance(taken, set):
+        taken.add(name)
+    return name
+
+
+class _Taken:
+    """The names a program's nodes and a dict of constants use, for ``in`` (nothing is copied)."""
+
+    def __init__(self, nodes, constants: dict):
+        self.nodes, self.constants = nodes, constants
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.constants or any(n.name == name for n in self.nodes)
+
+
+#: The numbers fresh_name and fresh_const append, process-wide (benchmarks/program_digests.py
+#: starts them afresh for each program it digests).
 _counter = itertools.count()
 
 
 def fresh_name(program: Program, base: str) -> str:
     """A node or constant name not used in ``program``."""
-    taken = {n.name for n in program.nodes} | set(program.constants)
-    if base not in taken:
-        return base
-    while True:
-        name = f"{base}_{next(_counter)}"
-        if name not in taken:
-            return name
+    return unique_name(base, {n.name for n in program.nodes} | set(program.constants), _counter)
 
 
 def fresh_const(program: Program, constants: dict, base: str, array: np.ndarray) -> str:
     """Store ``array`` in ``constants`` (a copy being built for a new program) under a fresh key."""
-    key = base
-    while key in constants or any(n.name == key for n in program.nodes):
-        key = f"{base}_{next(_counter)}"
+    key = unique_name(base, _Taken(program.nodes, constants), _counter)
     constants[key] = stored(array)
     return key
 
@@ -130,7 +148,7 @@ class Rewriter:
         self.aliases: dict[str, str] = {}
         self.taken = {n.name for n in program.nodes} | set(program.constants)
         self.changed = False
-        self._counter = 0
+        self._numbers = itertools.count(1)  # fresh names' suffixes, one sequence for the whole rewrite
         self._old = program.by_name()
 
     def resolve(self, name: str) -> str:
@@ -159,12 +177,7 @@ class Rewriter:
         self.changed = True
 
     def fresh(self, base: str) -> str:
-        name = base
-        while name in self.taken:
-            self._counter += 1
-            name = f"{base}_{self._counter}"
-        self.taken.add(name)
-        return name
+        return unique_name(base, self.taken, self._numbers)
 
     def const(self, base: str, array: np.ndarray) -> str:
         key = self.fresh(base)

@@ -95,7 +95,7 @@ class Settings(BaseModel):
         True, description="Pre-concatenate facts or weights that are always used together.")
     remove_unused: bool = Field(True, description="Drop values nothing reads.")
 
-    # -- algebra: using what is known at compile time (issue 10) ---------------------------------
+    # -- algebra: using what is known at compile time --------------------------------------------
     reduce_coefficients: bool = Field(
         True, description="Fixed scalar factors of summed or averaged inputs become per-edge coefficients "
                           "of the reduction (a weighted sparse matrix) instead of per-edge products.")

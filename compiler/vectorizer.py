@@ -22,7 +22,8 @@ import numpy as np
 
 from ..sources.graph import NO_WEIGHT, FactLayer, Graph
 from .grouping import CHUNK, row_dtype
-from .ir import Node, Op, Program, compact_index, stored, unique_name
+from .ir import Node, Op, Program, compact_index, stored
+from .rewrite import unique_name
 from .passes.prune import prune_unreachable
 
 __all__ = ["vectorize"]

@@ -6,7 +6,6 @@ No assertion here is about wall-clock speed: "the winner is no slower than
 from __future__ import annotations
 
 import json
-import time
 
 import numpy as np
 import pytest
@@ -212,7 +211,7 @@ def test_torch_compile_candidate(small_gcn):
 
 
 @pytest.mark.parametrize("step_s, compiled, pruned", [(0.02, False, False), (0.5, False, True), (0.5, True, False)])
-def test_pruning_only_saves_real_time(step_s, compiled, pruned):
+def test_pruning_only_saves_real_time(monkeypatch, step_s, compiled, pruned):
     """A slow candidate is stopped after its warm-up only where finishing it would cost more
     than PRUNE_MIN_SAVING_S, and a +compile candidate (its compile time spent) never is: on a
     loaded machine, two 1 ms steps can both take 20 ms."""
@@ -220,7 +219,11 @@ def test_pruning_only_saves_real_time(step_s, compiled, pruned):
 
     from neurovec.tuning import PRUNE_FACTOR, Candidate, _Timer
 
-    timer = _Timer(time.perf_counter(), 600.0, torch.device("cpu"), repeat=5, warmup=2, loss=None)
+    from neurovec import tuning
+
+    clock = _VirtualClock()  # the step times are given: nothing here depends on the machine's speed
+    monkeypatch.setattr(tuning, "time", clock)
+    timer = _Timer(clock.perf_counter(), 600.0, torch.device("cpu"), repeat=5, warmup=2, loss=None)
     best_ms = step_s * 1e3 / (2 * PRUNE_FACTOR)  # the candidate is 2x PRUNE_FACTOR slower than the best
     timer.finalists.append(SimpleNamespace(row=SimpleNamespace(median_ms=best_ms)))
     row = Candidate("default", "auto", None, compiled=compiled)
@@ -251,14 +254,19 @@ def test_playoff_rule_keeps_default_within_the_noise():
     assert playoff_winner(default[:4], [fast[:4]])[0] is None
 
 
-def test_playoff_always_includes_default():
+def test_playoff_always_includes_default(monkeypatch):
     """default enters the playoff even when its own timing put it behind PLAYOFF others, and
     keeps its place against challengers that are not reliably faster."""
     from itertools import cycle
 
     from neurovec.tuning import Candidate, _Finalist, _Timer
 
-    timer = _Timer(time.perf_counter(), 60.0, torch.device("cpu"), repeat=5, warmup=2, loss=None)
+    from neurovec import tuning
+
+    # On the virtual clock the playoff plays the same number of rounds however loaded the machine.
+    clock = _VirtualClock()
+    monkeypatch.setattr(tuning, "time", clock)
+    timer = _Timer(clock.perf_counter(), 60.0, torch.device("cpu"), repeat=5, warmup=2, loss=None)
 
     def finalist(index: int, name: str, median_ms: float, steps) -> _Finalist:
         row = Candidate(name, "auto", None, status="ok", median_ms=median_ms)

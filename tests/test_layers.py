@@ -1,4 +1,4 @@
-"""Imports go one way (issue 24): the compiler makes programs and imports no engine; passes import no
+"""Imports go one way: the compiler makes programs and imports no engine; passes import no
 pass; no import circle among the compiler, the engines and the modules above them.
 
 Every import statement counts, also one inside a function (an import deferred to call time is an
@@ -22,7 +22,7 @@ COMPILER_MAY_IMPORT = ("neurovec.compiler", "neurovec.sources", "neurovec.memory
 SHIMS = {("neurovec.compiler.pipeline", "neurovec.compiling"), ("neurovec.compiler.autotune", "neurovec.tuning")}
 
 #: Passes that import another pass today: shared helpers that still live in a pass. The list may
-#: only shrink (issue 24, one row vocabulary); a new entry fails the test.
+#: only shrink (one row vocabulary); a new entry fails the test.
 KNOWN_PASS_IMPORTS = {
     ("cleanup", "simplify_gathers"), ("coefficients", "rows"), ("coefficients", "simplify_gathers"),
     ("dedup", "upward"), ("fold_constants", "rows"), ("padding", "linear_broadcast"),
@@ -95,7 +95,7 @@ def test_no_pass_imports_another_pass():
     assert KNOWN_PASS_IMPORTS <= found, f"gone, take them off the list: {sorted(KNOWN_PASS_IMPORTS - found)}"
 
 
-#: Circles that engines/ has today (its owners' to break: issue 24).
+#: Circles that engines/ has today (its owners' to break).
 KNOWN_CIRCLES = {frozenset({"neurovec.engines.kernels", "neurovec.engines.ops"})}
 
 

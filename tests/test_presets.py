@@ -88,7 +88,7 @@ def test_dynamic_facts_replaced_at_call_time(graph, preset, seed):
     torch.testing.assert_close(module(facts).detach(), expected, atol=1e-9, rtol=1e-9)
 
 
-# -- strict settings (issue 23 item 6) --------------------------------------------------------------
+# -- strict settings ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("field, value, expected", [
     ("iso_compression", "no", "Input should be a valid boolean"),
@@ -101,7 +101,7 @@ def test_dynamic_facts_replaced_at_call_time(graph, preset, seed):
     ("upward_max_depth", "3", "Input should be a valid integer"),
 ])
 def test_settings_take_values_as_they_are(field, value, expected):
-    # Issue 23: Settings(iso_compression="no") was False, upward_growth_abs=True was 1.
+    # Settings(iso_compression="no") was False, upward_growth_abs=True was 1.
     with pytest.raises(ValueError, match=expected) as error:
         Settings(**{field: value})
     assert field in str(error.value)
@@ -115,7 +115,7 @@ def test_settings_take_numpy_scalars_and_lists_of_layers():
 
 
 def test_a_misspelled_setting_is_named_with_the_closest_field():
-    # Issue 28: pydantic said only "Extra inputs are not permitted".
+    # pydantic said only "Extra inputs are not permitted".
     with pytest.raises(ValueError, match=r"unknown settings 'iso_compresion' \(did you mean 'iso_compression'\?\)"):
         Settings(iso_compresion=False)
     with pytest.raises(ValueError, match=r"unknown settings 'upwards' \(did you mean 'upward'\?\)"):

@@ -18,8 +18,8 @@ same numbers summed in another order; a sum of zeros keeps its sign in either.
 """
 from __future__ import annotations
 
-from ..ir import Node, Op, Program, unique_name
-from ..rewrite import Rewriter, eliminate_dead_code, single_use
+from ..ir import Node, Op, Program
+from ..rewrite import Rewriter, eliminate_dead_code, single_use, unique_name
 from ..settings import Settings
 
 __all__ = ["broadcast_adds", "merge_row_adds"]

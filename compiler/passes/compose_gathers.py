@@ -31,8 +31,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..grouping import expand_segments
-from ..ir import Node, Op, Program, is_sparse_sum, unique_name
-from ..rewrite import eliminate_dead_code, fresh_const, single_use
+from ..ir import Node, Op, Program, is_sparse_sum
+from ..rewrite import eliminate_dead_code, fresh_const, single_use, unique_name
 from ..settings import Settings
 
 __all__ = ["compose_gathers", "GATHER_OP_ENTRIES"]

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ir import Node, Op, Program, is_sparse_sum, unique_name
-from ..rewrite import eliminate_dead_code, fresh_const, single_use
+from ..ir import Node, Op, Program, is_sparse_sum
+from ..rewrite import eliminate_dead_code, fresh_const, single_use, unique_name
 from ..settings import Settings
 
 __all__ = ["join_sums"]

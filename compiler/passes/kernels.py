@@ -1,4 +1,4 @@
-"""Reductions shaped for the engine's kernels (issue 5; thesis 3.4, 6.4).
+"""Reductions shaped for the engine's kernels (thesis 3.4, 6.4).
 
 Which kernel runs a reduction is the engine's choice, made when it builds the module from the
 program (NOTE: [kernels chosen by the engine] in ``engines/torch_module.py``): this pass writes

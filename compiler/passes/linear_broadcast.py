@@ -29,7 +29,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..grouping import equal_arrays, is_identity, run_block
-from ..ir import Node, Op, Program, compact_index, unique_name, users_of
+from ..ir import Node, Op, Program, compact_index, users_of
+from ..rewrite import unique_name
 from ..settings import Settings
 
 __all__ = ["broadcast_linear", "resolve_rows", "tile_period", "interleave_count", "SideRows", "Layout",

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ir import Node, Op, Program, is_sparse_sum, unique_name
-from ..rewrite import eliminate_dead_code, fresh_const
+from ..ir import Node, Op, Program, is_sparse_sum
+from ..rewrite import eliminate_dead_code, fresh_const, unique_name
 from ..settings import Settings
 from .reorder_linear import shared_product
 

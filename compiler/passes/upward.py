@@ -62,8 +62,8 @@ from typing import Callable
 import numpy as np
 
 from ..grouping import expand_segments, is_identity, row_dtype
-from ..ir import Node, Op, Program, linear_grid, stored, unique_name
-from ..rewrite import eliminate_dead_code
+from ..ir import Node, Op, Program, linear_grid, stored
+from ..rewrite import eliminate_dead_code, unique_name
 from ..settings import Settings
 
 __all__ = ["propagate_gathers_up", "Editor", "RowPlanner", "UPWARD", "SHRINK", "is_regular_index",
