@@ -21,10 +21,7 @@ Cells (one training step each: forward, loss, backward, Adam; float32; full batc
 
 Contenders: ``default`` and ``autotune`` (neurovec as a user gets it; autotune's tuning is its compile time),
 ``pyg`` (RGCNConv) and ``pyg-fast`` (FastRGCNConv) eager, ``pyg-compiled`` and ``pyg-fast-compiled`` under
-``torch.compile`` (the encoder module), ``neuralogic`` (rules cell only). ``proposed`` (opt-in) is ``default``
-with the changes requested in issue 27's report applied in its process only: the ``relation_products`` pass
-in the pipeline after ``upward`` and a batched GEMM for products with one weight per block of rows; it is
-labelled as such and never enters the headline.
+``torch.compile`` (the encoder module), ``neuralogic`` (rules cell only).
 
 Every contender runs alone in a fresh process (``--child``), under ``torch.set_num_threads`` and
 ``OMP_NUM_THREADS``: compiled contenders never share a process, and none inherits another's memory. Before
@@ -64,29 +61,6 @@ def _adam(params):
         return torch.optim.Adam(params, lr=1e-3, fused=True)
     except (RuntimeError, ValueError):
         return torch.optim.Adam(params, lr=1e-3)
-
-
-def _proposed():
-    """The changes requested in the report, in this process only (see the module doc)."""
-    from neurovec.compiler import pipeline
-    from neurovec.compiler.passes import relation_products
-    from neurovec.engines import torch_module
-
-    names = [name for name, *_ in pipeline.PIPELINE]
-    if "relation_products" not in names:  # (once the pipeline has the line, its own)
-        pipeline.PIPELINE.insert(names.index("upward") + 1,
-                                 ("relation_products", lambda s: True, relation_products.relation_products))
-    original = torch_module._linear
-
-    def linear(node, w, x):
-        if node.attrs["kind"] == "matmul" and node.attrs.get("w_layout") == "interleave" and w.count > 1 \
-                and node.attrs.get("x_layout", "full") == "full" and len(w.shape) == 2 and len(x.shape) == 1:
-            (o, i), c = w.shape, w.count
-            return f"torch.bmm({x.name}.view({c}, {node.count // c}, {i}), {w.name}.transpose(1, 2))" \
-                   f".view({node.count}, {o})"
-        return original(node, w, x)
-
-    torch_module._linear = linear
 
 
 def _compile_neurovec(graph, contender, dtype, dynamic=(), budget=120.0):
@@ -142,7 +116,7 @@ def _link_cell(name, contender, data, budget):
 
     def model_for(kind, dtype):
         details = {}
-        if kind in ("default", "autotune", "proposed"):
+        if kind in ("default", "autotune"):
             module, details = _compile_neurovec(encoder_graph, kind, dtype, ("x",), budget)
             encoder = NeurovecEncoder(module)
         else:
@@ -189,7 +163,7 @@ def _hetero_cell(relations, contender, budget):
 
     def forward_for(kind, dtype):
         details = {}
-        if kind in ("default", "autotune", "proposed"):
+        if kind in ("default", "autotune"):
             module, details = _compile_neurovec(graph, kind, dtype, (), budget)
             return module, (lambda: module()), list(module.parameters()), details
         from neurovec.datasets import kg_twins
@@ -298,8 +272,6 @@ def run_child(cell: str, contender: str, threads: int, reps: int, warmup: int, d
     import torch
 
     torch.set_num_threads(threads)
-    if contender == "proposed":
-        _proposed()
     start = time.perf_counter()
     if cell in ("kinships", "umls"):
         runner, loss, expected = _link_cell(cell, contender, data, budget)
@@ -393,7 +365,7 @@ def main(argv=None) -> list:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cells", nargs="+", default=list(CELLS), choices=CELLS)
     parser.add_argument("--contenders", nargs="+", default=list(CONTENDERS),
-                        choices=CONTENDERS + ("proposed",))
+                        choices=CONTENDERS)
     parser.add_argument("--threads", nargs="+", type=int, default=[1, 2])
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--hetero-reps", type=int, default=5)
@@ -416,8 +388,7 @@ def main(argv=None) -> list:
             for contender in args.contenders:
                 if (contender == "neuralogic") != (cell == "kinships-rules") and contender not in ("default",
                                                                                                   "autotune"):
-                    if not (cell == "kinships-rules" and contender == "proposed"):
-                        continue
+                    continue
                 result = _spawn(cell, contender, threads, args)
                 results.append(result)
                 print(f"{cell} {contender} {threads}t: " +

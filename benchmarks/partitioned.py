@@ -73,6 +73,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--partition", default="auto", choices=list(partition.METHODS))
     parser.add_argument("--planetoid-dir", default=str(ROOT.parent / "shared" / "data" / "planetoid"))
     parser.add_argument("--out", default=None, help="folder for partitioned.json and partitioned.md")
+    parser.add_argument("--project", default=None, metavar="JSON",
+                        help="only print the friendster projection from a finished run's partitioned.json")
     return parser.parse_args(argv)
 
 
@@ -117,8 +119,9 @@ def launch(args, data: Path, ranks: int | None, shards: Path | None, hidden: int
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT.parent), os.environ.get("PYTHONPATH", "")]),
            "OMP_NUM_THREADS": "1", "NEUROVEC_PROGRESS": "0"}
     source = ["--dataset", f"npz:{data}"] if ranks is None else ["--shards", str(shards)]
-    example = [str(ROOT / "examples" / "train_partitioned.py"), *source, "--models", args.model, "--presets", args.preset, "--hidden", str(hidden), "--layers", str(layers), "--epochs",
-               str(args.epochs), "--out", str(out)]
+    example = [str(ROOT / "examples" / "train_partitioned.py"), *source, "--models", args.model, "--presets",
+               args.preset, "--hidden", str(hidden), "--layers", str(layers), "--epochs", str(args.epochs),
+               "--out", str(out)]
     if settings:
         example += ["--settings", settings]
     if ranks is None:
@@ -166,8 +169,10 @@ def table(name: str, info: dict, rows: dict, parts_info: dict) -> str:
     lines = [f"### {name}: {info['nodes']:,} nodes, {info['edges']:,} edges, {info['features']} features, "
              f"{info['classes']} classes",
              "",
-             "| configuration | step s | first epoch s | compile s per rank | plan s per rank | peak RSS per rank (MB) | "
-             "largest / one process (/ fold off) | halo rows per rank, per exchanged layer (x layers) | bytes sent per step (all ranks) | edge cut |",
+             "| configuration | step s | first epoch s | compile s per rank | plan s per rank | "
+             "peak RSS per rank (MB) | "
+             "largest / one process (/ fold off) | halo rows per rank, per exchanged layer (x layers) | "
+             "bytes sent per step (all ranks) | edge cut |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for config, s in rows.items():
         ratio = f"{max(s['peak_mb']) / max(whole['peak_mb']):.2f}x" if whole else "-"
@@ -188,8 +193,105 @@ def table(name: str, info: dict, rows: dict, parts_info: dict) -> str:
     return "\n".join(lines)
 
 
+# The projection (docs/distributed.md, "A model for friendster on 16 machines").
+FRIENDSTER = {"nodes": 65_608_366, "edges": 3_612_134_270, "features": 128, "hidden": 256, "classes": 100,
+              "layers": 2}
+MACHINE_GB, NETWORK_GBIT = 64, 10  # seed 000's m5.4xlarge nodes and network
+
+
+def _points(results: dict) -> list[dict]:
+    """Every rank of every launch: what it aggregates, the row values it owns and receives, its memory."""
+    points = []
+    for name, graph in results["graphs"].items():
+        info, layers, hidden = graph["info"], graph["layers"], graph["hidden"]
+        widths = hidden * (layers - 1) + info["classes"]  # summed over the layers
+        for config, launches in graph["launches"].items():
+            for records in launches[-1:]:
+                for r in records:
+                    q, run = r["quality"], r["runs"][0]
+                    nodes = r["owned_nodes"]
+                    points.append({"graph": name, "edges": info["edges"], "config": config, "rank": r["rank"],
+                                   "edge_layers": (q["edges"][r["rank"]] + nodes) * layers,
+                                   "owned_values": nodes * widths,
+                                   "halo_values": max(run["halo_rows"].values(), default=0) * widths,
+                                   "above_loaded_mb": r["peak_mb"] - r["loaded_mb"], "loaded_mb": r["loaded_mb"],
+                                   "step": statistics.median(run["epoch_seconds"][1:] or run["epoch_seconds"])})
+    return points
+
+
+def project(results: dict, machines: int = 16) -> str:
+    """Friendster's GCN (seed 000's: 2 layers, 128 features, hidden 256, 100 classes) on ``machines``.
+
+    Memory per rank above its loaded state is fitted (least squares on relative error) over
+    every rank of the partitioned launches and the fold-off whole graph of the graphs with
+    at least a million edges (on smaller ones torch's own allocations blur it) as bytes
+    per aggregated edge and layer, per owned row value (rows x summed widths: the
+    program's activations for training) and per halo row value (received rows, their
+    copy after the owned rows, their gradients). Added: the smallest loaded rank (torch),
+    and a friendster shard (float32 features of its rows, int64 edge ids of its in- and
+    out-edges, the int32 in-edge CSR, four node-sized int64 arrays). The halo is the
+    distinct sources of a rank's cut in-edges, drawn uniformly from the other ranks'
+    nodes, for a range of edge cuts; the exchange's bytes are exact: every halo row of
+    every exchanged layer (GCN: each convolution's output width), forward and backward.
+    """
+    every = _points(results)
+    points = [p for p in every if p["config"] not in ("1", "whole") and p["edges"] >= 1_000_000]
+    a = np.array([[p["edge_layers"], p["owned_values"], p["halo_values"]] for p in points], dtype=float)
+    b = np.array([p["above_loaded_mb"] * 2**20 for p in points])
+    coef, *_ = np.linalg.lstsq(a / b[:, None], np.ones_like(b), rcond=None)
+    per_edge, per_owned, per_halo = (max(float(c), 0.0) for c in coef)
+    worst = float(np.max(np.abs(a @ np.array([per_edge, per_owned, per_halo]) - b) / b))
+    torch_mb = min(p["loaded_mb"] for p in every)
+    f = FRIENDSTER
+    n, layers = f["nodes"] / machines, f["layers"]
+    e = f["edges"] / machines
+    widths = f["hidden"] * (layers - 1) + f["classes"]
+    shard_gb = (n * f["features"] * 4 + 2 * e * 16 + e * 4 + 4 * f["nodes"] * 8) / 2**30
+    # Compute: seconds per aggregated edge value of the largest graph's 4-rank (or largest) partitioned step.
+    largest = max(results["graphs"], key=lambda g: results["graphs"][g]["info"]["edges"])
+    graph = results["graphs"][largest]
+    configs = [c for c in graph["launches"] if c not in ("whole", "whole-nofold", "1")]
+    runs = [p for p in every if p["graph"] == largest and p["config"] == max(configs, key=int)]
+    values = sum(p["edge_layers"] for p in runs) / graph["layers"] * (graph["hidden"] * (graph["layers"] - 1)
+                                                                       + graph["info"]["classes"])
+    per_value_s = max(p["step"] for p in runs) * min(len(runs), 2) / values  # the ranks share 2 cores
+    lines = [f"Friendster ({f['nodes']:,} nodes, {f['edges']:,} edges), GCN {layers} layers "
+             f"({f['features']} -> {f['hidden']} -> {f['classes']}), one rank per machine on {machines} machines "
+             f"({n / 1e6:.1f}M nodes and {e / 1e6:.0f}M in-edges each). Fitted over {len(points)} ranks: "
+             f"{per_edge:.0f} B per aggregated edge and layer, {per_owned:.0f} B per owned row value, "
+             f"{per_halo:.0f} B per halo row value (largest relative error {100 * worst:.0f}%); torch "
+             f"{torch_mb:.0f} MB; a friendster shard {shard_gb:.1f} GB; compute {per_value_s * 1e9:.1f} ns per "
+             f"aggregated edge value ({largest}, one thread per rank, loaded machine).", "",
+             "| edge cut | halo rows per machine | memory per machine, GB | fits 64 GB (else: machines it fits on) | "
+             f"bytes exchanged per step per machine | at {NETWORK_GBIT} Gbit/s | compute per step, one thread |",
+             "|---|---|---|---|---|---|---|"]
+    def per_machine(cut: float, m: int) -> tuple[float, float]:
+        """(halo rows, memory in GB) of one of ``m`` machines."""
+        n, e = f["nodes"] / m, f["edges"] / m
+        others = f["nodes"] - n
+        halo = others * (1 - np.exp(-cut * e / others))
+        shard = (n * f["features"] * 4 + 2 * e * 16 + e * 4 + 4 * f["nodes"] * 8) / 2**30
+        return halo, torch_mb / 1024 + shard + (per_edge * (e + n) * layers + per_owned * n * widths
+                                                + per_halo * halo * widths) / 2**30
+
+    for cut in (0.0, 0.1, 0.3, 0.5):
+        halo, memory = per_machine(cut, machines)
+        enough = next((m for m in (16, 32, 64, 128, 256, 512, 1024, 2048) if per_machine(cut, m)[1] <= MACHINE_GB),
+                      None)
+        sent = 2 * halo * widths * 4  # received forward, sent back backward (and as much the other way)
+        seconds = sent / (NETWORK_GBIT / 8 * 1e9)
+        compute = per_value_s * (e + n) * widths
+        fits = "yes" if memory <= MACHINE_GB else f"no (fits on {enough or 'more than 2048'})"
+        lines.append(f"| {100 * cut:.0f}% | {halo / 1e6:.1f}M | {memory:.0f} | {fits} | {sent / 2**30:.1f} GiB | "
+                     f"{seconds:.0f} s | {compute:.0f} s |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
+    if args.project:
+        print(project(json.loads(Path(args.project).read_text())))
+        return
     results = {"args": vars(args), "graphs": {}}
     out = Path(args.out) if args.out else None
     if out:
@@ -230,6 +332,12 @@ def main(argv=None) -> None:
             if out:
                 (out / "partitioned.json").write_text(json.dumps(results, indent=1))
                 (out / "partitioned.md").write_text("\n".join(report))
+    if len(results["graphs"]) > 1 and not args.no_whole:
+        text = "### Projection\n\n" + project(results) + "\n"
+        print(text, flush=True)
+        report.append(text)
+        if out:
+            (out / "partitioned.md").write_text("\n".join(report))
 
 
 if __name__ == "__main__":

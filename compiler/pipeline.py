@@ -21,9 +21,9 @@ from ..sources.graph import FactLayer, Graph
 from ..memory import reusing_freed_memory
 from .ir import IRError, Program
 from .passes import (broadcast_adds, cleanup, coefficients, compose_gathers, compose_sums, dedup, fold_constants,
-                     fuse_fact_products, join_sums, kernels, linear_broadcast, padding, reorder_linear, segments,
-                     simplify_gathers, split_products, stack_products, sum_parts, unit_facts, unstack_weights,
-                     upward)
+                     fuse_fact_products, join_sums, kernels, linear_broadcast, padding, relation_products,
+                     reorder_linear, segments, simplify_gathers, split_products, stack_products, sum_parts,
+                     unit_facts, unstack_weights, upward)
 from .settings import Settings, unknown_settings
 from .vectorizer import vectorize
 
@@ -62,6 +62,8 @@ PIPELINE: list[tuple[str, Callable[[Settings], bool], Pass]] = [
     ("linear_padding", lambda s: s.linear_padding != "off", padding.reorder_and_pad),
     ("linear_broadcasting", lambda s: s.linear_broadcasting, linear_broadcast.broadcast_linear),
     ("upward", _upward_last, upward.propagate_gathers_up),
+    # Many weight matrices, one per block of rows (RGCN's relations): chunks of rows, one batched GEMM.
+    ("relation_products", lambda s: s.relation_products, relation_products.relation_products),
     # Whatever gathers remain: identity -> nothing, ranges -> slices, repeats -> tile/interleave.
     ("simplify_gathers", lambda s: s.simplify_gathers, simplify_gathers.simplify_gathers),
     ("remove_identity", lambda s: s.remove_identity, cleanup.remove_identity),

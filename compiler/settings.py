@@ -106,6 +106,9 @@ class Settings(BaseModel):
     split_products: bool = Field(
         True, description="Products whose rows use one of a few weight matrices (GraphSAGE's W_l, W_r): "
                           "one GEMM per matrix instead of per-row batched products.")
+    relation_products: bool = Field(
+        True, description="Products whose rows use one of many weight matrices (RGCN's relations): rows "
+                          "chunked by weight, one batched GEMM over the chunks.")
     sum_parts: bool = Field(
         True, description="A sum of k inputs per neuron, the t-th from the same value for every neuron: "
                           "k - 1 additions instead of gathering k n rows.")
@@ -171,7 +174,8 @@ _ALL_OFF = dict(
     dedup_linear=False, dedup_aggregations=False, linear_padding="off", linear_broadcasting=False,
     upward=False, simplify_gathers=False, segment_reductions=False, dense_reductions=False,
     transposed_reductions=False, remove_identity=False, preconcatenate=False, remove_unused=False,
-    reduce_coefficients=False, unstack_weights=False, split_products=False, sum_parts=False,
+    reduce_coefficients=False, unstack_weights=False, split_products=False, relation_products=False,
+    sum_parts=False,
     reorder_linear=False, fold_constants=False, broadcast_adds=False, compose_gathers=False,
     join_sums=False, compose_sums=False, stack_products=False, fuse_fact_products=False,
     reduce_kernel="scatter",

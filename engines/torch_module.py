@@ -197,6 +197,11 @@ def _linear(node: Node, w: Node, x: Node) -> str:
         if kind == "matmul" and len(x.shape) == 1:
             return f"{w.name} @ {x.name}[0]"
         return _product(kind, w.name, w.shape, x.name, x.shape, 1)
+    if kind == "matmul" and w_layout == "interleave" and x_layout == "full" and w.count > 1 and len(w.shape) == 2 \
+            and len(x.shape) == 1:
+        # Chunks of rows, one weight per chunk (compiler/passes/relation_products.py): one batched GEMM.
+        (o, i), c = w.shape, w.count
+        return f"torch.bmm({x.name}.view({c}, {out // c}, {i}), {w.name}.transpose(1, 2)).view({out}, {o})"
     if kind == "matmul" and w_layout == "tile" and x_layout == "interleave" and len(w.shape) == 2 \
             and len(x.shape) == 1:
         # Row e * c + k is W_k x_e: the (n, c * o) product read row-major (compiler/passes/stack_products.py).

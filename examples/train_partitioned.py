@@ -54,7 +54,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                                                            "(arrays x, edge_index, y, train_mask from np.savez)")
     parser.add_argument("--models", nargs="+", default=["gcn"], choices=list(partition.gnn.KINDS))
     parser.add_argument("--presets", nargs="+", default=["default"], help="compile presets (default: default)")
-    parser.add_argument("--settings", default=None, help='settings over each preset, as JSON: \'{"fold_constants": false}\'')
+    parser.add_argument("--settings", default=None,
+                        help='settings over each preset, as JSON: \'{"fold_constants": false}\'')
     parser.add_argument("--hidden", type=int, default=16)
     parser.add_argument("--layers", type=int, default=2, help="convolutions; the last maps to the classes")
     parser.add_argument("--epochs", type=int, default=5, help="full-graph Adam steps")
@@ -178,7 +179,8 @@ def train_one(args, data, parts, kind: str, preset: str, ctx, dtype) -> dict:
             "step_bytes": step_bytes, "values_sent": sent, "values_received": received,
             "halo_rows": {x.name: int(x.recv_rows.size) for x in rank_module.exchanges},
             "owned_outputs": int(ids.numel()), "after_compile_mb": after_compile_mb,
-            "outputs": final.cpu(), "output_ids": ids.cpu(), "state": {k: v.cpu() for k, v in model.weights.state_dict().items()}}
+            "outputs": final.cpu(), "output_ids": ids.cpu(),
+            "state": {k: v.cpu() for k, v in model.weights.state_dict().items()}}
 
 
 def train_whole(args, data, kind: str, preset: str, dtype) -> dict:
@@ -245,7 +247,8 @@ def main(argv=None) -> None:
             runs.append(run)
             if ctx.rank == 0:
                 print(f"{kind} {preset}: compile {run['compile_seconds']:.2f} s (rank 0), loss "
-                      f"{run['losses'][0]:.4f} -> {run['losses'][-1]:.4f}, step {np.median(run['epoch_seconds']):.4f} s",
+                      f"{run['losses'][0]:.4f} -> {run['losses'][-1]:.4f}, "
+                      f"step {np.median(run['epoch_seconds']):.4f} s",
                       flush=True)
     if args.out:
         folder = Path(args.out)

@@ -19,4 +19,5 @@ from .runtime import ExchangeCounter, PartitionedModule, RankModule, compile_ran
 
 __all__ = ["METHODS", "PartitionError", "PartitionQuality", "check_parts", "metis_available", "partition_nodes",
            "partition_quality", "Exchange", "GraphSource", "RankPlan", "plan_rank", "NodeGNN", "ExchangeCounter",
-           "PartitionedModule", "RankModule", "compile_rank", "mean_loss", "simulate", "Shard", "load_shard", "write_shards"]
+           "PartitionedModule", "RankModule", "compile_rank", "mean_loss", "simulate", "Shard", "load_shard",
+           "write_shards"]

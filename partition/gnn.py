@@ -194,7 +194,8 @@ class NodeGNN:
         if self.x_ids is None:
             return self.x[rows]
         positions = np.searchsorted(self.x_ids, rows)
-        if np.any(positions >= self.x_ids.size) or np.any(self.x_ids[np.minimum(positions, self.x_ids.size - 1)] != rows):
+        found = self.x_ids[np.minimum(positions, self.x_ids.size - 1)] if self.x_ids.size else rows + 1
+        if np.any(found != rows):
             raise PartitionError("x: this shard holds no features for some node a rank reads (x_ids is missing it)")
         return self.x[positions]
 

@@ -154,6 +154,22 @@ class RankModule(nn.Module):
         self._out_order = None if np.array_equal(order, np.arange(order.size)) else torch.from_numpy(np.argsort(order))
         self._send_rows = {x.layer: torch.from_numpy(x.send_rows.astype(np.int64))
                            for stage in plan.exchanges for x in stage}
+        # The last stage that reads each layer's values (its own stage for an exchanged one: the exchange
+        # after it reads them); outputs are read at the end. After that stage the forward drops them, so
+        # that only what autograd saved stays alive.
+        last: dict[int, int] = {}
+        for index, stage in enumerate(stage_units):
+            for k in stage:
+                for _, layer in specs[k].inputs:
+                    last[layer] = index
+        for index, stage in enumerate(plan.exchanges):
+            for x in stage:
+                last[x.layer] = max(last.get(x.layer, index), index + 1) if x.layer in last else index + 1
+        self._done_after: dict[int, list[int]] = {}
+        outputs = set(np.unique(plan.output_layers).tolist())
+        for layer, index in last.items():
+            if layer not in outputs and index < len(stage_units):
+                self._done_after.setdefault(index, []).append(layer)
 
     # -- facts about the plan ------------------------------------------------------------------
 
@@ -200,7 +216,7 @@ class RankModule(nn.Module):
                 values[layer] = like.new_zeros((0,) + tuple(t.shapes[layer]))
             return values[layer]
 
-        for stage, exchanges in zip(t.stage_units, t.exchanges):
+        for index, (stage, exchanges) in enumerate(zip(t.stage_units, t.exchanges)):
             for k in stage:
                 spec = t.units[k]
                 facts = {}
@@ -208,14 +224,19 @@ class RankModule(nn.Module):
                     own = rows_of(layer)
                     facts[name] = torch.cat([own, halos[layer]]) if layer in halos else own
                 out = self.units[k](facts=facts)
+                del facts
                 if len(spec.outputs) == 1:
                     values[spec.outputs[0][0]] = out
                 else:
                     for (layer, _), part in zip(spec.outputs, out.split([n for _, n in spec.outputs])):
                         values[layer] = part
+            for layer in self._done_after.get(index, ()):  # no later stage reads them: let them go
+                values.pop(layer, None)
+                halos.pop(layer, None)
             for x in exchanges:
                 send = rows_of(x.layer).index_select(0, self._send_rows[x.layer].to(like.device))
                 halos[x.layer] = yield x, send
+                del send
         parts = [rows_of(layer).index_select(0, pos.to(like.device))
                  for layer, pos in zip(t.output_layers, self._out_positions)]
         if not parts:

@@ -14,12 +14,13 @@ REPO = Path(__file__).resolve().parents[1]
 # Tests read the raw data next to the project (../shared/data), never a download.
 SHARED_DATA = Path(os.environ.get("NEUROVEC_DATA", REPO.parent / "shared" / "data"))
 
-settings.register_profile("default", deadline=None, suppress_health_check=[HealthCheck.too_slow])
-# On CI (the CI variable set), the same examples every run, as hypothesis's own CI profile does: a
-# red run then means a change, not a new random draw. Runs elsewhere keep exploring new examples.
+# The quick suite draws the same examples every run (derandomize, as hypothesis's CI profile does):
+# a red run then means a change, not a new random draw. NEUROVEC_HYPOTHESIS=explore draws new
+# examples each run, to look for new failures (then add each one found as an @example).
+settings.register_profile("explore", deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True)
 settings.register_profile("ci", deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True,
                           derandomize=True)
-settings.load_profile("ci" if os.environ.get("CI") else "default")
+settings.load_profile("explore" if os.environ.get("NEUROVEC_HYPOTHESIS") == "explore" else "ci")
 
 
 # The JVM that NeuraLogic starts in this process (JPype) handles SIGSEGV, SIGBUS, SIGFPE and SIGILL

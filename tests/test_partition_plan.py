@@ -169,7 +169,8 @@ def test_random_neuron_graphs_split_anyhow(graph, world, seed, preset):
     assume(all(torch.isfinite(v).all() for layer in reference.neuron_values() for v in layer))
     assume(any(w.learnable for w in graph.weights))
     rng = np.random.default_rng(seed)
-    owners = {layer.name: rng.integers(0, world, layer.size) for layer in graph.layers if isinstance(layer, NeuronLayer)}
+    owners = {layer.name: rng.integers(0, world, layer.size)
+              for layer in graph.layers if isinstance(layer, NeuronLayer)}
     first = next(layer for layer in graph.layers if isinstance(layer, NeuronLayer))
     assume(first.size >= world)
     owners[first.name] = np.arange(first.size) % world  # `parts`: every rank owns a neuron of it
@@ -273,3 +274,17 @@ def test_a_shard_makes_the_same_plan_as_the_whole_edge_list(kind, tmp_path):
         _same_plans(plan_rank(source, shard.parts, rank), plan_rank(whole, parts, rank))
     with pytest.raises(PartitionError, match="written for 3 ranks, but the process group has 2"):
         partition.load_shard(tmp_path, 0, 2)
+
+
+def test_a_shard_without_the_features_a_rank_reads_is_refused(tmp_path):
+    """A GCN shard keeps only its own nodes' features; SAGE's first aggregation reads its neighbours' too."""
+    x, edges, _, _ = toy()
+    parts = partition.partition_nodes(edges, x.shape[0], 2, "bfs")
+    partition.write_shards(tmp_path, x, edges, parts, neighbour_features=False)
+    shard = partition.load_shard(tmp_path, 0)
+    source = NodeGNN("sage", shard.x, shard.edge_index, widths=(4, 3), x_ids=shard.x_ids, n_nodes=shard.n_nodes,
+                     cut=shard.cut)
+    with pytest.raises(PartitionError, match="holds no features for some node"):
+        compile_rank(source, shard.parts, 0)
+    with pytest.raises(PartitionError, match="no meta.json"):
+        partition.load_shard(tmp_path / "elsewhere", 0)

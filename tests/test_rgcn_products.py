@@ -1,8 +1,5 @@
-"""compiler/passes/relation_products.py: per-relation products as one chunked, segmented product (issue 27).
-
-The pass is not in compiler/pipeline.py yet (the lead adds the line, after ``upward``); these tests run
-the pipeline with it inserted there, as the proposed line does.
-"""
+"""compiler/passes/relation_products.py: per-relation products as one chunked, segmented product, one
+batched GEMM (``torch.bmm``) in the generated code."""
 from __future__ import annotations
 
 import numpy as np
@@ -11,6 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import neurovec
 from neurovec import Settings
 from neurovec.compiler import pipeline
 from neurovec.compiler.ir import Op
@@ -22,22 +20,26 @@ from neurovec.engines.reference import ReferenceModule
 from neurovec.engines.torch_module import CompiledModule
 
 
-IN_PIPELINE = any(name == "relation_products" for name, *_ in pipeline.PIPELINE)
-
-
 def build(graph, settings: Settings, with_pass: bool = True):
-    """The pipeline's program, with relation_products right after ``upward`` (the proposed line; once the
-    pipeline has it, its own line, switched off for ``with_pass=False``)."""
+    """The pipeline's program with the ``relation_products`` switch on (or off, ``with_pass=False``)."""
+    settings = settings.model_copy(update={"relation_products": with_pass})
     program = vectorize(graph).replace(dynamic_facts=tuple(settings.dynamic_facts))
     for name, enabled, run in pipeline.PIPELINE:
-        if enabled(settings) and (with_pass or name != "relation_products"):
+        if enabled(settings):
             program = run(program, settings)
             if settings.verify:
                 program.verify()
-        if name == "upward" and with_pass and not IN_PIPELINE:
-            program = rp.relation_products(program, settings)
-            program.verify()
     return program
+
+
+def test_default_runs_the_pass_after_upward_and_unoptimized_does_not():
+    names = [name for name, *_ in pipeline.PIPELINE]
+    assert names.index("relation_products") == names.index("upward") + 1
+    assert Settings().relation_products and not Settings.preset("unoptimized").relation_products
+    data = kgmod.synthetic_hetero(300, 3000, 12, n_features=4, n_classes=3, seed=5)
+    graph = rgcn.rgcn(data.x, data.edge_index, data.edge_type, rgcn.RGCNSpec.create(4, 12, hidden=[5]), seed=1)
+    module = neurovec.compile(graph, dtype=torch.float64)
+    assert "torch.bmm(" in module.code and module.code.count("w['conv1.weight.3']") == 1
 
 
 @given(sizes=st.lists(st.integers(1, 300), min_size=1, max_size=30), seed=st.integers(0, 1000))
