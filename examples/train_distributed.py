@@ -96,7 +96,10 @@ def main(argv=None) -> None:
         (folder / f"rank{ctx.rank}.json").write_text(json.dumps(record))
         if ctx.rank == 0:
             torch.save(model.state_dict(), folder / "weights.pt")
-    dist.destroy_process_group()
+    # Every rank has written its files; nothing else needs the group. Not destroy_process_group:
+    # with gloo it hung now and then after both ranks were done (1 run in 4 here, until torchrun's
+    # timeout); the barrier keeps a rank from leaving before the others have finished.
+    dist.barrier()
 
 
 if __name__ == "__main__":

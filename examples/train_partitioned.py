@@ -266,8 +266,7 @@ def main(argv=None) -> None:
             torch.save({(r["model"], r["preset"]): r["state"] for r in runs}, folder / "weights.pt")
             np.save(folder / "parts.npy", parts)
     if not args.whole:
-        dist.barrier()
-        dist.destroy_process_group()
+        dist.barrier()  # not destroy_process_group: with gloo it hung now and then (examples/train_distributed.py)
 
 
 if __name__ == "__main__":
