@@ -258,6 +258,23 @@ class NeuronLayer:
         return np.searchsorted(self.ptr, edges, side="right") - 1
 
 
+def prepend_inputs(counts: np.ndarray, where: np.ndarray, columns: list, firsts: list) -> tuple:
+    """Insert one input edge at the front of the neurons ``where`` (a boolean mask over neurons):
+    ``firsts[c]`` (a value per such neuron, or one for all) into the CSR column ``columns[c]``.
+    Returns the new per-neuron input counts and the grown columns (int64)."""
+    new_counts = counts + where
+    ptr = np.concatenate([[0], np.cumsum(new_counts)])
+    regular = np.ones(int(ptr[-1]), dtype=bool)
+    regular[ptr[:-1][where]] = False
+    grown = []
+    for old, first in zip(columns, firsts):
+        new = np.empty(regular.size, dtype=np.int64)
+        new[regular] = old
+        new[~regular] = first
+        grown.append(new)
+    return new_counts, grown
+
+
 def product_shape(weight: tuple[int, ...] | None, value: tuple[int, ...]) -> tuple[int, ...] | None:
     """Shape of ``W . x``; ``None`` if the shapes do not fit.
 

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .graph import NO_WEIGHT, FactLayer, Graph, NeuronLayer, Weight, product_shape
+from .graph import NO_WEIGHT, FactLayer, Graph, NeuronLayer, Weight, prepend_inputs, product_shape
 
 __all__ = ["from_neuralogic", "weights_to_neuralogic", "neuralogic_outputs", "NeuraLogicImportError",
            "weight_names"]
@@ -976,8 +976,8 @@ def _neuron_layer(name, nr, members, agg, transformation, fixed_bias, out_shape,
                 "not supported; neurovec would need the offset computed first, as a layer of scalars read through "
                 "a fixed weight of ones (as concatenations do), or give the offset the values' shape")
         # The offset is NeuraLogic's first input: unit fact times the offset weight.
-        lengths, (in_layer, in_ordinal, in_weight) = _prepend(lengths, has_offset, [in_layer, in_ordinal, in_weight],
-                                                              [unit_ref[0], unit_ref[1], neuron_offset[has_offset]])
+        lengths, (in_layer, in_ordinal, in_weight) = prepend_inputs(lengths, has_offset, [in_layer, in_ordinal, in_weight],
+                                                                    [unit_ref[0], unit_ref[1], neuron_offset[has_offset]])
     return NeuronLayer(name, counts=lengths, input_layer=in_layer, input_ordinal=in_ordinal,
                        input_weight=in_weight, bias=bias, aggregation=agg, transformation=transformation)
 
@@ -1001,7 +1001,7 @@ def _concat_layer(name, nr, members, transformation, fixed_bias, out_shape, edge
     has_offset = offset[members] != NO_WEIGHT
     if has_offset.any():
         offsets = offset[members][has_offset]
-        lengths, columns = _prepend(lengths, has_offset, columns, [
+        lengths, columns = prepend_inputs(lengths, has_offset, columns, [
             unit_ref[0], unit_ref[1], offsets, _weight_shape_ids(offsets, weights, shapes)])
     in_layer, in_ordinal, in_weight, in_shape = columns
     weighted = in_weight != NO_WEIGHT
@@ -1034,21 +1034,6 @@ def _concat_layer(name, nr, members, transformation, fixed_bias, out_shape, edge
     return NeuronLayer(name, counts=lengths, input_layer=in_layer, input_ordinal=in_ordinal,
                        input_weight=np.asarray(placement, dtype=np.int64)[inverse.reshape(-1)], bias=bias,
                        aggregation="sum", transformation=transformation)
-
-
-def _prepend(lengths: np.ndarray, where: np.ndarray, columns: list, firsts: list) -> tuple:
-    """Insert one edge at the front of the neurons ``where`` (a mask): ``firsts[c]`` into ``columns[c]``."""
-    new_lengths = lengths + where
-    new_ptr = np.concatenate([[0], np.cumsum(new_lengths)])
-    regular = np.ones(int(new_ptr[-1]), dtype=bool)
-    regular[new_ptr[:-1][where]] = False
-    grown = []
-    for old, first in zip(columns, firsts):
-        new = np.empty(regular.size, dtype=np.int64)
-        new[regular] = old
-        new[~regular] = first
-        grown.append(new)
-    return new_lengths, grown
 
 
 # -- outputs and weights back -------------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from ..graph import NO_WEIGHT, FactLayer, Graph, NeuronLayer, Weight
+from ..graph import NO_WEIGHT, FactLayer, Graph, NeuronLayer, Weight, prepend_inputs
 from .grounder import Stage, target_atoms
 from .joins import unique_keys
 from .plan import TRANSFORMATIONS, Plan
@@ -113,7 +113,7 @@ class _Assembler:
             if aggregation == "sum" and fixed_bias is None:
                 bias[has_offset] = np.asarray(offset)[has_offset]
             else:  # the offset is NeuraLogic's first input: the unit fact times the offset weight
-                counts, (in_layer, in_ordinal, in_weight) = _prepend(
+                counts, (in_layer, in_ordinal, in_weight) = prepend_inputs(
                     counts, has_offset, [in_layer, in_ordinal, in_weight],
                     [_UNIT, 0, np.asarray(offset)[has_offset]])
         index = self.add(NeuronLayer(name, counts, in_layer, in_ordinal, in_weight, bias, aggregation, function,
@@ -463,18 +463,3 @@ def _distinct_sorted(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return values, np.arange(values.size)
     distinct, inverse = np.unique(values, return_inverse=True)
     return distinct, inverse.reshape(-1)
-
-
-def _prepend(counts: np.ndarray, where: np.ndarray, columns: list, firsts: list) -> tuple:
-    """Insert one edge at the front of the neurons ``where`` (a mask): ``firsts[c]`` into ``columns[c]``."""
-    new_counts = counts + where
-    ptr = np.concatenate([[0], np.cumsum(new_counts)])
-    regular = np.ones(int(ptr[-1]), dtype=bool)
-    regular[ptr[:-1][where]] = False
-    grown = []
-    for old, first in zip(columns, firsts):
-        new = np.empty(regular.size, dtype=np.int64)
-        new[regular] = old
-        new[~regular] = first
-        grown.append(new)
-    return new_counts, grown
