@@ -8,16 +8,37 @@
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
-from typing import Sequence
+from pathlib import Path
+from typing import Callable, Sequence
 
 import numpy as np
 
-__all__ = ["DatasetError", "Groups", "as_samples", "csr", "glorot", "WeightTable"]
+__all__ = ["DatasetError", "Groups", "as_samples", "csr", "glorot", "WeightTable", "find_folder", "searched_roots"]
 
 
 class DatasetError(ValueError):
     """A dataset file, database or sample list is malformed; the message says what and where."""
+
+
+def find_folder(data_dir, cache: Path, candidates: Callable[[Path], list[Path]], marker: str) -> Path | None:
+    """The first of ``candidates(root)`` that holds the file ``marker``, or None. The roots: ``data_dir``
+    alone when given (a mistyped folder is never silently replaced), else ``$NEUROVEC_DATA``, then ``cache``."""
+    if data_dir is not None:
+        roots = [Path(data_dir).expanduser()]
+    else:
+        roots = [Path(p).expanduser() for p in [os.environ.get("NEUROVEC_DATA")] if p] + [cache]
+    for root in roots:
+        for folder in candidates(root):
+            if (folder / marker).is_file():
+                return folder
+    return None
+
+
+def searched_roots(cache: Path) -> str:
+    """Where :func:`find_folder` looked without a ``data_dir``, for error messages."""
+    return " and ".join(filter(None, [os.environ.get("NEUROVEC_DATA"), str(cache)]))
 
 
 def as_samples(samples, n_samples: int, ids: Sequence[str] | None = None) -> np.ndarray:

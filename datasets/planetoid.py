@@ -42,7 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ._common import DatasetError
+from ._common import DatasetError, find_folder, searched_roots
 from .nodes import NodeDataset
 
 __all__ = ["load_planetoid", "find_planetoid", "read_planetoid", "normalize_features", "PLANETOID_NAMES",
@@ -77,15 +77,7 @@ def _candidates(root: Path, name: str) -> list[Path]:
 def find_planetoid(name: str, data_dir: str | os.PathLike | None = None) -> Path | None:
     """The folder holding ``ind.<name>.x`` (see the module doc for where it looks), or None."""
     name = _canonical(name)
-    if data_dir is not None:
-        roots = [Path(data_dir).expanduser()]
-    else:
-        roots = [Path(p).expanduser() for p in [os.environ.get("NEUROVEC_DATA")] if p] + [DEFAULT_CACHE]
-    for root in roots:
-        for folder in _candidates(root, name):
-            if (folder / f"ind.{name.lower()}.x").is_file():
-                return folder
-    return None
+    return find_folder(data_dir, DEFAULT_CACHE, lambda root: _candidates(root, name), f"ind.{name.lower()}.x")
 
 
 def load_planetoid(name: str, data_dir: str | os.PathLike | None = None, download: bool = True) -> NodeDataset:
@@ -105,7 +97,7 @@ def load_planetoid(name: str, data_dir: str | os.PathLike | None = None, downloa
         problem = "does not exist" if not where.exists() else f"has no ind.{name.lower()}.x"
         raise DatasetError(f"Planetoid dataset {name!r} not found: data_dir {str(where)!r} {problem} (looked in "
                            f"{looked}); leave data_dir out to use $NEUROVEC_DATA or download it into {DEFAULT_CACHE}")
-    searched = " and ".join(filter(None, [os.environ.get("NEUROVEC_DATA"), str(DEFAULT_CACHE)]))
+    searched = searched_roots(DEFAULT_CACHE)
     if not download:
         raise DatasetError(f"Planetoid dataset {name!r} not found (looked in {searched}) and download=False")
     target = DEFAULT_CACHE / name / "raw"

@@ -67,7 +67,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ._common import DatasetError, Groups
+from ._common import DatasetError, Groups, find_folder, searched_roots
 
 __all__ = ["TUDataset", "TUFormatError", "TUDownloadError", "load_tu", "find_tu", "read_tu_folder",
            "DEFAULT_CACHE", "TU_URL"]
@@ -227,16 +227,7 @@ def find_tu(name: str, data_dir: str | os.PathLike | None = None) -> Path | None
 
     With ``data_dir`` only that folder is searched; without it ``$NEUROVEC_DATA``, then the cache.
     """
-    if data_dir is not None:
-        roots = [Path(data_dir).expanduser()]
-    else:
-        roots = [Path(os.environ["NEUROVEC_DATA"]).expanduser()] if os.environ.get("NEUROVEC_DATA") else []
-        roots.append(DEFAULT_CACHE)
-    for root in roots:
-        for folder in _candidates(root, name):
-            if (folder / f"{name}_A.txt").is_file():
-                return folder
-    return None
+    return find_folder(data_dir, DEFAULT_CACHE, lambda root: _candidates(root, name), f"{name}_A.txt")
 
 
 def load_tu(name: str, data_dir: str | os.PathLike | None = None, download: bool = True) -> TUDataset:
@@ -256,7 +247,7 @@ def load_tu(name: str, data_dir: str | os.PathLike | None = None, download: bool
         raise TUFormatError(f"TU dataset {name!r} not found: data_dir {str(where)!r} {problem} (looked in "
                             f"{looked}); give the folder that holds {name}/ (or tu/{name}/), or give no data_dir "
                             f"(no --data-dir) to search $NEUROVEC_DATA and {DEFAULT_CACHE}")
-    searched = " and ".join(filter(None, [os.environ.get("NEUROVEC_DATA"), str(DEFAULT_CACHE)]))
+    searched = searched_roots(DEFAULT_CACHE)
     if not download:
         hint = "" if os.environ.get("NEUROVEC_DATA") else " ($NEUROVEC_DATA is not set)"
         raise TUFormatError(f"TU dataset {name!r} not found (looked in {searched}){hint}: set NEUROVEC_DATA to the "
