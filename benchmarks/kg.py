@@ -2,6 +2,7 @@
 
     python -m neurovec.benchmarks.kg --data ../shared/data/kg --threads 1 2 --out kg-results   # every cell
     python -m neurovec.benchmarks.kg --cells kinships umls --contenders default pyg pyg-fast  # a part
+    python -m neurovec.benchmarks.kg --grounding --data ../shared/data/kg --out kg-grounding   # grounding only
 
 Cells (one training step each: forward, loss, backward, Adam; float32; full batch):
 
@@ -29,6 +30,19 @@ timing, each contender's first loss is compared with the float64 PyG twin's (rel
 the row invalid. Times are medians of ``--reps`` steps after ``--warmup``. The headline per cell: neurovec
 (``default``; ``autotune``) against the fastest valid PyG contender; targets 2x on every cell and 5x at 100
 relation types. Results go to ``--out`` (``results.json``, ``results.md``) as they come.
+
+``--malloc keep``: every contender's process, once built, tells glibc's malloc to serve large blocks from its heap
+and keep freed ones there (``mallopt(M_MMAP_MAX, 0)``, never trim). By default glibc maps every block over 32 MB
+afresh and unmaps it when freed, so each (1M, 16) float32 intermediate of the hetero cells (66 MB) page-faults
+anew at every step: a process that starts training right after ``neurovec.compile`` spent half its 100-relation
+step in the kernel (loaded: 330 ms per step, 81,000 page faults; with ``keep`` 152 ms, 3,200). How much a process
+pays depends on what its heap held before (the benchmark's child, which runs the float64 oracle first: 166 ms,
+152 ms with ``keep``); ``keep`` makes every contender independent of that. It is off by default (not what a user
+gets unless the process sets it).
+
+``--grounding`` (instead of the cells): the rule template of the ``kinships-rules`` cell on Kinship and UMLS,
+neurovec's grounding against NeuraLogic's ``build_dataset`` (``grounding.json``, ``grounding.md``; see
+:func:`grounding_markdown`). NeuraLogic runs in a fresh process (one JVM), ``1 + --grounding-repeats`` builds.
 """
 from __future__ import annotations
 
@@ -206,15 +220,7 @@ def _rules_cell(contender, data, budget):
     from neurovec.datasets import kg_rules
 
     graph_kg = kgmod.load_kg("kinships", data_dir=data)
-    rng = np.random.default_rng(0)
-    positives = graph_kg.test[:RULES_QUERIES // 2]
-    negatives = positives.copy()
-    negatives[:, 2] = rng.integers(0, graph_kg.n_entities, len(negatives))
-    triples = np.concatenate([positives, negatives])
-    targets = np.concatenate([np.ones(len(positives)), np.zeros(len(negatives))])
-    _, first = np.unique(triples, axis=0, return_index=True)   # a corruption that is a positive: asked once
-    keep = np.sort(first)
-    triples, targets = triples[keep], targets[keep]
+    triples, targets = _rules_queries(graph_kg)
     n_types = 2 * graph_kg.n_relations
     values = kg_rules.initial_values(graph_kg.n_entities, n_types, graph_kg.n_relations, RULES_DIM)
     template = kg_rules.template(graph_kg.n_entities, n_types, graph_kg.n_relations, RULES_DIM, values=values)
@@ -233,6 +239,20 @@ def _rules_cell(contender, data, budget):
     runner = _Step(lambda: ((module().reshape(-1) - target) ** 2).mean(), list(module.parameters()))
     runner.details = {**details, **compile_details}
     return runner, float(runner.loss_fn().detach()), expected
+
+
+def _rules_queries(graph_kg) -> tuple[np.ndarray, np.ndarray]:
+    """The rules cell's queries: ``RULES_QUERIES / 2`` test triples and as many corruptions of their tails (targets
+    1 and 0), a corruption that is one of the triples asked once."""
+    rng = np.random.default_rng(0)
+    positives = graph_kg.test[:RULES_QUERIES // 2]
+    negatives = positives.copy()
+    negatives[:, 2] = rng.integers(0, graph_kg.n_entities, len(negatives))
+    triples = np.concatenate([positives, negatives])
+    targets = np.concatenate([np.ones(len(positives)), np.zeros(len(negatives))])
+    _, first = np.unique(triples, axis=0, return_index=True)
+    keep = np.sort(first)
+    return triples[keep], targets[keep]
 
 
 class _NeuraLogicStep:
@@ -267,8 +287,19 @@ def _neuralogic_rules(graph_kg, triples, targets, values, details):
     return _NeuraLogicStep(model, built, details), loss, None
 
 
+def _keep_freed_memory() -> bool:
+    """Tell glibc's malloc to serve large blocks from its heap and keep freed ones there (see ``--malloc``)."""
+    from neurovec import memory
+    libc = memory._LIBC
+    if libc is None:
+        return False
+    libc.mallopt(memory._M_MMAP_MAX, 0)
+    libc.mallopt(memory._M_TRIM_THRESHOLD, memory._KEEP)
+    return True
+
+
 def run_child(cell: str, contender: str, threads: int, reps: int, warmup: int, data: str | None,
-              budget: float) -> dict:
+              budget: float, malloc: str = "default") -> dict:
     import torch
 
     torch.set_num_threads(threads)
@@ -280,6 +311,8 @@ def run_child(cell: str, contender: str, threads: int, reps: int, warmup: int, d
     else:
         runner, loss, expected = _rules_cell(contender, data, budget)
     build_s = time.perf_counter() - start
+    if malloc == "keep" and not _keep_freed_memory():
+        malloc = "default (not glibc)"
     valid = expected is None or abs(loss - expected) <= 1e-4 * max(1.0, abs(expected))
     start = time.perf_counter()
     runner.step()                    # torch.compile compiles here; PyG caches its masks
@@ -293,14 +326,149 @@ def run_child(cell: str, contender: str, threads: int, reps: int, warmup: int, d
         times.append(time.perf_counter() - start)
     return {"cell": cell, "contender": contender, "threads": threads, "valid": bool(valid), "first_loss": loss,
             "oracle_loss": expected, "build_s": build_s, "first_step_s": first_s, "step_s": float(np.median(times)),
-            "steps_s": times, **runner.details}
+            "steps_s": times, "malloc": malloc, **runner.details}
+
+
+# -- grounding: the rule template, native against NeuraLogic's build_dataset -----------------------------------------
+def _rules_job(name: str, data: str | None):
+    from neurovec.datasets import kg as kgmod
+    from neurovec.datasets import kg_rules
+
+    graph_kg = kgmod.load_kg(name, data_dir=data)
+    triples, _ = _rules_queries(graph_kg)
+    n_types = 2 * graph_kg.n_relations
+    values = kg_rules.initial_values(graph_kg.n_entities, n_types, graph_kg.n_relations, RULES_DIM)
+    return graph_kg, triples, n_types, values
+
+
+def grounding_native(name: str, data: str | None, repeats: int, seconds: float) -> dict:
+    """neurovec's grounding, two ways: ``ground_s``, ``template.ground(facts, queries)`` with the template and the
+    relations made beforehand (as NeuraLogic's ``build_dataset`` starts from a built model and a dataset made in
+    Python), and ``native_s``, from the weights and the relation arrays to a validated ``neurovec.Graph`` (making
+    the template, the facts and the queries, and grounding). ``repeats`` runs of each (interleaved), and more
+    while they took under ``seconds``; medians."""
+    import gc
+
+    from neurovec.datasets import kg_rules
+
+    graph_kg, triples, n_types, values = _rules_job(name, data)
+
+    def template():
+        return kg_rules.template(graph_kg.n_entities, n_types, graph_kg.n_relations, RULES_DIM, values=values)
+
+    def everything():
+        return template().ground(kg_rules.facts(graph_kg, triples), kg_rules.queries(triples))
+
+    made, facts, queries = template(), kg_rules.facts(graph_kg, triples), kg_rules.queries(triples)
+    graph = everything()  # imports and first-use costs out of the timings
+    gc.collect()
+    gc.freeze()           # what exists now is never collected again: a collection is not part of a grounding
+    times, started = {"ground": [], "native": []}, time.perf_counter()
+    while len(times["ground"]) < repeats or (time.perf_counter() - started < seconds and len(times["ground"]) < 500):
+        for key, run in (("ground", lambda: made.ground(facts, queries)), ("native", everything)):
+            start = time.perf_counter()
+            run()
+            times[key].append(time.perf_counter() - start)
+    gc.unfreeze()
+    return {"dataset": name, "queries": int(len(triples)), "message_edges": int(graph_kg.message_edges()[1].size),
+            "rules": int(2 * (n_types + 2) + 2), "neurons": int(graph.n_neurons),
+            "ground_s": float(np.median(times["ground"])), "native_s": float(np.median(times["native"])),
+            "native_runs": len(times["ground"])}
+
+
+def _grounding_neuralogic_child(name: str, data: str | None, repeats: int) -> None:
+    """In a fresh process (one JVM): NeuraLogic's ``model.build`` and ``build_dataset`` of the same template and data,
+    1 + ``repeats`` times (the first warms the JVM up; an attempt over a minute ends the series), JSON per attempt."""
+    import neuralogic.logging
+    from neuralogic.core import Settings
+
+    from neurovec.datasets import kg_rules
+
+    neuralogic.logging.clear_handlers()
+    graph_kg, triples, _, values = _rules_job(name, data)
+    for attempt in range(1 + repeats):
+        model, dataset = kg_rules.neuralogic_model(graph_kg, triples, RULES_DIM, values=values)
+        start = time.perf_counter()
+        # NeuraLogic's fastest build (its default chain pruning and value compression are slower).
+        model.build(Settings(chain_pruning=False, iso_value_compression=False))
+        build_s = time.perf_counter() - start
+        start = time.perf_counter()
+        built = model.build_dataset(dataset)
+        dataset_s = time.perf_counter() - start
+        print(json.dumps({"attempt": attempt, "build_s": build_s, "build_dataset_s": dataset_s,
+                          "samples": len(built)}), flush=True)
+        if build_s + dataset_s > 60:
+            break
+
+
+def grounding_neuralogic(name: str, data: str | None, repeats: int, timeout: float) -> dict:
+    command = [sys.executable, "-m", "neurovec.benchmarks.kg", "--grounding-child", name,
+               "--grounding-repeats", str(repeats)] + (["--data", data] if data else [])
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+        out, error = done.stdout, (done.stderr or "")[-400:] if done.returncode else ""
+    except subprocess.TimeoutExpired as expired:
+        out, error = (expired.stdout or b"").decode(), f"timeout {timeout} s"
+    attempts = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    result = {"neuralogic_attempts": attempts}
+    if error:
+        result["neuralogic_failed"] = error
+    if attempts:
+        warm = attempts[1:] or attempts  # the first build warms the JVM up
+        result["neuralogic_build_dataset_s"] = float(np.median([a["build_dataset_s"] for a in warm]))
+        result["neuralogic_total_s"] = float(np.median([a["build_s"] + a["build_dataset_s"] for a in warm]))
+        result["neuralogic_first_s"] = attempts[0]["build_s"] + attempts[0]["build_dataset_s"]
+    return result
+
+
+def grounding_markdown(rows: list, meta: dict) -> str:
+    lines = [f"# neurovec.benchmarks.kg --grounding ({meta['date']}, {meta['machine']}, load {meta['load']})", "",
+             f"The rule template of `datasets/kg_rules.py` (width {RULES_DIM}, 2 layers, a rule per edge type), "
+             f"{RULES_QUERIES // 2} test triples and as many corruptions of their tails as queries. neurovec, medians "
+             "of its runs: `template.ground(facts, queries)` (template and relations made beforehand), and everything "
+             "from the weights and the relation arrays to a validated Graph (making the template, facts and queries, "
+             "and grounding). NeuraLogic, one fresh JVM, chain_pruning=False and iso_value_compression=False (its "
+             "fastest build), medians of the builds after the first (which warms the JVM up): `build_dataset` (the "
+             "model built, the dataset made in Python beforehand), and `build` + `build_dataset`.", "",
+             "| dataset | message edges | rules | queries | neurons | neurovec ground, ms | neurovec everything, ms "
+             "| NeuraLogic build_dataset, s | build + build_dataset, s | first build, s | speed-up: build_dataset / "
+             "ground | (build + build_dataset) / everything | target |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        nl = r.get("neuralogic_build_dataset_s")
+        if nl is None:
+            neuralogic = f"{r.get('neuralogic_failed', 'not run')} | | | | |"
+        else:
+            neuralogic = (f"{nl:.2f} | {r['neuralogic_total_s']:.2f} | {r['neuralogic_first_s']:.2f} | "
+                          f"**{nl / r['ground_s']:.0f}x** | {r['neuralogic_total_s'] / r['native_s']:.0f}x |")
+        lines.append(f"| {r['dataset']} | {r['message_edges']:,} | {r['rules']} | {r['queries']} | {r['neurons']:,} | "
+                     f"{1000 * r['ground_s']:.1f} | {1000 * r['native_s']:.1f} | {neuralogic} 100x |")
+    return "\n".join(lines) + "\n"
+
+
+def grounding(args, meta: dict) -> list:
+    rows = []
+    for name in args.grounding_sets:
+        row = grounding_native(name, args.data, 3 * (1 + args.grounding_repeats), args.grounding_seconds)
+        if not args.no_neuralogic:
+            row.update(grounding_neuralogic(name, args.data, args.grounding_repeats, args.timeout))
+        rows.append(row)
+        print(f"grounding {name}: neurovec {1000 * row['ground_s']:.1f} ms, NeuraLogic build_dataset "
+              f"{row.get('neuralogic_build_dataset_s', row.get('neuralogic_failed'))}", flush=True)
+        if args.out:
+            out = Path(args.out)
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "grounding.json").write_text(json.dumps({"meta": meta, "grounding": rows}, indent=1))
+            (out / "grounding.md").write_text(grounding_markdown(rows, meta))
+    print(grounding_markdown(rows, meta))
+    return rows
 
 
 # -- the parent: one process per contender, the table -------------------------------------------------------------
 def _spawn(cell, contender, threads, args) -> dict:
     command = [sys.executable, "-m", "neurovec.benchmarks.kg", "--child", cell, contender, "--threads", str(threads),
                "--reps", str(args.reps if not cell.startswith("hetero") else args.hetero_reps),
-               "--warmup", str(args.warmup), "--budget", str(args.budget)]
+               "--warmup", str(args.warmup), "--budget", str(args.budget), "--malloc", args.malloc]
     if args.data:
         command += ["--data", args.data]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
@@ -374,14 +542,31 @@ def main(argv=None) -> list:
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per contender and cell")
     parser.add_argument("--data", default=None, help="folder with kinships/ and umls/ (default: $NEUROVEC_DATA)")
     parser.add_argument("--out", default=None, help="folder for results.json and results.md")
+    parser.add_argument("--malloc", choices=("default", "keep"), default="default",
+                        help="keep: every contender's process keeps freed large blocks in malloc's heap while it "
+                             "trains (glibc; see the module doc)")
+    parser.add_argument("--grounding", action="store_true",
+                        help="instead of the cells: the rule template's grounding, neurovec against NeuraLogic")
+    parser.add_argument("--grounding-sets", nargs="+", default=["kinships", "umls"], choices=("kinships", "umls"))
+    parser.add_argument("--grounding-repeats", type=int, default=3,
+                        help="NeuraLogic builds after its first (neurovec: 3x as many runs, and more for "
+                             "--grounding-seconds)")
+    parser.add_argument("--grounding-seconds", type=float, default=5.0)
+    parser.add_argument("--no-neuralogic", action="store_true", help="--grounding: neurovec's side only")
+    parser.add_argument("--grounding-child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--child", nargs=2, metavar=("CELL", "CONTENDER"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        result = run_child(*args.child, args.threads[0], args.reps, args.warmup, args.data, args.budget)
+        result = run_child(*args.child, args.threads[0], args.reps, args.warmup, args.data, args.budget, args.malloc)
         print(json.dumps(result))
         return [result]
+    if args.grounding_child:
+        _grounding_neuralogic_child(args.grounding_child, args.data, args.grounding_repeats)
+        return []
     meta = {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
             "load": ", ".join(f"{x:.1f}" for x in os.getloadavg()), "argv": sys.argv[1:]}
+    if args.grounding:
+        return grounding(args, meta)
     results = []
     for threads in args.threads:
         for cell in args.cells:

@@ -37,3 +37,49 @@ def test_rules_cell_runs_and_checks(kg_dir):
         torch.set_num_threads(threads)
     assert result["valid"] and result["step_s"] > 0 and result["queries"] > 450
     assert result["first_loss"] == pytest.approx(result["oracle_loss"], rel=1e-4)
+
+
+def test_grounding_table_divides_build_dataset_by_ground():
+    rows = [{"dataset": "kinships", "message_edges": 17088, "rules": 106, "queries": 498, "neurons": 6853,
+             "ground_s": 0.02, "native_s": 0.03, "native_runs": 9, "neuralogic_build_dataset_s": 2.5,
+             "neuralogic_total_s": 3.0, "neuralogic_first_s": 4.0},
+            {"dataset": "umls", "message_edges": 10432, "rules": 190, "queries": 496, "neurons": 4272,
+             "ground_s": 0.05, "native_s": 0.06, "native_runs": 9, "neuralogic_failed": "timeout 10 s"}]
+    text = bench.grounding_markdown(rows, {"date": "today", "machine": "test", "load": "0"})
+    assert "| kinships | 17,088 | 106 | 498 | 6,853 | 20.0 | 30.0 | 2.50 | 3.00 | 4.00 | **125x** | 100x | 100x |" \
+        in text
+    assert "| umls | 10,432 | 190 | 496 | 4,272 | 50.0 | 60.0 | timeout 10 s |" in text
+
+
+def test_grounding_native_times_the_rule_template(kg_dir):
+    row = bench.grounding_native("kinships", str(kg_dir), repeats=2, seconds=0.0)
+    assert row["native_runs"] == 2 and 0 < row["ground_s"] and 0 < row["native_s"]
+    assert row["rules"] == 106 and row["queries"] > 450 and row["message_edges"] == 17088 and row["neurons"] > 0
+
+
+@pytest.mark.slow
+def test_grounding_neuralogic_builds_the_same_template(kg_dir):
+    pytest.importorskip("neuralogic")
+    row = bench.grounding_neuralogic("kinships", str(kg_dir), repeats=0, timeout=600)
+    assert "neuralogic_failed" not in row, row
+    _, triples, _, _ = bench._rules_job("kinships", str(kg_dir))
+    # One built sample per query, as neurovec's graph has one output per query.
+    assert len(row["neuralogic_attempts"]) == 1 and row["neuralogic_attempts"][0]["samples"] == len(triples)
+    assert row["neuralogic_build_dataset_s"] > 0
+
+
+def test_malloc_keep_keeps_large_blocks_in_the_heap(monkeypatch):
+    from neurovec import memory
+
+    calls = []
+
+    class FakeLibc:
+        def mallopt(self, option, value):
+            calls.append((option, value))
+            return 1
+
+    monkeypatch.setattr(memory, "_LIBC", FakeLibc())
+    assert bench._keep_freed_memory()
+    assert calls == [(memory._M_MMAP_MAX, 0), (memory._M_TRIM_THRESHOLD, memory._KEEP)]
+    monkeypatch.setattr(memory, "_LIBC", None)
+    assert not bench._keep_freed_memory()
