@@ -458,7 +458,9 @@ def grounding_neuralogic(name: str, data: str | None, repeats: int, timeout: flo
             child.stdin.write("go\n")
             child.stdin.flush()
             line = child.stdout.readline()
-            if not line.startswith("{"):
+            while line and not line.startswith("{"):  # anything else the JVM prints
+                line = child.stdout.readline()
+            if not line:
                 break
             attempts.append(json.loads(line))
             if attempts[-1]["build_s"] + attempts[-1]["build_dataset_s"] > 60:
