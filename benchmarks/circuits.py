@@ -1,7 +1,13 @@
 """Weighted model counting on SDD circuits: neurovec against KLay's torch backend.
 
     python -m neurovec.benchmarks.circuits --out benchmarks/results/circuits     # the committed run
+    python -m neurovec.benchmarks.circuits --must-show --out benchmarks/results/circuits-must-show
     python -m neurovec.benchmarks.circuits --circuits sudoku_4 cnf-30 --batch 128 --threads 1 --rounds 5
+
+``--must-show`` runs only the cells of the issue's target (the random CNFs, batch 128,
+``default`` and ``klay``, 1 and 2 threads). The script starts itself again with
+``OMP_WAIT_POLICY=PASSIVE`` unless the variable is set: with threads that spin while they
+wait, a 2-thread step on a busy machine ran 5-20x slower (KLay's as well as neurovec's).
 
 Circuits: the three of ``../shared/data/circuits`` (``sudoku_4``, ``road_r``, ``4-grid``;
 ``--data``) and the random CNFs of :data:`neurovec.datasets.circuits.BENCHMARK_CNFS`
@@ -36,6 +42,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import platform
 import statistics
 import sys
@@ -151,7 +158,8 @@ def interleaved(engines: list[Engine], x: torch.Tensor, backward: bool, rounds: 
 
 def run(args) -> dict:
     results = {"machine": platform.processor() or platform.machine(), "torch": torch.__version__,
-               "argv": sys.argv[1:], "cells": [], "circuits": {}, "compile": []}
+               "argv": sys.argv[1:], "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+               "load_average_at_start": os.getloadavg(), "cells": [], "circuits": {}, "compile": []}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for name in args.circuits:
@@ -202,8 +210,10 @@ def run(args) -> dict:
 
 
 def report(results: dict) -> str:
+    load = ", ".join(f"{v:.1f}" for v in results.get("load_average_at_start", ()))
     lines = ["# Weighted model counting: neurovec vs KLay (torch backend)", "",
-             f"torch {results['torch']}; arguments: `{' '.join(results['argv'])}`", "",
+             f"torch {results['torch']}; arguments: `{' '.join(results['argv'])}`; "
+             f"OMP_WAIT_POLICY={results.get('omp_wait_policy')}; load average at the start: {load}", "",
              "| circuit | variables | nodes (neurovec) | nodes (KLay) | edges | depth | SDD nodes | read s |",
              "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for name, c in results["circuits"].items():
@@ -234,7 +244,7 @@ def report(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv=None) -> None:
+def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--circuits", nargs="+", default=list(SHARED) + list(random_circuits.BENCHMARK_CNFS))
@@ -244,16 +254,27 @@ def main(argv=None) -> None:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--autotune-budget", type=float, default=60.0)
-    parser.add_argument("--max-gb", type=float, default=3.0, help="skip cells whose edge values pass this")
+    parser.add_argument("--max-gb", type=float, default=2.0, help="skip cells whose edge values pass this")
     parser.add_argument("--override", default="{}",
                         help="JSON settings over the default preset, e.g. '{\"iso_compression\": false}' "
                              "(shown in the compile table)")
     parser.add_argument("--data", default=str(DATA))
     parser.add_argument("--cache", default=str(Path.home() / ".cache" / "neurovec" / "circuits"))
     parser.add_argument("--out", default="circuits-results")
+    parser.add_argument("--must-show", action="store_true",
+                        help="only the target's cells: the random CNFs, batch 128, default and klay")
     args = parser.parse_args(argv)
-    run(args)
+    if args.must_show:
+        args.circuits, args.batch, args.engines = list(random_circuits.BENCHMARK_CNFS), [128], ["default", "klay"]
+    return args
+
+
+def main(argv=None) -> None:
+    run(parse_args(argv))
 
 
 if __name__ == "__main__":
+    if "OMP_WAIT_POLICY" not in os.environ:  # OpenMP reads it when it starts: start again with it set
+        os.execve(sys.executable, [sys.executable, "-m", "neurovec.benchmarks.circuits", *sys.argv[1:]],
+                  {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"})
     main()
