@@ -23,14 +23,16 @@ How the circuit maps onto neurovec's layers (:func:`to_graph`):
   dynamic so each call passes its own;
 * ``negations``: ``1 - p`` for every variable that occurs negated, a sum neuron with
   the fixed weight -1 and the fixed bias 1;
-* ``and{k}`` and ``or{k}``: the product and sum nodes whose longest path from a literal
-  is ``k`` (nodes of one level never read each other), with aggregation ``prod`` and
-  ``sum``.
+* ``and{t}`` (``t`` odd) and ``or{t}`` (``t`` even): the products and sums of slot ``t``
+  (:func:`schedule`: each node at the first slot of its kind above its children, as
+  KLay layers a circuit), with aggregation ``prod`` and ``sum``. Every layer reads the
+  layer below it only: a node read from higher up is copied (a one-input product or
+  sum) into each slot in between, so each layer is one gather and one reduction.
 
 In the log semiring (weights are log-probabilities, AND is a sum, OR a logsumexp)
-``or{k}`` is computed stably from aggregations neurovec has: ``m = max_i x_i``, then
-``m + log(sum_i exp(x_i - m))`` (layers ``or{k}.max``, ``or{k}.shift``, ``or{k}.sum``
-and ``or{k}``), and a negated literal is ``log(1 - exp(l))``.
+``or{t}`` is computed stably from aggregations neurovec has: ``m = max_i x_i``, then
+``m + log(sum_i exp(x_i - m))`` (layers ``or{t}.max``, ``or{t}.shift``, ``or{t}.sum``
+and ``or{t}``), and a negated literal is ``log(1 - exp(l))``.
 
 Reading is whole-array: the file is tokenized and its integers converted by numpy
 over its bytes, constants are folded and the nodes levelled a DAG level at a time
