@@ -234,8 +234,8 @@ def report(results: dict) -> str:
         nodes = c.get("klay_nodes", c["nodes"])
         applies = cell["step"] == "fwd+bwd" and cell["batch"] == 128 and nodes >= TARGET_NODES
         verdict = ("met" if ratio >= TARGET else "**not met**") if applies and ratio is not None else ""
-        lines.append(f"{head} {m.get('default', float('nan')):.2f} | {m.get('autotune', float('nan')):.2f} | "
-                     f"{m.get('klay', float('nan')):.2f} | "
+        ms = {k: f"{m[k]:.2f}" if k in m else "" for k in ("default", "autotune", "klay")}  # "": not run
+        lines.append(f"{head} {ms['default']} | {ms['autotune']} | {ms['klay']} | "
                      + (f"{ratio:.2f}x" if ratio is not None else "") + f" | {verdict} |")
     lines += ["", "Compile times (s), per batch size:", "", "| circuit | batch | engine | s | note |",
               "|---|---:|---|---:|---|"]
