@@ -23,14 +23,16 @@ How the circuit maps onto neurovec's layers (:func:`to_graph`):
   dynamic so each call passes its own;
 * ``negations``: ``1 - p`` for every variable that occurs negated, a sum neuron with
   the fixed weight -1 and the fixed bias 1;
-* ``and{k}`` and ``or{k}``: the product and sum nodes whose longest path from a literal
-  is ``k`` (nodes of one level never read each other), with aggregation ``prod`` and
-  ``sum``.
+* ``and{t}`` (``t`` odd) and ``or{t}`` (``t`` even): the products and sums of slot ``t``
+  (:func:`schedule`: each node at the first slot of its kind above its children, as
+  KLay layers a circuit), with aggregation ``prod`` and ``sum``. Every layer reads the
+  layer below it only: a node read from higher up is copied (a one-input product or
+  sum) into each slot in between, so each layer is one gather and one reduction.
 
 In the log semiring (weights are log-probabilities, AND is a sum, OR a logsumexp)
-``or{k}`` is computed stably from aggregations neurovec has: ``m = max_i x_i``, then
-``m + log(sum_i exp(x_i - m))`` (layers ``or{k}.max``, ``or{k}.shift``, ``or{k}.sum``
-and ``or{k}``), and a negated literal is ``log(1 - exp(l))``.
+``or{t}`` is computed stably from aggregations neurovec has: ``m = max_i x_i``, then
+``m + log(sum_i exp(x_i - m))`` (layers ``or{t}.max``, ``or{t}.shift``, ``or{t}.sum``
+and ``or{t}``), and a negated literal is ``log(1 - exp(l))``.
 
 Reading is whole-array: the file is tokenized and its integers converted by numpy
 over its bytes, constants are folded and the nodes levelled a DAG level at a time
@@ -658,27 +660,56 @@ def to_graph(circuit: Circuit, batch: int = 1, semiring: str = "real", literal_w
                                   transformation="log" if log else "identity"))
         layer_of[negative], ordinal_of[negative] = len(layers) - 1, np.arange(negative.size)
 
-    inner = np.flatnonzero(kind >= AND)
-    level = schedule(circuit)
-    # Layers: by level, products before sums.
-    order = inner[np.lexsort((inner, kind[inner], level[inner]))]
-    key = level[order] * 2 + (kind[order] == OR)
-    bounds = np.flatnonzero(np.diff(key)) + 1
-    groups = np.split(order, bounds) if order.size else []
-    for group in groups:
-        is_or = bool(kind[group[0]] == OR)
-        group, counts, src_layer, src_ordinal = _sorted_inputs(group, ptr, children, layer_of, ordinal_of)
-        name = f"{'or' if is_or else 'and'}{int(level[group[0]])}"
-        if not is_or:
-            layers.append(NeuronLayer(name, counts, src_layer, src_ordinal,
-                                      aggregation="sum" if log else "prod", copy=False))
-        elif not log:
-            layers.append(NeuronLayer(name, counts, src_layer, src_ordinal, aggregation="sum", copy=False))
+    slot = schedule(circuit)
+    # A node read at slot s is needed at s - 1: from its own slot up to there it is copied
+    # once per slot (a one-input product or sum: the identity), so that every layer reads
+    # the layer below it only.
+    reader = np.repeat(np.arange(n), np.diff(ptr))
+    needed = slot.copy()
+    np.maximum.at(needed, children, slot[reader] - 1)
+    n_copies = needed - slot
+    copy_ptr = np.concatenate([[0], np.cumsum(n_copies)])
+    copy_node = np.repeat(np.arange(n), n_copies)
+    copy_slot = slot[copy_node] + 1 + np.arange(copy_node.size) - copy_ptr[copy_node]
+    copy_layer = np.full(copy_node.size + 1, -1, np.int64)  # (one more: a dummy for rows()'s np.where)
+    copy_ordinal = np.full(copy_node.size + 1, -1, np.int64)
+
+    def rows(nodes: np.ndarray, at: int) -> tuple[np.ndarray, np.ndarray]:
+        """(layer, ordinal) of ``nodes`` (each computed at ``at`` or below) at slot ``at``."""
+        own = slot[nodes] == at
+        copy = np.where(own, 0, copy_ptr[nodes] + at - slot[nodes] - 1)
+        return (np.where(own, layer_of[nodes], copy_layer[copy]),
+                np.where(own, ordinal_of[nodes], copy_ordinal[copy]))
+
+    inner = kind >= AND
+    for t in range(1, int(slot.max(initial=0)) + 1):
+        is_or = t % 2 == 0
+        real = np.flatnonzero((slot == t) & inner)
+        copies = np.flatnonzero(copy_slot == t)
+        counts = ptr[real + 1] - ptr[real]
+        edges = _ranges(ptr[real], counts)
+        src_layer, src_ordinal = rows(children[edges], t - 1)
+        real, counts, src_layer, src_ordinal = _sorted_inputs(real, counts, src_layer, src_ordinal)
+        copy_src_layer, copy_src_ordinal = rows(copy_node[copies], t - 1)
+        order = np.lexsort((copy_src_ordinal, copy_src_layer))
+        copies, copy_src_layer, copy_src_ordinal = copies[order], copy_src_layer[order], copy_src_ordinal[order]
+        name = f"{'or' if is_or else 'and'}{t}"
+        if not (is_or and log and real.size):  # one layer: products (log: sums) or sums, and the copies
+            aggregation = "sum" if is_or or log else "prod"  # (a log sum slot here has copies only)
+            layers.append(NeuronLayer(name, np.concatenate([counts, np.ones(copies.size, np.int64)]),
+                                      np.concatenate([src_layer, copy_src_layer]),
+                                      np.concatenate([src_ordinal, copy_src_ordinal]),
+                                      aggregation=aggregation, copy=False))
         elif "logsumexp" in AGGREGATIONS:  # an IR aggregation, once there is one: one layer, exact at -inf
-            layers.append(NeuronLayer(name, counts, src_layer, src_ordinal, aggregation="logsumexp", copy=False))
+            layers.append(NeuronLayer(name, np.concatenate([counts, np.ones(copies.size, np.int64)]),
+                                      np.concatenate([src_layer, copy_src_layer]),
+                                      np.concatenate([src_ordinal, copy_src_ordinal]),
+                                      aggregation="logsumexp", copy=False))
         else:
-            layers.extend(_logsumexp_layers(name, len(layers), counts, src_layer, src_ordinal, MINUS_ONE))
-        layer_of[group], ordinal_of[group] = len(layers) - 1, np.arange(group.size)
+            layers.extend(_logsumexp_layers(name, len(layers), counts, src_layer, src_ordinal, MINUS_ONE,
+                                            copy_src_layer, copy_src_ordinal))
+        layer_of[real], ordinal_of[real] = len(layers) - 1, np.arange(real.size)
+        copy_layer[copies], copy_ordinal[copies] = len(layers) - 1, real.size + np.arange(copies.size)
     root = circuit.root
     if root == _FALSE:  # 0 = 1 - 1, or log 0 = -inf
         if log:
@@ -694,52 +725,51 @@ def to_graph(circuit: Circuit, batch: int = 1, semiring: str = "real", literal_w
 
 
 def schedule(circuit: Circuit) -> np.ndarray:
-    """The level of each node's layer: a sum at its longest path from the literals, a product
-    as late as its readers allow (one level below the earliest reader; the root keeps its own).
+    """The slot of each node's layer: literals (and the true constant) at 0, products at
+    odd slots, sums at even ones, each node at the first slot of its kind above all its
+    children (KLay's alternating layers).
 
-    In an SDD a product (an element) is read by the one decision it belongs to, so the
-    children of the sums of a level are then one layer: the sum gathers from one tensor
-    instead of a concatenation of every earlier level. Readers come first: products are
-    placed from the deepest down, each round one longest-path level, whole-array.
+    :func:`to_graph` makes one layer per slot that reads the slot below only: a node
+    read from higher up is copied into every slot in between, so each layer is one
+    gather and one reduction of the tensor below, never a concatenation of every
+    earlier layer. One round of array operations per longest-path level.
     """
-    kind, ptr, children, asap = circuit.kind, circuit.ptr, circuit.children, circuit.level
-    level = asap.copy()
-    n = circuit.n_nodes
-    reader = np.repeat(np.arange(n), np.diff(ptr))[np.argsort(children, kind="stable")]
-    reader_ptr = np.concatenate([[0], np.cumsum(np.bincount(children, minlength=n))])
-    products = np.flatnonzero((kind == AND) & (reader_ptr[1:] > reader_ptr[:-1]))
-    for depth in np.unique(asap[products])[::-1].tolist():
-        nodes = products[asap[products] == depth]
-        counts = reader_ptr[nodes + 1] - reader_ptr[nodes]
-        readers = reader[_ranges(reader_ptr[nodes], counts)]
-        level[nodes] = np.minimum.reduceat(level[readers], np.concatenate([[0], np.cumsum(counts)[:-1]])) - 1
-    return level
+    kind, ptr, children, level = circuit.kind, circuit.ptr, circuit.children, circuit.level
+    slot = np.zeros(circuit.n_nodes, np.int64)
+    inner = np.flatnonzero(kind >= AND)
+    for depth in np.unique(level[inner]).tolist():
+        nodes = inner[level[inner] == depth]
+        counts = ptr[nodes + 1] - ptr[nodes]
+        above = 1 + np.maximum.reduceat(slot[children[_ranges(ptr[nodes], counts)]],
+                                        np.concatenate([[0], np.cumsum(counts)[:-1]]))
+        slot[nodes] = above + ((above % 2 == 1) != (kind[nodes] == AND))  # products odd, sums even
+    return slot
 
 
-def _sorted_inputs(group, ptr, children, layer_of, ordinal_of):
-    """A layer's neurons and inputs, ordered so that inputs from one source layer form long runs.
+def _sorted_inputs(group, counts, src_layer, src_ordinal):
+    """A layer's neurons and inputs, ordered so that the gather reads the layer below in order.
 
-    A product's two inputs go source-layer first (products commute); a sum's inputs by
-    source layer and row (sums commute: this changes only the rounding order); neurons by
-    their inputs' sources and rows. The compiler gathers each run of one source as one
-    index (or slice), so few runs mean few gathers and no concatenation of whole layers.
+    A neuron's inputs go by (layer, row) (products and sums commute: this changes only
+    the rounding order of a sum), neurons by their first and last inputs.
     Returns ``(group, counts, input layers, input ordinals)`` in that order.
     """
-    counts = ptr[group + 1] - ptr[group]
-    edges = _ranges(ptr[group], counts)
     owner = np.repeat(np.arange(group.size), counts)
-    src_layer, src_ordinal = layer_of[children[edges]], ordinal_of[children[edges]]
-    within = np.lexsort((src_ordinal, src_layer, owner))  # each neuron's inputs by (layer, row)
+    within = np.lexsort((src_ordinal, src_layer, owner))
     src_layer, src_ordinal = src_layer[within], src_ordinal[within]
-    first = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    first = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
     last = first + counts - 1
-    neurons = np.lexsort((src_ordinal[last], src_ordinal[first], src_layer[last], src_layer[first]))
+    neurons = np.lexsort((src_ordinal[last], src_ordinal[first], src_layer[last], src_layer[first])) \
+        if group.size else np.zeros(0, np.int64)
     edges = _ranges(first[neurons], counts[neurons])
     return group[neurons], counts[neurons], src_layer[edges], src_ordinal[edges]
 
 
-def _logsumexp_layers(name, first, counts, src_layer, src_ordinal, minus_one):
-    """``m + log(sum_i exp(x_i - m))`` with ``m = max_i x_i``: four layers of existing aggregations."""
+def _logsumexp_layers(name, first, counts, src_layer, src_ordinal, minus_one, copy_layer, copy_ordinal):
+    """``m + log(sum_i exp(x_i - m))`` with ``m = max_i x_i``: four layers of existing aggregations.
+
+    The last layer (``name``) holds the sums, then the copies (``copy_layer``,
+    ``copy_ordinal``: one input each, the identity).
+    """
     n = counts.size
     edges = src_layer.size
     owner = np.repeat(np.arange(n), counts)
@@ -751,9 +781,12 @@ def _logsumexp_layers(name, first, counts, src_layer, src_ordinal, minus_one):
     shift = NeuronLayer(f"{name}.shift", np.full(edges, 2), shift_layer, shift_ordinal, shift_weight,
                         transformation="exp", copy=False)
     total = NeuronLayer(f"{name}.sum", counts, np.full(edges, first + 1), np.arange(edges), transformation="log")
-    result = NeuronLayer(name, np.full(n, 2), np.tile([first + 2, first], n), np.repeat(np.arange(n), 2),
-                         copy=False)
+    result = NeuronLayer(name, np.concatenate([np.full(n, 2), np.ones(copy_layer.size, np.int64)]),
+                         np.concatenate([np.tile([first + 2, first], n), copy_layer]),
+                         np.concatenate([np.repeat(np.arange(n), 2), copy_ordinal]), copy=False)
     return [maximum, shift, total, result]
+
+
 
 
 def settings(preset: str = "default", **overrides):

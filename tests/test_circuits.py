@@ -20,13 +20,6 @@ from neurovec.sources import circuits
 from neurovec.sources.circuits import AND, LITERAL, OR, CircuitError
 
 SHARED = ("sudoku_4", "road_r", "4-grid")
-DEPTH_BUG = ("compiler/passes/dedup.py RowIds.unchanged re-walks every path of the program when its cache "
-             "hits, exponential in the program's depth: deep circuits (road_r's 35 levels, the log semiring's "
-             "four layers per sum level) do not finish compiling under presets with iso_compression or "
-             "dedup_linear (reported to the lead; unskip when fixed)")
-# Until then, the quick tests compile the circuits that blow up without those two passes.
-WORKAROUND = {"iso_compression": False, "dedup_linear": False}
-BLOWS_UP = {("road_r", "real"), ("road_r", "log"), ("sudoku_4", "log"), ("4-grid", "log"), ("4-grid", "real")}
 
 
 def pysdd_wmc(sdd_path: Path, probabilities: np.ndarray, log: bool = False) -> np.ndarray:
@@ -93,8 +86,7 @@ def test_shared_circuits_equal_pysdd(circuits_dir, name, semiring):
     circuit = circuits.read_sdd(path)
     probabilities = np.random.default_rng(1).uniform(0.05, 0.95, (3, circuit.n_vars))
     expected = pysdd_wmc(path, probabilities, log=semiring == "log")
-    preset = circuits.settings(**WORKAROUND) if (name, semiring) in BLOWS_UP else "default"  # DEPTH_BUG
-    got = module_wmc(circuit, probabilities, semiring, preset).numpy()
+    got = module_wmc(circuit, probabilities, semiring).numpy()
     np.testing.assert_allclose(got, expected, rtol=1e-9, atol=0)
 
 
@@ -102,8 +94,6 @@ def test_shared_circuits_equal_pysdd(circuits_dir, name, semiring):
 @pytest.mark.parametrize("semiring", circuits.SEMIRINGS)
 @pytest.mark.parametrize("name", SHARED)
 def test_shared_circuits_every_preset(circuits_dir, name, semiring):
-    if (name, semiring) in BLOWS_UP:
-        pytest.skip(DEPTH_BUG)
     path = circuits_dir / f"{name}.sdd"
     circuit = circuits.read_sdd(path)
     probabilities = np.random.default_rng(2).uniform(0.05, 0.95, (2, circuit.n_vars))
@@ -124,8 +114,7 @@ def test_shared_circuit_equals_klay(circuits_dir):
         theirs = reference.to_torch_module(semiring=semiring, compile=False)
         x = torch.tensor(probabilities)
         expected = theirs(x.log() if semiring == "log" else x).reshape(-1).numpy()
-        preset = circuits.settings(**WORKAROUND) if semiring == "log" else "default"  # DEPTH_BUG
-        np.testing.assert_allclose(module_wmc(circuit, probabilities, semiring, preset).numpy(), expected, rtol=1e-9)
+        np.testing.assert_allclose(module_wmc(circuit, probabilities, semiring).numpy(), expected, rtol=1e-9)
 
 
 def test_gradients_equal_finite_differences(circuits_dir):
@@ -146,7 +135,7 @@ def test_gradients_equal_finite_differences(circuits_dir):
             fd = (module(torch.tensor(up)) - module(torch.tensor(down))) / (2 * h)
         np.testing.assert_allclose(x.grad[:, v].numpy(), fd.numpy(), rtol=1e-6)
     log_x = torch.tensor(np.log(p), requires_grad=True)
-    log_module = circuits.compile(circuit, 2, "log", circuits.settings(**WORKAROUND), torch.float64)  # DEPTH_BUG
+    log_module = circuits.compile(circuit, 2, "log", dtype=torch.float64)
     log_wmc = log_module(log_x)
     log_wmc.sum().backward()
     np.testing.assert_allclose(log_wmc.detach().numpy(), np.log(wmc.detach().numpy()), rtol=1e-12)
@@ -173,8 +162,9 @@ def test_compiled_equals_reference_engine(circuits_dir):
         values = np.log(values) if semiring == "log" else values
         graph = circuits.to_graph(circuit, 2, semiring, literal_weights=values)
         reference = neurovec.ReferenceModule(graph)()
-        compiled = neurovec.compile(graph, circuits.settings("unoptimized"), torch.float64)()  # DEPTH_BUG
-        torch.testing.assert_close(compiled, reference, rtol=1e-12, atol=0)
+        for preset in ("default", "unoptimized"):
+            compiled = neurovec.compile(graph, circuits.settings(preset), torch.float64)()
+            torch.testing.assert_close(compiled, reference, rtol=1e-12, atol=0, msg=lambda m: f"{preset}: {m}")
 
 
 # -- random circuits: pysdd compiles random CNFs --------------------------------------------------
@@ -288,6 +278,33 @@ def test_graph_layers(circuits_dir):
         assert {"negations.exp", "or2.max", "or2.shift", "or2.sum", "or2"} <= set(log_names)
 
 
+@pytest.mark.parametrize("semiring", circuits.SEMIRINGS)
+@pytest.mark.parametrize("name", SHARED)
+def test_every_layer_reads_the_layer_below(circuits_dir, name, semiring):
+    """KLay-style layers: slot t reads slot t - 1 only (its own logsumexp parts aside), so the
+    program gathers from one tensor per layer; long edges go through one-input copies."""
+    circuit = circuits.read_sdd(circuits_dir / f"{name}.sdd")
+    graph = circuits.to_graph(circuit, 2, semiring)
+    slot = circuits.schedule(circuit)
+    inner = circuit.kind >= AND
+    assert np.all(slot[circuit.kind == LITERAL] == 0)
+    assert np.all(slot[inner & (circuit.kind == AND)] % 2 == 1) and np.all(slot[inner & (circuit.kind == OR)] % 2 == 0)
+    owner = np.repeat(np.arange(circuit.n_nodes), np.diff(circuit.ptr))
+    assert np.all(slot[circuit.children] < slot[owner])
+    index = {layer.name: i for i, layer in enumerate(graph.layers)}
+    below = {0: {index[n] for n in ("literals", "negations", "constants") if n in index}}
+    copies = 0
+    for t in range(1, int(slot.max()) + 1):
+        layer = graph.layer(f"{'or' if t % 2 == 0 else 'and'}{t}")
+        own = {i for n, i in index.items() if n.startswith(f"{layer.name}.")}
+        assert set(np.unique(layer.input_layer).tolist()) <= below[t - 1] | own, layer.name
+        real = int(np.sum(inner & (slot == t)))
+        assert np.all(layer.counts[real:] == 1)  # the copies
+        copies += layer.size - real
+        below[t] = {index[layer.name]}
+    assert copies > 0  # the shared circuits have long edges
+
+
 # -- bad input: errors name the file and the line ---------------------------------------------------
 
 
@@ -363,15 +380,3 @@ def test_bad_vtrees(tmp_path):
             assert pattern in str(error.value), str(error.value)
     with pytest.raises(CircuitError, match="cannot read"):
         circuits.read_sdd(tmp_path / "missing.sdd")
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("name, semiring", sorted(BLOWS_UP))
-def test_deep_circuits_compile_under_default(circuits_dir, name, semiring):
-    """The shared circuits under ``default`` (what the quick tests work around, DEPTH_BUG)."""
-    pytest.skip(DEPTH_BUG)
-    path = circuits_dir / f"{name}.sdd"
-    circuit = circuits.read_sdd(path)
-    probabilities = np.random.default_rng(8).uniform(0.05, 0.95, (2, circuit.n_vars))
-    np.testing.assert_allclose(module_wmc(circuit, probabilities, semiring).numpy(),
-                               pysdd_wmc(path, probabilities, log=semiring == "log"), rtol=1e-9)

@@ -17,6 +17,8 @@ def test_benchmark_runs_on_a_shared_circuit(circuits_dir, tmp_path):
     steps = {(c["step"], c["threads"]) for c in results["cells"]}
     assert steps == {("fwd", 1), ("fwd+bwd", 1)}
     assert all(set(c["median_ms"]) == {"default", "klay"} for c in results["cells"])
+    (checked,) = results["errors"]  # each engine against KLay in float64
+    assert set(checked["relative"]) == {"default", "klay"} and max(checked["relative"].values()) < 1e-3
     table = (tmp_path / "results.md").read_text()
     assert "| sudoku_4 | 2 | 1 | fwd+bwd |" in table and "Compile times" in table
 
@@ -27,3 +29,10 @@ def test_benchmark_skips_cells_over_the_memory_limit(circuits_dir, tmp_path):
     cells = json.loads((tmp_path / "results.json").read_text())["cells"]
     assert len(cells) == 2 and all("skipped" in c for c in cells)
     assert "skipped: edge values" in (tmp_path / "results.md").read_text()
+
+
+def test_must_show_selects_the_target_cells():
+    args = bench.parse_args(["--must-show", "--threads", "1"])
+    assert args.circuits == ["cnf-30", "cnf-36", "cnf-40", "cnf-44"] and args.batch == [128]
+    assert args.engines == ["default", "klay"] and args.threads == [1]
+    assert bench.parse_args([]).threads == [1, 2]
