@@ -49,8 +49,9 @@ CHUNK_VALUES = 1 << 24
 # in the same order, by the same kernel (the sub-program keeps the node's kernel, and its indices
 # their type; a sum or a mean computes each feature on its own), so the values are those of the
 # whole evaluation, bit for bit. Below CHUNK_VALUES nothing changes. Products-like x 1/16, GCN:
-# the pass took 3.2 GB of fresh memory at once, in runs of 2^22 rows of 100 features; by
-# CHUNK_VALUES, under 0.3 GB.
+# the pass took 3.2 GB of fresh memory at once, in runs of 2^22 rows of 100 features; by 2^24
+# values, 0.8 GB (2^25: 1.7 GB, and no less CPU time). Each piece's module copies its indices and
+# coefficients: smaller pieces cost more CPU time.
 
 
 def fold_constants(program: Program, settings: Settings) -> Program:
@@ -143,24 +144,28 @@ def _in_chunks(sub: Program, name: str) -> np.ndarray | None:
     cuts = np.unique(np.searchsorted(starts, np.arange(0, gather.count, run)))
     cuts = np.append(cuts[cuts < counts.size], counts.size)
     keys = {part: f"{fact.attrs['const']}_{part}" for part in ("index", "counts", "coef")}  # not the fact's
+    runs = []  # (segments a:b, first fact row read, the run's constants but the facts)
+    for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist()):
+        lo, hi = int(starts[a]), int(ends[b - 1])
+        # The module stores the fact rows it reads: only those between the run's first and last.
+        rows = index[lo:hi]
+        first, last = int(rows.min()), int(rows.max())
+        constants = {keys["index"]: rows - rows.dtype.type(first), keys["counts"]: counts[a:b]}
+        if coef is not None:
+            constants[keys["coef"]] = coef[lo:hi]
+        runs.append((a, b, first, last, constants))
+    attrs = {**node.attrs, "counts": keys["counts"], **({"coef": keys["coef"]} if coef is not None else {})}
     value = np.empty((node.count, *node.shape), dtype=np.float64)
     for c0 in range(0, node.shape[0] if vector else 1, step):
         columns = slice(c0, c0 + step) if vector else slice(None)
         shape = (len(range(node.shape[0])[columns]),) if vector else node.shape
-        for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist()):
-            lo, hi = int(starts[a]), int(ends[b - 1])
-            # The module stores the fact rows it reads: only those between the run's first and last.
-            rows = index[lo:hi]
-            first, last = int(rows.min()), int(rows.max())
-            constants = {fact.attrs["const"]: facts[first:last + 1, columns] if vector else facts[first:last + 1],
-                         keys["index"]: rows - rows.dtype.type(first), keys["counts"]: counts[a:b]}
-            attrs = {**node.attrs, "counts": keys["counts"]}
-            if coef is not None:
-                constants[keys["coef"]], attrs["coef"] = coef[lo:hi], keys["coef"]
+        for a, b, first, last, constants in runs:
+            rows = facts[first:last + 1, columns] if vector else facts[first:last + 1]
             piece = sub.replace(nodes=(fact.with_(count=last + 1 - first, shape=shape),
-                                       gather.with_(count=hi - lo, shape=shape,
+                                       gather.with_(count=constants[keys["index"]].size, shape=shape,
                                                     attrs={**gather.attrs, "index": keys["index"]}),
-                                       node.with_(count=b - a, shape=shape, attrs=attrs)), constants=constants,
+                                       node.with_(count=b - a, shape=shape, attrs=attrs)),
+                                constants={fact.attrs["const"]: rows, **constants},
                                 weights=())  # it reads no weight: no module parameter to make per run
             target = value[a:b, columns] if vector else value[a:b]
             target[...] = backend.current().evaluate(piece)
