@@ -726,6 +726,19 @@ class CompiledModule(nn.Module):
         # Dynamic fact layer -> the constant holding its stored values.
         self._inputs = {n.attrs["fact_layer"]: n.attrs["const"] for n in input_facts(program)}
 
+    def __getattr__(self, name: str):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            # A constant that no code of the module reads is not kept as a buffer (add_buffers):
+            # asked for by name, it is made from the program, as a buffer would hold it.
+            program = self.__dict__.get("program")
+            if program is None or name not in program.constants:
+                raise
+            like = next((t for t in itertools.chain(self.parameters(), self.buffers()) if t.is_floating_point()), None)
+            tensor = _tensor(program.constants[name], like.dtype if like is not None else torch.get_default_dtype())
+            return tensor.long() if name in _backward_indices(program, self.reduce_kernels) else tensor
+
     def __reduce__(self):
         # The class is generated, so pickle cannot find it by name: rebuild it from the
         # source, then restore the whole state (parameters, buffers, hooks, training flag).
@@ -847,8 +860,7 @@ def add_buffers(module: CompiledModule, code: str, chosen: dict[str, str], dtype
     for key, array in program.constants.items():
         if key in read and key not in module._buffers:
             tensor = _tensor(array, dtype)
-            module.register_buffer(key, (tensor.long() if key in backward_indices else tensor).to(device),
-                                   persistent=False)
+            _add_buffer(module, key, (tensor.long() if key in backward_indices else tensor).to(device))
     for node in program.nodes:
         key = node.attrs.get("counts") if node.op is Op.REDUCE else None
         if key is None or f"seg_{key}" in module._buffers or not read & {f"seg_{key}", f"ptr_{key}", f"cnt_{key}"}:
@@ -856,10 +868,16 @@ def add_buffers(module: CompiledModule, code: str, chosen: dict[str, str], dtype
         counts = torch.from_numpy(np.ascontiguousarray(program.constants[key], dtype=np.int64))
         # np.repeat: torch.repeat_interleave took 6x its CPU time (4M rows: 53 vs 8.5 ms).
         segments = np.repeat(np.arange(counts.numel()), counts.numpy())
-        module.register_buffer(f"seg_{key}", torch.from_numpy(segments).to(device), persistent=False)
-        module.register_buffer(f"ptr_{key}", torch.cat([counts.new_zeros(1), counts.cumsum(0)]).to(device),
-                               persistent=False)
-        module.register_buffer(f"cnt_{key}", counts.to(device=device, dtype=dtype), persistent=False)
+        _add_buffer(module, f"seg_{key}", torch.from_numpy(segments).to(device))
+        _add_buffer(module, f"ptr_{key}", torch.cat([counts.new_zeros(1), counts.cumsum(0)]).to(device))
+        _add_buffer(module, f"cnt_{key}", counts.to(device=device, dtype=dtype))
+
+
+def _add_buffer(module: nn.Module, name: str, tensor: torch.Tensor) -> None:
+    """``register_buffer(name, tensor, persistent=False)`` without its check that no attribute has the
+    name: a constant's is one already (``CompiledModule.__getattr__`` makes it on request)."""
+    module._buffers[name] = tensor
+    module._non_persistent_buffers_set.add(name)
 
 
 def _sparse_matrix(program: Program, node: Node, dtype: torch.dtype, made: dict[tuple, list]) -> nn.Module:

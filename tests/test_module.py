@@ -296,6 +296,8 @@ def test_sparse_sums_keep_one_copy_of_their_matrix():
     assert len(sparse) == 3 and len({id(getattr(module, f"csr_{n.name}")) for n in sparse}) == 1
     for node in sparse:
         assert not {node.attrs["index"], node.attrs.get("coef"), f"seg_{node.attrs['counts']}"} & set(module._buffers)
+        index = getattr(module, node.attrs["index"])  # still there by name, made on request
+        assert index.dtype == torch.int32 and index.tolist() == module.program.constants[node.attrs["index"]].tolist()
     expected = ReferenceModule(graph)()
     torch.testing.assert_close(module(), expected, rtol=1e-9, atol=1e-9)
     assert module.csr_conv2_agg.values.dtype == torch.float64
