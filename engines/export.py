@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from ..sources.graph import GraphError
-from .torch_module import CompiledModule, _program_class, choose_kernels, generate_source
+from .torch_module import CompiledModule, _program_class, add_buffers, choose_kernels, generate_source
 
 __all__ = ["standard_ops", "example_facts", "export", "export_onnx"]
 
@@ -48,6 +48,7 @@ def standard_ops(module: CompiledModule) -> CompiledModule:
     cls.standard_ops = True
     view = nn.Module.__new__(cls)
     view.__dict__.update(module.__dict__)  # the same parameter, buffer and submodule dicts
+    add_buffers(view, cls.code, chosen)  # what its code reads that the native one did not: shared too
     view.reduce_kernels = chosen
     return view
 

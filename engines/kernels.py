@@ -675,7 +675,7 @@ class GatherSum:
             if v.shape != idx.shape or not (np.issubdtype(v.dtype, np.floating) or np.issubdtype(v.dtype, np.integer)):
                 raise ValueError(f"values must be a 1-D real array of {idx.size} per-edge coefficients, "
                                  f"got shape {v.shape} dtype {v.dtype}")
-            coefficients = v.astype(np.float64)
+            coefficients = np.asarray(v, dtype=np.float64)  # float64 ones (the IR's) are not copied
         if mean:
             per_edge = 1.0 / seg.counts.numpy().astype(np.float64)[seg_id]
             coefficients = per_edge if coefficients is None else coefficients * per_edge
@@ -691,7 +691,7 @@ class GatherSum:
         vals = t_vals = None
         if coefficients is not None:
             dtype = dtype or torch.get_default_dtype()
-            vals = torch.from_numpy(coefficients).to(device=device, dtype=dtype)
+            vals = torch.tensor(coefficients, device=device, dtype=dtype)  # a copy: they may be read-only
             t_vals = torch.from_numpy(np.ascontiguousarray(coefficients[t_perm])).to(device=device, dtype=dtype)
         return cls(t(seg.ptr.numpy(), csr), t(idx, csr), seg.seg_id.to(device), t(t_ptr, csr),
                    t(seg_id[t_perm], csr), t(t_perm), vals, t_vals, coefficients)

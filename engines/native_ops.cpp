@@ -65,24 +65,6 @@ int64_t split_point(const I* ptr, int64_t n_rows, int t, int n_threads) {
     return lo;
 }
 
-// Run body(row_begin, row_end) over all segments, split into at::get_num_threads() tasks
-// of about equal entries, one per thread of torch's intra-op pool (at::parallel_for: the
-// threads torch's own ops use, serial inside another parallel region). See NOTE:
-// [threads on a busy machine] in engines/native.py.
-template <typename I, typename Body>
-void for_segments(const I* ptr, int64_t n_rows, int64_t width, Body body) {
-    const int64_t work = (int64_t)ptr[n_rows] * (width > 0 ? width : 1);
-    const int n_threads = at::get_num_threads();
-    if (n_threads <= 1 || work < kParallelWork || n_rows < 2) {
-        body((int64_t)0, n_rows);
-        return;
-    }
-    at::parallel_for(0, n_threads, 1, [&](int64_t t0, int64_t t1) {
-        for (int64_t t = t0; t < t1; ++t)
-            body(split_point(ptr, n_rows, (int)t, n_threads), split_point(ptr, n_rows, (int)t + 1, n_threads));
-    });
-}
-
 // The feature width as a template argument for the common narrow widths (W > 0),
 // so that every loop over features is unrolled into registers; Width<0> is any
 // width, read at run time. (Run-time widths also make the compiler version each
@@ -104,6 +86,25 @@ void with_width(int64_t w, Body body) {
         case 32: body(Width<32>{}); break;
         default: body(Width<0>{});
     }
+}
+
+// Run body(row_begin, row_end, Width<W>{}) over all segments (W: with_width's), split into
+// at::get_num_threads() tasks of about equal entries, one per thread of torch's intra-op pool
+// (at::parallel_for: the threads torch's own ops use, serial inside another parallel region).
+// See NOTE: [threads on a busy machine] in engines/native.py.
+template <typename I, typename Body>
+void for_segments(const I* ptr, int64_t n_rows, int64_t width, Body body) {
+    const int64_t work = (int64_t)ptr[n_rows] * (width > 0 ? width : 1);
+    const int n_threads = at::get_num_threads();
+    auto run = [&](int64_t r0, int64_t r1) { with_width(width, [&](auto w) { body(r0, r1, w); }); };
+    if (n_threads <= 1 || work < kParallelWork || n_rows < 2) {
+        run((int64_t)0, n_rows);
+        return;
+    }
+    at::parallel_for(0, n_threads, 1, [&](int64_t t0, int64_t t1) {
+        for (int64_t t = t0; t < t1; ++t)
+            run(split_point(ptr, n_rows, (int)t, n_threads), split_point(ptr, n_rows, (int)t + 1, n_threads));
+    });
 }
 
 // ---------------------------------------------------------------- weighted sums
@@ -150,17 +151,15 @@ void sum_rows(int64_t r0, int64_t r1, const I* __restrict__ ptr, const I* __rest
 template <typename T, typename I>
 void segment_sum(int64_t n_rows, const I* ptr, const I* col, const T* val, const T* x, int64_t w, T* y,
                  const T* divide) {
-    for_segments(ptr, n_rows, w, [&](int64_t r0, int64_t r1) {
-        with_width(w, [&](auto width) {
-            using WT = decltype(width);
-            if (col) {
-                if (val) sum_rows<T, I, WT, true, true>(r0, r1, ptr, col, val, x, w, y, divide);
-                else sum_rows<T, I, WT, true, false>(r0, r1, ptr, col, val, x, w, y, divide);
-            } else {
-                if (val) sum_rows<T, I, WT, false, true>(r0, r1, ptr, col, val, x, w, y, divide);
-                else sum_rows<T, I, WT, false, false>(r0, r1, ptr, col, val, x, w, y, divide);
-            }
-        });
+    for_segments(ptr, n_rows, w, [&](int64_t r0, int64_t r1, auto width) {
+        using WT = decltype(width);
+        if (col) {
+            if (val) sum_rows<T, I, WT, true, true>(r0, r1, ptr, col, val, x, w, y, divide);
+            else sum_rows<T, I, WT, true, false>(r0, r1, ptr, col, val, x, w, y, divide);
+        } else {
+            if (val) sum_rows<T, I, WT, false, true>(r0, r1, ptr, col, val, x, w, y, divide);
+            else sum_rows<T, I, WT, false, false>(r0, r1, ptr, col, val, x, w, y, divide);
+        }
     });
 }
 
@@ -209,12 +208,10 @@ void broadcast_rows(int64_t r0, int64_t r1, const I* __restrict__ ptr, const T* 
 template <typename T, typename I>
 void segment_broadcast(int64_t n_rows, const I* ptr, const T* val, const T* g, int64_t w, T* out,
                        const T* divide) {
-    for_segments(ptr, n_rows, w, [&](int64_t r0, int64_t r1) {
-        with_width(w, [&](auto width) {
-            using WT = decltype(width);
-            if (val) broadcast_rows<T, I, WT, true>(r0, r1, ptr, val, g, w, out, divide);
-            else broadcast_rows<T, I, WT, false>(r0, r1, ptr, val, g, w, out, divide);
-        });
+    for_segments(ptr, n_rows, w, [&](int64_t r0, int64_t r1, auto width) {
+        using WT = decltype(width);
+        if (val) broadcast_rows<T, I, WT, true>(r0, r1, ptr, val, g, w, out, divide);
+        else broadcast_rows<T, I, WT, false>(r0, r1, ptr, val, g, w, out, divide);
     });
 }
 
@@ -236,33 +233,31 @@ inline T pick(T v, T m) {
 
 template <bool MAX, typename T, typename I>
 void segment_extremum(int64_t n_rows, const I* ptr, const I* col, const T* x, int64_t w, T* y) {
-    for_segments(ptr, n_rows, w, [&](int64_t r0, int64_t r1) {
-        with_width(w, [&](auto width) {
-            constexpr int kW = decltype(width)::value;
-            const int64_t ww = kW ? kW : w;
-            constexpr int kAcc = kW ? kW : 1;
-            for (int64_t r = r0; r < r1; ++r) {
-                T* __restrict__ yr = y + r * ww;
-                // Fixed widths keep the running extremum in registers: writing it to y
-                // and reading it back each row stalls on store forwarding (4-10x slower).
-                T m_fixed[kAcc];
-                T* __restrict__ m = kW ? m_fixed : yr;
-                const int64_t e0 = ptr[r], e1 = ptr[r + 1];
-                if (e0 == e1) {  // an empty segment (never compiled): the identity, like torch.segment_reduce
-                    for (int64_t k = 0; k < ww; ++k) yr[k] = MAX ? -INFINITY : INFINITY;
-                    continue;
-                }
-                const T* __restrict__ first = x + (col ? (int64_t)col[e0] : e0) * ww;
-                for (int64_t k = 0; k < ww; ++k) m[k] = first[k];
-                for (int64_t e = e0 + 1; e < e1; ++e) {
-                    const T* __restrict__ xr = x + (col ? (int64_t)col[e] : e) * ww;
-                    // "omp simd": without it gcc emits branchy scalar code here (10x slower).
-#pragma omp simd
-                    for (int64_t k = 0; k < ww; ++k) m[k] = pick<MAX>(xr[k], m[k]);
-                }
-                if (kW) for (int64_t k = 0; k < ww; ++k) yr[k] = m[k];
+    for_segments(ptr, n_rows, w, [&](int64_t r0, int64_t r1, auto width) {
+        constexpr int kW = decltype(width)::value;
+        const int64_t ww = kW ? kW : w;
+        constexpr int kAcc = kW ? kW : 1;
+        for (int64_t r = r0; r < r1; ++r) {
+            T* __restrict__ yr = y + r * ww;
+            // Fixed widths keep the running extremum in registers: writing it to y
+            // and reading it back each row stalls on store forwarding (4-10x slower).
+            T m_fixed[kAcc];
+            T* __restrict__ m = kW ? m_fixed : yr;
+            const int64_t e0 = ptr[r], e1 = ptr[r + 1];
+            if (e0 == e1) {  // an empty segment (never compiled): the identity, like torch.segment_reduce
+                for (int64_t k = 0; k < ww; ++k) yr[k] = MAX ? -INFINITY : INFINITY;
+                continue;
             }
-        });
+            const T* __restrict__ first = x + (col ? (int64_t)col[e0] : e0) * ww;
+            for (int64_t k = 0; k < ww; ++k) m[k] = first[k];
+            for (int64_t e = e0 + 1; e < e1; ++e) {
+                const T* __restrict__ xr = x + (col ? (int64_t)col[e] : e) * ww;
+                // "omp simd": without it gcc emits branchy scalar code here (10x slower).
+#pragma omp simd
+                for (int64_t k = 0; k < ww; ++k) m[k] = pick<MAX>(xr[k], m[k]);
+            }
+            if (kW) for (int64_t k = 0; k < ww; ++k) yr[k] = m[k];
+        }
     });
 }
 
@@ -270,32 +265,30 @@ template <typename T, typename I>
 void segment_extremum_backward(int64_t n_rows, const I* ptr, const T* x, const T* y, const T* g, int64_t w,
                                T* out, T* ties) {
     // ties: (n_rows, w) scratch.
-    for_segments(ptr, n_rows, w, [&](int64_t r0, int64_t r1) {
-        with_width(w, [&](auto width) {
-            constexpr int kW = decltype(width)::value;
-            const int64_t ww = kW ? kW : w;
-            constexpr int kAcc = kW ? kW : 1;
-            for (int64_t r = r0; r < r1; ++r) {
-                const T* __restrict__ yr = y + r * ww;
-                const T* __restrict__ gr = g + r * ww;
-                T tr_fixed[kAcc];  // registers for fixed widths (see segment_extremum)
-                T* __restrict__ tr = kW ? tr_fixed : ties + r * ww;
-                const int64_t e0 = ptr[r], e1 = ptr[r + 1];
-                for (int64_t k = 0; k < ww; ++k) tr[k] = T(0);
-                for (int64_t e = e0; e < e1; ++e) {
-                    const T* __restrict__ xr = x + e * ww;
+    for_segments(ptr, n_rows, w, [&](int64_t r0, int64_t r1, auto width) {
+        constexpr int kW = decltype(width)::value;
+        const int64_t ww = kW ? kW : w;
+        constexpr int kAcc = kW ? kW : 1;
+        for (int64_t r = r0; r < r1; ++r) {
+            const T* __restrict__ yr = y + r * ww;
+            const T* __restrict__ gr = g + r * ww;
+            T tr_fixed[kAcc];  // registers for fixed widths (see segment_extremum)
+            T* __restrict__ tr = kW ? tr_fixed : ties + r * ww;
+            const int64_t e0 = ptr[r], e1 = ptr[r + 1];
+            for (int64_t k = 0; k < ww; ++k) tr[k] = T(0);
+            for (int64_t e = e0; e < e1; ++e) {
+                const T* __restrict__ xr = x + e * ww;
 #pragma omp simd
-                    for (int64_t k = 0; k < ww; ++k) tr[k] += (xr[k] == yr[k]) ? T(1) : T(0);
-                }
-                for (int64_t k = 0; k < ww; ++k) tr[k] = gr[k] / tr[k];  // now the share of each tie
-                for (int64_t e = e0; e < e1; ++e) {
-                    const T* __restrict__ xr = x + e * ww;
-                    T* __restrict__ o = out + e * ww;
-#pragma omp simd
-                    for (int64_t k = 0; k < ww; ++k) o[k] = (xr[k] == yr[k]) ? tr[k] : tr[k] * T(0);
-                }
+                for (int64_t k = 0; k < ww; ++k) tr[k] += (xr[k] == yr[k]) ? T(1) : T(0);
             }
-        });
+            for (int64_t k = 0; k < ww; ++k) tr[k] = gr[k] / tr[k];  // now the share of each tie
+            for (int64_t e = e0; e < e1; ++e) {
+                const T* __restrict__ xr = x + e * ww;
+                T* __restrict__ o = out + e * ww;
+#pragma omp simd
+                for (int64_t k = 0; k < ww; ++k) o[k] = (xr[k] == yr[k]) ? tr[k] : tr[k] * T(0);
+            }
+        }
     });
 }
 

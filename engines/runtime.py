@@ -24,17 +24,17 @@ class CSRIndices(nn.Module):
         tensors = fused.buffers() if isinstance(fused, kernels.GatherSum) else fused
         for name, tensor in tensors.items():
             self.register_buffer(name, tensor, persistent=False)
-        self._exact = {}
-        exact = getattr(fused, "exact_values", None)
-        if exact is not None:
-            values = torch.from_numpy(exact)
-            self._exact = {"values": values, "t_values": values[tensors["t_perm"].cpu()]}
+        # The float64 values, kept for dtype changes: a numpy array, the program's own where it can
+        # be (those of A^T are taken from them then, not kept: 8 bytes an edge each)
+        self._exact = getattr(fused, "exact_values", None)
 
     def _apply(self, fn, recurse=True):
         super()._apply(fn, recurse)
-        for name, exact in self._exact.items():
-            current = getattr(self, name)
-            setattr(self, name, exact.to(device=current.device, dtype=current.dtype))
+        if self._exact is not None:
+            values = torch.tensor(self._exact)
+            for name, exact in (("values", values), ("t_values", values[self.t_perm.cpu()])):
+                current = getattr(self, name)
+                setattr(self, name, exact.to(device=current.device, dtype=current.dtype))
         return self
 
     def forward(self):  # pragma: no cover - a container

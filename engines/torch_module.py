@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import linecache
+import re
 import types
 from collections.abc import Mapping
 
@@ -713,34 +714,30 @@ class CompiledModule(nn.Module):
         self.program = program
         self.weights = WeightStore(program.weights, dtype)
         chosen = self.reduce_kernels = type(self).reduce_kernels or choose_kernels(program)
-        backward_indices = _backward_indices(program, chosen)
-        for key, array in program.constants.items():
-            tensor = _tensor(array, dtype)
-            self.register_buffer(key, tensor.long() if key in backward_indices else tensor, persistent=False)
+        add_buffers(self, type(self).code, chosen, dtype)
+        matrices: dict[tuple, list] = {}
         for node in program.nodes:
             if node.op is Op.WEIGHTS and len(set(node.attrs["names"])) < len(node.attrs["names"]):
                 distinct = {n: k for k, n in enumerate(dict.fromkeys(node.attrs["names"]))}
                 rows = torch.tensor([distinct[n] for n in node.attrs["names"]], dtype=torch.int64)
                 self.register_buffer(f"wsel_{node.name}", rows, persistent=False)
-            if node.op is Op.REDUCE and not hasattr(self, f"seg_{node.attrs['counts']}"):
-                key = node.attrs["counts"]
-                counts = torch.from_numpy(np.ascontiguousarray(program.constants[key], dtype=np.int64))
-                # np.repeat: torch.repeat_interleave took 6x its CPU time (4M rows: 53 vs 8.5 ms).
-                segments = np.repeat(np.arange(counts.numel()), counts.numpy())
-                self.register_buffer(f"seg_{key}", torch.from_numpy(segments), persistent=False)
-                self.register_buffer(f"ptr_{key}", torch.cat([counts.new_zeros(1), counts.cumsum(0)]),
-                                     persistent=False)
-                self.register_buffer(f"cnt_{key}", counts.to(dtype), persistent=False)
             if node.op is Op.REDUCE and chosen[node.name] == "sparse_mm":
-                coef = node.attrs.get("coef")  # constant per-edge coefficients, if any
-                fused = kernels.GatherSum.from_index(program.constants[node.attrs["index"]],
-                                                     program.constants[node.attrs["counts"]],
-                                                     program.node(node.srcs[0]).count,
-                                                     None if coef is None else program.constants[coef],
-                                                     mean=node.attrs["aggregation"] == "mean", dtype=dtype)
-                self.add_module(f"csr_{node.name}", runtime.CSRIndices(fused))
+                self.add_module(f"csr_{node.name}", _sparse_matrix(program, node, dtype, matrices))
         # Dynamic fact layer -> the constant holding its stored values.
         self._inputs = {n.attrs["fact_layer"]: n.attrs["const"] for n in input_facts(program)}
+
+    def __getattr__(self, name: str):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            # A constant that no code of the module reads is not kept as a buffer (add_buffers):
+            # asked for by name, it is made from the program, as a buffer would hold it.
+            program = self.__dict__.get("program")
+            if program is None or name not in program.constants:
+                raise
+            like = next((t for t in itertools.chain(self.parameters(), self.buffers()) if t.is_floating_point()), None)
+            tensor = _tensor(program.constants[name], like.dtype if like is not None else torch.get_default_dtype())
+            return tensor.long() if name in _backward_indices(program, self.reduce_kernels) else tensor
 
     def __reduce__(self):
         # The class is generated, so pickle cannot find it by name: rebuild it from the
@@ -839,14 +836,68 @@ class CompiledModule(nn.Module):
         # them from the program's float64 arrays instead of upcasting rounded values.
         super()._apply(fn, recurse)
         for key, array in self.program.constants.items():
-            current = getattr(self, key)
-            if current.is_floating_point():
+            current = self._buffers.get(key)  # None: no code of this module reads it
+            if current is not None and current.is_floating_point():
                 setattr(self, key, _tensor(array, current.dtype).to(current.device))
         return self
 
     def extra_repr(self) -> str:
         n_ops = sum(1 for n in self.program.nodes if n.op not in (Op.FACT, Op.WEIGHTS))
         return f"{n_ops} ops, {len(self.weights)} weights, {len(self._inputs)} dynamic fact inputs"
+
+
+def add_buffers(module: CompiledModule, code: str, chosen: dict[str, str], dtype: torch.dtype | None = None) -> None:
+    """Register on ``module`` the constants and segment indices that ``code`` (a forward generated
+    with the kernels ``chosen``) reads and ``module`` lacks (in ``dtype``, else the module's own, on its
+    device). Only those: a sparse sum's indices and coefficients live in its CSR (runtime.CSRIndices),
+    and a second copy as buffers took 12 bytes per edge and layer, its unused segment ids 8 more."""
+    program = module.program
+    read = set(_SELF_NAME.findall(code)) | {n.attrs["const"] for n in input_facts(program)}
+    like = next((t for t in itertools.chain(module.parameters(), module.buffers()) if t.is_floating_point()), None)
+    dtype = dtype or (like.dtype if like is not None else torch.get_default_dtype())
+    device = like.device if like is not None else None
+    backward_indices = _backward_indices(program, chosen)
+    for key, array in program.constants.items():
+        if key in read and key not in module._buffers:
+            tensor = _tensor(array, dtype)
+            _add_buffer(module, key, (tensor.long() if key in backward_indices else tensor).to(device))
+    for node in program.nodes:
+        key = node.attrs.get("counts") if node.op is Op.REDUCE else None
+        if key is None or f"seg_{key}" in module._buffers or not read & {f"seg_{key}", f"ptr_{key}", f"cnt_{key}"}:
+            continue
+        counts = torch.from_numpy(np.ascontiguousarray(program.constants[key], dtype=np.int64))
+        # np.repeat: torch.repeat_interleave took 6x its CPU time (4M rows: 53 vs 8.5 ms).
+        segments = np.repeat(np.arange(counts.numel()), counts.numpy())
+        _add_buffer(module, f"seg_{key}", torch.from_numpy(segments).to(device))
+        _add_buffer(module, f"ptr_{key}", torch.cat([counts.new_zeros(1), counts.cumsum(0)]).to(device))
+        _add_buffer(module, f"cnt_{key}", counts.to(device=device, dtype=dtype))
+
+
+def _add_buffer(module: nn.Module, name: str, tensor: torch.Tensor) -> None:
+    """``register_buffer(name, tensor, persistent=False)`` without its check that no attribute has the
+    name: a constant's is one already (``CompiledModule.__getattr__`` makes it on request)."""
+    module._buffers[name] = tensor
+    module._non_persistent_buffers_set.add(name)
+
+
+def _sparse_matrix(program: Program, node: Node, dtype: torch.dtype, made: dict[tuple, list]) -> nn.Module:
+    """The CSR indices of sparse sum ``node``: those of an earlier one in ``made`` where its matrix is
+    the same (GCN's layers share one: one copy, not one per layer), else new ones, added to ``made``."""
+    coef = node.attrs.get("coef")  # constant per-edge coefficients, if any
+    arrays = tuple(None if key is None else program.constants[key]
+                   for key in (node.attrs["index"], node.attrs["counts"], coef))
+    mean, n_sources = node.attrs["aggregation"] == "mean", program.node(node.srcs[0]).count
+    same = made.setdefault((arrays[0].size, arrays[1].size, coef is None, mean, n_sources), [])
+    for other, indices in same:
+        if all(a is b or np.array_equal(a, b) for a, b in zip(arrays, other)):
+            return indices
+    indices = runtime.CSRIndices(kernels.GatherSum.from_index(*arrays[:2], n_sources, arrays[2], mean=mean,
+                                                              dtype=dtype))
+    same.append((arrays, indices))
+    return indices
+
+
+_SELF_NAME = re.compile(r"self\.(\w+)")
 
 
 def _tensor(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:

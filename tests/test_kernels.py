@@ -385,8 +385,10 @@ def test_gather_sum_values_follow_dtype_exactly():
     gs = K.GatherSum.from_index([0, 1, 1], [2, 1], 2, values, dtype=torch.float32)
     assert gs.values.dtype == torch.float32 and gs.t_values.tolist() == pytest.approx([0.1, 1 / 3, 2.0])
     assert gs.t_perm.tolist() == [0, 1, 2]
+    assert np.shares_memory(gs.exact_values, values)  # float64 values are kept as given, not copied
     csr = runtime.CSRIndices(gs).double()
     assert csr.values.tolist() == values.tolist()  # exact, not float32 rounded and upcast
+    assert csr.t_values.tolist() == values[gs.t_perm.numpy()].tolist()
     x = torch.randn(2, 3, dtype=F64)
     torch.testing.assert_close(runtime.gather_sum(x, csr),
                                torch.stack([0.1 * x[0] + (1 / 3) * x[1], 2.0 * x[1]]), atol=1e-15, rtol=1e-15)

@@ -186,7 +186,8 @@ def test_gathers_with_a_backward_index_in_int64(tu_dir):
     graph = datasets.sage(datasets.load_tu("MUTAG", tu_dir, download=False))
     module = neurovec.compile(graph, "unoptimized")
     nodes = module.program.by_name()
-    gathers = [n for n in module.program.nodes if n.op is Op.GATHER]
+    # (a gather of one row is an expand, with no index buffer)
+    gathers = [n for n in module.program.nodes if n.op is Op.GATHER and n.attrs["index"] in module._buffers]
     computed = [n for n in gathers if nodes[n.srcs[0]].op is not Op.FACT]
     from_facts = [n for n in gathers if nodes[n.srcs[0]].op is Op.FACT]
     assert computed and from_facts
@@ -276,3 +277,32 @@ def test_load_state_dict_of_another_shape_names_the_weight(mutag):
                                                   r"state dict, but \(\) in this module's graph"):
         module.load_state_dict({"weights.scale": torch.tensor([3.0])})
     assert module.weights["scale"].item() == 2.0
+
+
+def test_sparse_sums_keep_one_copy_of_their_matrix():
+    """GCN's layers sum over the same normalised adjacency: the module keeps one CSR for all of
+    them (not one per layer), and no second copy of a sparse sum's indices, coefficients or
+    segment ids as buffers that its code never reads; it gives the reference's values, in float32
+    after .float() too (the shared CSR's values follow the dtype once)."""
+    import neurovec
+    from neurovec.compiler.ir import Op
+    from neurovec.datasets import gnn
+    from neurovec.datasets.synthetic import rmat_dataset
+    from neurovec.engines.reference import ReferenceModule
+    data = rmat_dataset(nodes=200, edges=2000, features=5, classes=3, undirected=True, split=(0.5, 0.25, 0.25))
+    graph = gnn.build_gnn(data, gnn.GNNSpec.create("gcn", data, 8, 4), None, 0)
+    module = neurovec.compile(graph, "default", dtype=torch.float64)
+    sparse = [n for n in module.program.nodes if n.op is Op.REDUCE and module.reduce_kernels[n.name] == "sparse_mm"]
+    assert len(sparse) == 3 and len({id(getattr(module, f"csr_{n.name}")) for n in sparse}) == 1
+    for node in sparse:
+        assert not {node.attrs["index"], node.attrs.get("coef"), f"seg_{node.attrs['counts']}"} & set(module._buffers)
+        index = getattr(module, node.attrs["index"])  # still there by name, made on request
+        assert index.dtype == torch.int32 and index.tolist() == module.program.constants[node.attrs["index"]].tolist()
+    expected = ReferenceModule(graph)()
+    torch.testing.assert_close(module(), expected, rtol=1e-9, atol=1e-9)
+    assert module.csr_conv2_agg.values.dtype == torch.float64
+    module.float()
+    assert module.csr_conv2_agg.values.dtype == module.csr_conv2_agg.t_values.dtype == torch.float32
+    torch.testing.assert_close(module().double(), expected, rtol=1e-4, atol=1e-5)
+    module.double()
+    torch.testing.assert_close(module(), expected, rtol=1e-6, atol=1e-6)  # weights stay float32 roundings

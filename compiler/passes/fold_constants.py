@@ -35,20 +35,23 @@ __all__ = ["fold_constants", "evaluate", "EXPANSION"]
 # A row movement of constants is folded unless it stores more than this many times the rows it
 # reads (one-hot labels: 3 distinct rows gathered to every edge would only cost memory).
 EXPANSION = 2
-# A folded reduction over a gather of a stored constant is computed this many gathered rows at a
-# time (NOTE: [folding in chunks]).
-CHUNK_ROWS = 1 << 22
+# A folded reduction over a gather of a stored constant is computed about this many gathered values
+# (rows times features) at a time (NOTE: [folding in chunks]).
+CHUNK_VALUES = 1 << 24
 
 # NOTE: [folding in chunks] GCN's first aggregation over the node features, folded, gathers the
-# features to every edge and weights them before summing: at 100x PROTEINS two (19M, 3) float64
-# temporaries, 460 MB each. Late in the pipeline the compile's heap has more than that free, but
-# in pieces, so the whole evaluation took 0.8 GB of fresh memory (on the 2-core VM of the
-# committed runs, over a second). Run of segments by run of segments, each temporary fits in the
-# freed pieces (runs of 2^23 rows already took 0.1 GB). Each run's module stores only the fact
-# rows the run reads. Every segment is reduced from the same rows in the same order by the same
-# kernel (the sub-program keeps the node's kernel, and its indices their type), so the values are
-# those of the whole evaluation. The runs cost some CPU time (100x: about 0.45 s against 0.3 s
-# whole, loaded machine); below CHUNK_ROWS (10x PROTEINS and smaller) nothing changes.
+# features to every edge and weights them before summing: two (E, F) float64 temporaries, at
+# products-like x 1/8 (8M edges, 100 features) 6.4 GB each. Evaluated a piece at a time, each
+# temporary stays near CHUNK_VALUES values (128 MB): a few feature columns at a time over all the
+# edges (each piece's module stores only those columns of the facts), and where even one column
+# of every edge is too many, a run of whole segments at a time (each run's module stores only the
+# fact rows between the first and last it reads). Every value is reduced from the same products,
+# in the same order, by the same kernel (the sub-program keeps the node's kernel, and its indices
+# their type; a sum or a mean computes each feature on its own), so the values are those of the
+# whole evaluation, bit for bit. Below CHUNK_VALUES nothing changes. Products-like x 1/16, GCN:
+# the pass took 3.2 GB of fresh memory at once, in runs of 2^22 rows of 100 features; by 2^24
+# values, 0.8 GB (2^25: 1.7 GB, and no less CPU time). Each piece's module copies its indices and
+# coefficients: smaller pieces cost more CPU time.
 
 
 def fold_constants(program: Program, settings: Settings) -> Program:
@@ -118,41 +121,54 @@ def evaluate(program: Program, name: str):
 
 
 def _in_chunks(sub: Program, name: str) -> np.ndarray | None:
-    """The value of REDUCE ``name`` over a GATHER of a stored FACT, computed a run of whole segments
-    (about ``CHUNK_ROWS`` gathered rows) at a time; None where it is not such a node, or small."""
+    """The value of REDUCE ``name`` over a GATHER of a stored FACT, computed about ``CHUNK_VALUES``
+    gathered values at a time (NOTE: [folding in chunks]); None where it is not such a node, or small."""
     nodes = sub.by_name()
     node = nodes[name]
     if node.op is not Op.REDUCE or node.attrs.get("kernel") not in ("segment", "scatter") or "index" in node.attrs:
         return None
     gather = nodes[node.srcs[0]]
-    if gather.op is not Op.GATHER or gather.count <= CHUNK_ROWS or nodes[gather.srcs[0]].op is not Op.FACT:
+    width = int(np.prod(node.shape, dtype=np.int64))
+    if gather.op is not Op.GATHER or gather.count * width <= CHUNK_VALUES or nodes[gather.srcs[0]].op is not Op.FACT:
         return None
     fact = nodes[gather.srcs[0]]
     counts = sub.constants[node.attrs["counts"]]
     index = sub.constants[gather.attrs["index"]]
     coef = sub.constants[node.attrs["coef"]] if "coef" in node.attrs else None
     facts = sub.constants[fact.attrs["const"]]
+    vector = len(node.shape) == 1  # its pieces take a few feature columns at a time; other shapes, all
+    step = min(max(1, CHUNK_VALUES // gather.count), node.shape[0]) if vector else 1
+    run = max(1, CHUNK_VALUES // (step if vector else width))  # gathered rows per run of segments
     ends = np.cumsum(counts, dtype=np.int64)
     starts = ends - counts
-    cuts = np.unique(np.searchsorted(starts, np.arange(0, gather.count, CHUNK_ROWS)))
+    cuts = np.unique(np.searchsorted(starts, np.arange(0, gather.count, run)))
     cuts = np.append(cuts[cuts < counts.size], counts.size)
-    value = np.empty((node.count, *node.shape), dtype=np.float64)
+    keys = {part: f"{fact.attrs['const']}_{part}" for part in ("index", "counts", "coef")}  # not the fact's
+    runs = []  # (segments a:b, first fact row read, the run's constants but the facts)
     for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist()):
         lo, hi = int(starts[a]), int(ends[b - 1])
         # The module stores the fact rows it reads: only those between the run's first and last.
         rows = index[lo:hi]
         first, last = int(rows.min()), int(rows.max())
-        keys = {part: f"{fact.attrs['const']}_{part}" for part in ("index", "counts", "coef")}  # not the fact's
-        constants = {fact.attrs["const"]: facts[first:last + 1], keys["index"]: rows - rows.dtype.type(first),
-                     keys["counts"]: counts[a:b]}
-        attrs = {**node.attrs, "counts": keys["counts"]}
+        constants = {keys["index"]: rows - rows.dtype.type(first), keys["counts"]: counts[a:b]}
         if coef is not None:
-            constants[keys["coef"]], attrs["coef"] = coef[lo:hi], keys["coef"]
-        piece = sub.replace(nodes=(fact.with_(count=last + 1 - first),
-                                   gather.with_(count=hi - lo, attrs={**gather.attrs, "index": keys["index"]}),
-                                   node.with_(count=b - a, attrs=attrs)), constants=constants,
-                            weights=())  # it reads no weight: no module parameter to make per run
-        value[a:b] = backend.current().evaluate(piece)
+            constants[keys["coef"]] = coef[lo:hi]
+        runs.append((a, b, first, last, constants))
+    attrs = {**node.attrs, "counts": keys["counts"], **({"coef": keys["coef"]} if coef is not None else {})}
+    value = np.empty((node.count, *node.shape), dtype=np.float64)
+    for c0 in range(0, node.shape[0] if vector else 1, step):
+        columns = slice(c0, c0 + step) if vector else slice(None)
+        shape = (len(range(node.shape[0])[columns]),) if vector else node.shape
+        for a, b, first, last, constants in runs:
+            rows = facts[first:last + 1, columns] if vector else facts[first:last + 1]
+            piece = sub.replace(nodes=(fact.with_(count=last + 1 - first, shape=shape),
+                                       gather.with_(count=constants[keys["index"]].size, shape=shape,
+                                                    attrs={**gather.attrs, "index": keys["index"]}),
+                                       node.with_(count=b - a, shape=shape, attrs=attrs)),
+                                constants={fact.attrs["const"]: rows, **constants},
+                                weights=())  # it reads no weight: no module parameter to make per run
+            target = value[a:b, columns] if vector else value[a:b]
+            target[...] = backend.current().evaluate(piece)
     return value
 
 

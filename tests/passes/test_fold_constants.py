@@ -126,10 +126,12 @@ def test_random_graphs_equal_reference(graph):
                                               dtype=torch.float64))
 
 
-def test_folded_reduction_in_chunks_is_bit_identical(monkeypatch, tu_dir):
-    """A folded reduction over gathered facts is computed a run of segments at a time (NOTE:
-    [folding in chunks]): with runs of a few hundred rows, every constant of the program is
-    byte for byte the one of the whole evaluation (PROTEINS GCN, its first aggregation)."""
+@pytest.mark.parametrize("chunk_values", [300, 40_000])
+def test_folded_reduction_in_chunks_is_bit_identical(monkeypatch, tu_dir, chunk_values):
+    """A folded reduction over gathered facts is computed a few feature columns and a run of
+    segments at a time (NOTE: [folding in chunks]): with pieces of a few hundred values (one
+    column, runs of 300 rows) or of two columns of all the edges, every constant of the program
+    is byte for byte the one of the whole evaluation (PROTEINS GCN, its first aggregation)."""
     import numpy as np
 
     from neurovec import datasets
@@ -142,9 +144,14 @@ def test_folded_reduction_in_chunks_is_bit_identical(monkeypatch, tu_dir):
     calls = []
     chunked = fc._in_chunks
     monkeypatch.setattr(fc, "_in_chunks", lambda sub, name: calls.append(name) or chunked(sub, name))
-    monkeypatch.setattr(fc, "CHUNK_ROWS", 300)
-    pieces = build_program(graph, settings)
-    assert calls and str(pieces) == str(whole)
-    assert pieces.constants.keys() == whole.constants.keys()
+    evaluations = []
+    evaluate = fc.backend.current().evaluate
+    monkeypatch.setattr(fc.backend.current(), "evaluate", lambda p: evaluations.append(p) or evaluate(p))
+    monkeypatch.setattr(fc, "CHUNK_VALUES", chunk_values)
+    folded = build_program(graph, settings)
+    assert calls and str(folded) == str(whole)
+    pieces = [p.nodes[-1].shape for p in evaluations if len(p.nodes) == 3]  # (17387 gathered rows of 3)
+    assert pieces == [(2,), (1,)] if chunk_values == 40_000 else len(pieces) > 3 * 50 and set(pieces) == {(1,)}
+    assert folded.constants.keys() == whole.constants.keys()
     for key, array in whole.constants.items():
-        assert pieces.constants[key].dtype == array.dtype and pieces.constants[key].tobytes() == array.tobytes(), key
+        assert folded.constants[key].dtype == array.dtype and folded.constants[key].tobytes() == array.tobytes(), key
