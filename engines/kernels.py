@@ -764,7 +764,9 @@ def dense_reduce(x: torch.Tensor, k: int, reduce: str) -> torch.Tensor:
     if reduce == "min":
         return v.amin(1)
     if reduce == "prod":
-        return v.prod(1)
+        # Two rows: one multiplication, whose backward (grad times the other row) is exact at
+        # zeros and costs a fifth of torch.prod's (60k products of 128: 159 vs 635 ms fwd + bwd).
+        return v[:, 0] * v[:, 1] if k == 2 else v.prod(1)
     raise ValueError(f"unknown reduction {reduce!r}; expected one of {REDUCTIONS}")
 
 
