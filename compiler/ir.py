@@ -60,7 +60,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 __all__ = ["Op", "Node", "Program", "IRError", "INDEXING", "REDUCE_KERNELS", "LAYOUTS", "linear_grid",
-           "users_of", "compact_index", "stored", "is_sparse_sum"]
+           "users_of", "compact_index", "stored", "is_sparse_sum", "shared_product"]
 
 REDUCE_KERNELS = ("scatter", "segment", "dense", "strided", "sparse_mm", "auto")
 LAYOUTS = ("full", "tile", "interleave")
@@ -285,3 +285,11 @@ def _short(value, constants) -> str:
     if isinstance(value, tuple) and len(value) > 4:
         return f"({value[0]!r}, ... {len(value)} names)"
     return repr(value)
+
+
+def shared_product(node: Node, nodes: dict[str, Node]) -> bool:
+    """A matrix product whose weight side is one row, shared by all rows (``x @ W.T``)."""
+    if node.op is not Op.LINEAR or node.attrs["kind"] != "matmul":
+        return False
+    w, x = (nodes[s] for s in node.srcs)
+    return w.count == 1 and x.count == node.count and len(w.shape) == 2
