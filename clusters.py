@@ -9,8 +9,9 @@
             loss = F.cross_entropy(model(batch)[train], y[batch.samples][train])
             ...
 
-The nodes are partitioned into ``parts`` clusters (:func:`partition`: METIS through
-``pymetis`` where it is installed, else a numpy breadth-first partition), the
+The nodes are partitioned into ``parts`` clusters (the partitioner of one graph across
+processes, :func:`neurovec.partition.partition_nodes`: METIS through ``pymetis`` where it is
+installed, else a numpy breadth-first partition; each balances rows plus in-edges), the
 clusters are grouped into batches of ``clusters_per_batch`` (seeded), and each batch
 is the subgraph **induced** by its nodes: the edges among them, nothing from
 outside, GCN's degrees those of that subgraph (as Cluster-GCN normalises each
@@ -40,90 +41,14 @@ import numpy as np
 
 from .datasets.nodes import NodeDataset
 from .loader import MiniBatch, MiniBatchModel
+from .partition.partitioner import partition_nodes
 from .progress import Progress
 
-__all__ = ["partition", "ClusterLoader", "has_metis", "bfs_partition"]
+__all__ = ["ClusterLoader"]
 
 logger = logging.getLogger(__name__)
 
 COMPILE_PROGRESS_DELAY_S = 3.0
-
-
-def has_metis() -> bool:
-    try:
-        import pymetis  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def _symmetric_csr(edge_index: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(xadj, adjncy)``: both directions of every edge, no self loops, no repeats (METIS's input)."""
-    src, dst = edge_index
-    keep = src != dst
-    a, b = np.concatenate([src[keep], dst[keep]]), np.concatenate([dst[keep], src[keep]])
-    key = np.unique(a * n + b)
-    a, b = key // n, key % n
-    xadj = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(np.bincount(a, minlength=n), out=xadj[1:])
-    return xadj, b
-
-
-def bfs_partition(edge_index: np.ndarray, n: int, parts: int, seed: int = 0) -> np.ndarray:
-    """A numpy fallback: nodes in breadth-first order (level by level, whole arrays) cut into equal runs.
-
-    Each run of the order is a connected neighbourhood as far as the search goes, so a
-    cluster keeps many of its edges; METIS cuts fewer.
-    """
-    xadj, adjncy = _symmetric_csr(edge_index, n)
-    rng = np.random.default_rng(seed)
-    degree = np.diff(xadj)
-    seen = degree == 0                      # nodes without edges go last: their cluster cuts nothing
-    roots = rng.permutation(n)
-    roots = roots[~seen[roots]]
-    order, placed, cursor = [], 0, 0
-    remaining = int((~seen).sum())
-    while placed < remaining:
-        # One root, or when the graph falls apart in many small pieces a batch of roots at once,
-        # so that the loop runs per search level, never per component.
-        while seen[roots[cursor]]:
-            cursor += 1
-        unseen = roots[cursor:][~seen[roots[cursor:]]]
-        frontier = unseen[:max(1, unseen.size // 100) if order else 1]
-        seen[frontier] = True
-        while frontier.size:
-            order.append(frontier)
-            placed += frontier.size
-            starts, lengths = xadj[frontier], degree[frontier]
-            flat = np.repeat(starts - np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths) \
-                + np.arange(lengths.sum())
-            found = np.unique(adjncy[flat])
-            found = found[~seen[found]]
-            seen[found] = True
-            frontier = found
-    order.append(np.flatnonzero(degree == 0))
-    order = np.concatenate(order)
-    membership = np.empty(n, dtype=np.int64)
-    membership[order] = np.arange(n) * parts // n
-    return membership
-
-
-def partition(edge_index: np.ndarray, n: int, parts: int, seed: int = 0, method: str = "auto") -> np.ndarray:
-    """The cluster of every node: ``method`` ``"metis"`` (pymetis), ``"bfs"`` (numpy) or ``"auto"``."""
-    if parts < 1 or parts > n:
-        raise ValueError(f"parts must be between 1 and the {n} nodes (got {parts})")
-    if method not in ("auto", "metis", "bfs"):
-        raise ValueError(f"unknown partition method {method!r} (expected 'auto', 'metis' or 'bfs')")
-    if method == "metis" or (method == "auto" and has_metis()):
-        try:
-            import pymetis
-        except ImportError:
-            raise ImportError("partition(method='metis') needs pymetis: pip install pymetis") from None
-        xadj, adjncy = _symmetric_csr(edge_index, n)
-        options = pymetis.Options(seed=seed)
-        _, membership = pymetis.part_graph(parts, xadj=xadj, adjncy=adjncy, options=options)
-        return np.asarray(membership, dtype=np.int64)
-    return bfs_partition(edge_index, n, parts, seed)
 
 
 class ClusterLoader:
@@ -134,7 +59,8 @@ class ClusterLoader:
             builds the induced subgraph (``datasets.gcn(ds, ..., subgraph="induced")``).
         ds: the :class:`~neurovec.datasets.nodes.NodeDataset` it is built from.
         parts: clusters of the partition; clusters_per_batch: clusters in one batch.
-        seed: partition and grouping seed; method: see :func:`partition`.
+        seed: partition and grouping seed; method: ``"auto"``, ``"metis"``, ``"bfs"`` or ``"contiguous"``
+            (:func:`neurovec.partition.partition_nodes`).
         partitions: how many groupings of clusters into batches epochs cycle through.
         membership: a precomputed cluster per node (then ``parts`` is its number of clusters).
 
@@ -152,7 +78,9 @@ class ClusterLoader:
                              f"{partitions})")
         self.model, self.ds = model, ds
         if membership is None:
-            membership = partition(ds.edge_index, ds.n_nodes, parts, seed, method)
+            if not 1 <= parts <= ds.n_nodes:
+                raise ValueError(f"parts must be between 1 and the {ds.n_nodes} nodes (got {parts})")
+            membership = partition_nodes(ds.edge_index, ds.n_nodes, parts, method=method, seed=seed)
         membership = np.asarray(membership)
         if membership.shape != (ds.n_nodes,):
             raise ValueError(f"membership must give a cluster to each of the {ds.n_nodes} nodes "

@@ -30,7 +30,8 @@ import torch
 import torch.nn.functional as F
 
 import neurovec
-from neurovec.clusters import ClusterLoader, has_metis
+from neurovec.clusters import ClusterLoader
+from neurovec.partition.partitioner import metis_available
 from neurovec.datasets import gnn
 from neurovec.datasets.synthetic import rmat_dataset
 
@@ -44,7 +45,7 @@ def parse_args(argv=None):
     parser.add_argument("--epochs", type=int, default=30)
     parser.add_argument("--parts", type=int, default=40)
     parser.add_argument("--clusters-per-batch", type=int, default=4)
-    parser.add_argument("--method", default="auto", choices=["auto", "metis", "bfs"])
+    parser.add_argument("--method", default="auto", choices=["auto", "metis", "bfs", "contiguous"])
     parser.add_argument("--lr", type=float, default=0.01)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
@@ -112,7 +113,8 @@ def main(argv=None) -> None:
     list(loader)  # compile every batch once (the first epoch's work, timed apart)
     compile_s = time.perf_counter() - start
     loader.set_epoch(0)
-    method = "METIS (pymetis)" if args.method == "metis" or (args.method == "auto" and has_metis()) else "numpy BFS"
+    method = {"metis": "METIS (pymetis)", "bfs": "numpy BFS", "contiguous": "contiguous ids"}[
+        "metis" if args.method == "auto" and metis_available() else "bfs" if args.method == "auto" else args.method]
     rows["cluster batches"] = {**train(clustered, lambda e: loader, evaluator(clustered), ds, args.epochs, args.lr),
                                "compile_s": compile_s, "partition_s": partition_s, "batches": len(loader),
                                "edges kept": loader.edge_share(), "partition": method}

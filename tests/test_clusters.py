@@ -9,11 +9,11 @@ import torch
 import torch.nn.functional as F
 
 import neurovec
-from neurovec import clusters
-from neurovec.clusters import ClusterLoader, bfs_partition, partition
+from neurovec.clusters import ClusterLoader
 from neurovec.datasets import gnn
 from neurovec.datasets.nodes import induced_edges
 from neurovec.datasets.synthetic import rmat_dataset
+from neurovec.partition.partitioner import partition_nodes
 
 
 @pytest.fixture(scope="module")
@@ -21,27 +21,15 @@ def graph():
     return rmat_dataset(nodes=600, edges=4000, features=6, classes=3, seed=2)
 
 
-@pytest.mark.parametrize("method", ["bfs", pytest.param("metis", marks=pytest.mark.skipif(
-    not clusters.has_metis(), reason="pymetis is not installed (pip install pymetis)"))])
-def test_partition_covers_every_node_in_balanced_parts(graph, method):
-    membership = partition(graph.edge_index, graph.n_nodes, 6, method=method)
-    assert membership.shape == (600,) and set(np.unique(membership)) == set(range(6))
-    sizes = np.bincount(membership)
-    assert sizes.max() <= 1.2 * sizes.mean()
-    src, dst = graph.edge_index
-    random = np.random.default_rng(0).integers(0, 6, 600)
-    assert (membership[src] == membership[dst]).mean() > (random[src] == random[dst]).mean()  # keeps locality
-
-
-def test_bfs_partition_of_a_graph_in_pieces():
-    edges = np.array([[0, 2, 4, 6], [1, 3, 5, 7]])  # four pieces of two, and two nodes without edges
-    membership = bfs_partition(edges, 10, 5)
-    assert np.array_equal(np.sort(np.bincount(membership)), [2, 2, 2, 2, 2])
-
-
-def test_auto_falls_back_to_numpy_without_pymetis(graph, monkeypatch):
-    monkeypatch.setattr(clusters, "has_metis", lambda: False)
-    assert np.array_equal(partition(graph.edge_index, 600, 4), bfs_partition(graph.edge_index, 600, 4))
+def test_clusters_come_from_the_one_partitioner(graph):
+    """ClusterLoader's clusters are neurovec.partition's partition (one partitioner in the package)."""
+    model = neurovec.MiniBatchModel(functools.partial(gnn.gcn, graph, 8, 2, subgraph="induced", seed=1))
+    for method in ("bfs", "contiguous"):
+        loader = ClusterLoader(model, graph, parts=6, clusters_per_batch=2, seed=3, method=method)
+        expected = partition_nodes(graph.edge_index, graph.n_nodes, 6, method=method, seed=3)
+        assert np.array_equal(loader.membership, expected)
+    with pytest.raises(ValueError, match="method: unknown partitioning method 'kmeans'"):
+        ClusterLoader(model, graph, parts=6, method="kmeans")
 
 
 def test_batches_compile_once_and_are_their_induced_subgraphs(graph):
@@ -86,7 +74,7 @@ def test_cluster_training_lowers_the_loss(graph):
 def test_bad_arguments(graph):
     model = neurovec.MiniBatchModel(functools.partial(gnn.gcn, graph, 4, 2, subgraph="induced"))
     with pytest.raises(ValueError, match="parts must be between 1 and the 600 nodes"):
-        partition(graph.edge_index, 600, 0)
+        ClusterLoader(model, graph, parts=0)
     with pytest.raises(ValueError, match="membership must give a cluster to each of the 600 nodes"):
         ClusterLoader(model, graph, membership=np.zeros(5, np.int64))
     with pytest.raises(TypeError, match="needs a MiniBatchModel"):
