@@ -56,6 +56,8 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Mapping
 
 import numpy as np
 
@@ -120,8 +122,13 @@ class Program:
     def node(self, name: str) -> Node:
         return self.by_name()[name]
 
-    def by_name(self) -> dict[str, Node]:
-        return {n.name: n for n in self.nodes}
+    def by_name(self) -> Mapping[str, Node]:
+        """Every node by name, read-only: made once per program (a frozen program never changes;
+        ``replace`` makes a new one), then a lookup, not a pass over all nodes, per call."""
+        nodes = self.__dict__.get("_by_name")
+        if nodes is None:  # (a plain dict in the cache: a program still pickles and deep-copies)
+            nodes = self.__dict__["_by_name"] = {n.name: n for n in self.nodes}
+        return MappingProxyType(nodes)
 
     def users(self) -> dict[str, list[str]]:
         """For every node, the names of the nodes that read it."""
