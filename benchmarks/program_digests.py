@@ -97,7 +97,7 @@ def suite_graphs(data_dir: Path, programs=PROGRAMS):
 
 
 def _fresh_names_from_zero() -> None:
-    """Names that ``rewrite.fresh_const`` mints take their suffix from a process-wide counter: a
+    """Names that ``rewrite.PROCESS_NUMBERS`` numbers take their suffix from a process-wide counter: a
     program's names would depend on what the process compiled before. Start it afresh for each."""
     import itertools
     from neurovec.compiler import rewrite

@@ -56,11 +56,13 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Mapping
 
 import numpy as np
 
 __all__ = ["Op", "Node", "Program", "IRError", "INDEXING", "REDUCE_KERNELS", "LAYOUTS", "linear_grid",
-           "users_of", "compact_index", "stored", "is_sparse_sum"]
+           "users_of", "compact_index", "stored", "is_sparse_sum", "shared_product"]
 
 REDUCE_KERNELS = ("scatter", "segment", "dense", "strided", "sparse_mm", "auto")
 LAYOUTS = ("full", "tile", "interleave")
@@ -120,8 +122,13 @@ class Program:
     def node(self, name: str) -> Node:
         return self.by_name()[name]
 
-    def by_name(self) -> dict[str, Node]:
-        return {n.name: n for n in self.nodes}
+    def by_name(self) -> Mapping[str, Node]:
+        """Every node by name, read-only: made once per program (a frozen program never changes;
+        ``replace`` makes a new one), then a lookup, not a pass over all nodes, per call."""
+        nodes = self.__dict__.get("_by_name")
+        if nodes is None:  # (a plain dict in the cache: a program still pickles and deep-copies)
+            nodes = self.__dict__["_by_name"] = {n.name: n for n in self.nodes}
+        return MappingProxyType(nodes)
 
     def users(self) -> dict[str, list[str]]:
         """For every node, the names of the nodes that read it."""
@@ -285,3 +292,11 @@ def _short(value, constants) -> str:
     if isinstance(value, tuple) and len(value) > 4:
         return f"({value[0]!r}, ... {len(value)} names)"
     return repr(value)
+
+
+def shared_product(node: Node, nodes: dict[str, Node]) -> bool:
+    """A matrix product whose weight side is one row, shared by all rows (``x @ W.T``)."""
+    if node.op is not Op.LINEAR or node.attrs["kind"] != "matmul":
+        return False
+    w, x = (nodes[s] for s in node.srcs)
+    return w.count == 1 and x.count == node.count and len(w.shape) == 2

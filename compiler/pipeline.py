@@ -160,7 +160,7 @@ def _run_passes(graph: Graph, settings: Settings, timings: dict | None, start: f
 @contextlib.contextmanager
 def _recursion_room(program: Program):
     """Let a pass recurse as deep as the program's layers go: labels (``dedup.RowIds``) and row
-    plans (``upward.RowPlanner``) follow a node's inputs recursively, a few calls per op, and a
+    plans (``row_planner.RowPlanner``) follow a node's inputs recursively, a few calls per op, and a
     60-layer chain nests about 2,000 calls (Python stops at 1,000). Restored afterwards."""
     before = sys.getrecursionlimit()
     layers = len({node.layer for node in program.nodes})

@@ -1,4 +1,4 @@
-"""Small helpers that passes share: renaming uses, dropping dead nodes, fresh names."""
+"""The program editor that passes share (`Rewriter`), fresh names, dead nodes, and zero-sign facts."""
 from __future__ import annotations
 
 import itertools
@@ -6,25 +6,13 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from .ir import Node, Op, Program, stored
+from .grouping import is_identity
+from .indexing import ROW_SELECTIONS, SideRows
+from .ir import Node, Op, Program, compact_index, stored, users_of
 
-__all__ = ["replace_uses", "eliminate_dead_code", "unique_name", "fresh_name", "fresh_const", "single_use",
-           "zero_sign_matters", "unit_reduction_is_identity", "Rewriter"]
-
-
-def replace_uses(program: Program, mapping: dict[str, str]) -> Program:
-    """Make every reader of node ``old`` read ``mapping[old]`` instead (chains are followed)."""
-    if not mapping:
-        return program
-
-    def resolve(name: str) -> str:
-        while name in mapping:
-            name = mapping[name]
-        return name
-
-    nodes = tuple(n if not any(s in mapping for s in n.srcs) else n.with_(srcs=tuple(resolve(s) for s in n.srcs))
-                  for n in program.nodes)
-    return program.replace(nodes=nodes, output=resolve(program.output))
+__all__ = ["PROCESS_NUMBERS", "eliminate_dead_code", "unique_name", "single_use",
+           "zero_sign_matters", "unit_reduction_is_identity", "Rewriter", "freeze_facts", "NodeEditor",
+           "side_node"]
 
 
 def eliminate_dead_code(program: Program) -> Program:
@@ -58,31 +46,27 @@ def unique_name(base: str, taken, numbers: Iterator[int] | None = None) -> str:
     return name
 
 
-class _Taken:
-    """The names a program's nodes and a dict of constants use, for ``in`` (nothing is copied)."""
-
-    def __init__(self, nodes, constants: dict):
-        self.nodes, self.constants = nodes, constants
-
-    def __contains__(self, name: str) -> bool:
-        return name in self.constants or any(n.name == name for n in self.nodes)
-
-
-#: The numbers fresh_name and fresh_const append, process-wide (benchmarks/program_digests.py
-#: starts them afresh for each program it digests).
+#: The numbers that ``Rewriter(program, PROCESS_NUMBERS)`` appends, process-wide
+#: (benchmarks/program_digests.py starts them afresh for each program it digests).
 _counter = itertools.count()
 
 
-def fresh_name(program: Program, base: str) -> str:
-    """A node or constant name not used in ``program``."""
-    return unique_name(base, {n.name for n in program.nodes} | set(program.constants), _counter)
+# NOTE: [two numberings] A name already taken gets a number appended. Rewriters number from 1 for
+# each rewrite; the passes that used the old ``fresh_const`` before they used the Rewriter
+# (``Rewriter(program, PROCESS_NUMBERS)``) take the next number of a process-wide count, as it
+# did, so their names depend on what the process compiled before. One numbering for all would
+# rename constants on the benchmark programs (not byte-identical), so it is a step of its own.
+class _ProcessNumbers:
+    """The process-wide count (``_counter``, which benchmarks/program_digests.py may restart)."""
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> int:
+        return next(_counter)
 
 
-def fresh_const(program: Program, constants: dict, base: str, array: np.ndarray) -> str:
-    """Store ``array`` in ``constants`` (a copy being built for a new program) under a fresh key."""
-    key = unique_name(base, _Taken(program.nodes, constants), _counter)
-    constants[key] = stored(array)
-    return key
+PROCESS_NUMBERS = _ProcessNumbers()
 
 
 def single_use(program: Program) -> set[str]:
@@ -141,14 +125,16 @@ class Rewriter:
     constants only they read.
     """
 
-    def __init__(self, program: Program):
+    def __init__(self, program: Program, numbers: Iterator[int] | None = None):
         self.program = program
         self.nodes: dict[str, Node] = {}
         self.constants = dict(program.constants)
         self.aliases: dict[str, str] = {}
         self.taken = {n.name for n in program.nodes} | set(program.constants)
         self.changed = False
-        self._numbers = itertools.count(1)  # fresh names' suffixes, one sequence for the whole rewrite
+        # Fresh names' suffixes: one sequence for the whole rewrite, or (``numbers=PROCESS_NUMBERS``,
+        # NOTE: [two numberings]) the process-wide one.
+        self._numbers = itertools.count(1) if numbers is None else numbers
         self._old = program.by_name()
 
     def resolve(self, name: str) -> str:
@@ -160,11 +146,13 @@ class Rewriter:
         srcs = tuple(self.resolve(s) for s in node.srcs)
         return node if srcs == node.srcs else node.with_(srcs=srcs)
 
-    def keep(self, node: Node) -> None:
-        """Copy a node (as returned by ``take``: maybe with renamed inputs)."""
+    def keep(self, node: Node) -> Node:
+        """Copy a node (as returned by ``take``: maybe with renamed inputs, or a new version of it)."""
         self.nodes[node.name] = node
         if node is not self._old.get(node.name):
+            self.taken.add(node.name)
             self.changed = True
+        return node
 
     def replace(self, node: Node) -> None:
         """Put a changed version of a node (same name) last: after anything just emitted for it."""
@@ -196,10 +184,8 @@ class Rewriter:
             return self.program
         output = self.resolve(self.program.output)
         nodes = _drop_orphans(list(self.nodes.values()), output, self.program, keep_inputs)
-        old_keys = _constant_keys(self.program.nodes, self.program.constants)
-        new_keys = _constant_keys(nodes, self.constants)
-        constants = {k: v for k, v in self.constants.items() if k in new_keys or k not in old_keys}
-        return self.program.replace(nodes=tuple(nodes), constants=constants, output=output)
+        return self.program.replace(nodes=tuple(nodes), constants=_kept_constants(self.program, nodes, self.constants),
+                                    output=output)
 
 
 def _live(nodes: list[Node], roots: set[str]) -> set[str]:
@@ -222,3 +208,100 @@ def _drop_orphans(nodes: list[Node], output: str, old: Program, keep_inputs: boo
 
 def _constant_keys(nodes: Iterable[Node], constants: dict) -> set[str]:
     return {v for n in nodes for v in n.attrs.values() if isinstance(v, str) and v in constants}
+
+
+def _kept_constants(old: Program, nodes: Iterable[Node], constants: dict) -> dict:
+    """Of ``constants``, those the rewritten ``nodes`` read, and those of the ``old`` program that
+    none of its nodes read (unread before: another pass's business, e.g. ``remove_unused``)."""
+    unread_before = set(old.constants) - _constant_keys(old.nodes, old.constants)
+    new_keys = _constant_keys(nodes, constants)
+    return {k: v for k, v in constants.items() if k in new_keys or k in unread_before}
+
+
+def freeze_facts(program: Program, names: set[str]) -> Program:
+    """Input facts (FACT nodes ``names``) whose values a pass used are no longer replaceable at
+    call time: they become plain constants of the module (as iso compression does), and are
+    dropped where nothing reads them any more (they were kept only as inputs)."""
+    if not names:
+        return program
+    read = {s for n in program.nodes for s in n.srcs} | {program.output}
+    rw = Rewriter(program)
+    for n in program.nodes:
+        if n.name in names and n.attrs.get("fact_layer"):
+            if n.name not in read:
+                rw.changed = True  # (dropped: not kept)
+                continue
+            n = n.with_(attrs={**n.attrs, "fact_layer": None})
+        rw.keep(n)
+    return rw.finish()
+
+
+
+# -- a second editor, for passes that replace nodes in place (folded into Rewriter next) -------------
+
+class NodeEditor:
+    """Nodes in order plus a constants copy, with fresh names and insertion; ``build()`` makes the Program."""
+
+    def __init__(self, program: Program):
+        self.program = program
+        self.nodes: list[Node] = list(program.nodes)
+        self.constants = dict(program.constants)
+        self.changed = False
+        self._taken = {n.name for n in program.nodes} | set(program.constants)
+
+    def by_name(self) -> dict[str, Node]:
+        return {n.name: n for n in self.nodes}
+
+    def users(self) -> dict[str, list[str]]:
+        return users_of(self.nodes)
+
+    def fresh(self, base: str) -> str:
+        return unique_name(base, self._taken)
+
+    def const(self, base: str, array: np.ndarray) -> str:
+        key = self.fresh(base)
+        array = compact_index(array)
+        # A slice of another index (split_by_runs) is copied: a view would keep all of its base alive.
+        self.constants[key] = array.copy() if array.base is not None else array
+        return key
+
+    def gather(self, base: str, source: Node, index: np.ndarray, layer: str) -> Node:
+        """A new GATHER node (not yet placed) of ``source`` rows ``index``."""
+        key = self.const(f"idx_{base}", index)
+        return Node(self.fresh(base), Op.GATHER, (source.name,), len(index), source.shape, {"index": key},
+                    layer)
+
+    def replace(self, name: str, new_nodes: list[Node]) -> None:
+        """Put ``new_nodes`` where node ``name`` is (they may reuse the name)."""
+        position = next(k for k, n in enumerate(self.nodes) if n.name == name)
+        self.nodes[position:position + 1] = new_nodes
+        self.changed = True
+
+    def drop_unused(self, names) -> None:
+        """Remove the nodes ``names`` (and the selections they read) that nothing reads any more."""
+        pending = list(names)
+        while pending:
+            users = self.users()
+            nodes = self.by_name()
+            dead = {n for n in pending if n in users and not users[n] and n != self.program.output}
+            if not dead:
+                return
+            pending = [s for n in dead for s in nodes[n].srcs if nodes[s].op in ROW_SELECTIONS]
+            self.nodes = [n for n in self.nodes if n.name not in dead]
+
+    def build(self) -> Program:
+        if not self.changed:
+            return self.program
+        # Drop the constants that this rewrite left unread (old gather indices).
+        return self.program.replace(nodes=tuple(self.nodes),
+                                    constants=_kept_constants(self.program, self.nodes, self.constants))
+
+
+
+
+def side_node(editor: NodeEditor, rows: SideRows, index: np.ndarray, base: str, layer: str) -> list[Node]:
+    """Nodes that make the rows ``index`` of ``rows.source``: none if that is the whole source."""
+    if is_identity(index, rows.source_count):
+        return []
+    return [editor.gather(base, editor.by_name()[rows.source], index, layer)]
+

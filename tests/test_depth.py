@@ -57,7 +57,7 @@ def test_default_compile_work_grows_linearly_with_depth():
 
 # Presets that let upward propagation grow nodes plan every gather's way up through every layer
 # above it: O(depth^2) planning on a chain (the plans within one gather's way are made once each,
-# NOTE: [plans once] in compiler/passes/upward.py). The others are linear.
+# NOTE: [plans once] in compiler/row_planner.py). The others are linear.
 QUADRATIC = {name for name, settings in neurovec.iter_presets()
              if settings.upward and (settings.upward_growth_rel != 0 or settings.upward_growth_abs != 0)}
 

@@ -18,8 +18,8 @@ same numbers summed in another order; a sum of zeros keeps its sign in either.
 """
 from __future__ import annotations
 
-from ..ir import Node, Op, Program
-from ..rewrite import Rewriter, eliminate_dead_code, single_use, unique_name
+from ..ir import Op, Program
+from ..rewrite import Rewriter, single_use, unique_name
 from ..settings import Settings
 
 __all__ = ["broadcast_adds", "merge_row_adds"]
@@ -50,21 +50,18 @@ def _one_row(rw: Rewriter, name: str) -> str | None:
 def merge_row_adds(program: Program, settings: Settings) -> Program:
     nodes = program.by_name()
     once = single_use(program)
-    taken = {n.name for n in program.nodes}
-    result: list[Node] = []
+    rw = Rewriter(program)
     merged: set[str] = set()
     for node in program.nodes:
         inner = nodes[node.srcs[0]] if node.op is Op.ADD else None
         if inner is None or inner.op is not Op.ADD or inner.name not in once or inner.name in merged:
-            result.append(node)
+            rw.keep(node)
             continue
         a, b = nodes[inner.srcs[1]], nodes[node.srcs[1]]
         if a.count != 1 or b.count != 1 or a.shape != b.shape or a.name == node.srcs[0]:
-            result.append(node)
+            rw.keep(node)
             continue
-        row = Node(unique_name(f"{node.name}_row", taken), Op.ADD, (a.name, b.name), 1, a.shape, {}, node.layer)
-        result += [row, node.with_(srcs=(inner.srcs[0], row.name))]
+        row = rw.emit(unique_name(f"{node.name}_row", rw.taken), Op.ADD, (a.name, b.name), 1, a.shape, node.layer)
+        rw.keep(node.with_(srcs=(inner.srcs[0], row.name)))
         merged.add(node.name)  # its new first operand is not an addition of a row any more
-    if not merged:
-        return program
-    return eliminate_dead_code(program.replace(nodes=tuple(result)))
+    return rw.finish()

@@ -32,10 +32,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..gather_plans import chain_candidates
 from ..ir import Node, Op, Program
 from ..rewrite import Rewriter, eliminate_dead_code, unit_reduction_is_identity, zero_sign_matters
 from ..settings import Settings
-from .simplify_gathers import chain_candidates
 
 __all__ = ["remove_identity", "preconcatenate", "remove_unused"]
 

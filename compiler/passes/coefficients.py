@@ -17,7 +17,7 @@ matrix product (PyG's cached, normalised ``adj_t``)::
     %a = REDUCE(x; aggregation='sum', counts=k, coef=c_a)   c_a[e] = w_scalar[widx[e]]
 
 The rows are traced through any chain of indexing ops and scalar products
-(:func:`rows.trace_rows`), so broadcast layouts and CONCATs of parts (the isolated-node
+(:func:`indexing.trace_rows`), so broadcast layouts and CONCATs of parts (the isolated-node
 artefact of the GNN templates) dissolve too. Factors of 0 stay as explicit entries:
 ``0 * inf`` is NaN, so dropping them would change non-finite results. Static facts of
 shape ``()`` count as fixed scalars (their layers then are no longer replaceable at call
@@ -27,11 +27,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..gather_plans import emit_plan, plan_index
+from ..indexing import trace_rows
 from ..ir import Node, Op, Program, is_sparse_sum
-from ..rewrite import Rewriter
+from ..rewrite import Rewriter, freeze_facts
 from ..settings import Settings
-from .rows import freeze_facts, trace_rows
-from .simplify_gathers import plan_index, emit_plan
 
 __all__ = ["reduce_coefficients", "segment_of_rows"]
 

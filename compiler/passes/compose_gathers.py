@@ -32,7 +32,7 @@ import numpy as np
 
 from ..grouping import expand_segments
 from ..ir import Node, Op, Program, is_sparse_sum
-from ..rewrite import eliminate_dead_code, fresh_const, single_use, unique_name
+from ..rewrite import PROCESS_NUMBERS, Rewriter, single_use
 from ..settings import Settings
 
 __all__ = ["compose_gathers", "GATHER_OP_ENTRIES"]
@@ -46,16 +46,14 @@ GATHER_OP_ENTRIES = 2048
 def compose_gathers(program: Program, settings: Settings) -> Program:
     nodes = program.by_name()
     once = single_use(program)
-    constants = dict(program.constants)
-    result: list[Node] = []
-    changed = False
+    rw = Rewriter(program, PROCESS_NUMBERS)
     for node in program.nodes:
         chain, reduce = [], None
         if _is_gather(node, program):
             chain = _row_wise_chain(nodes[node.srcs[0]], nodes, once)
             reduce = nodes[(chain[-1] if chain else node).srcs[0]]
         if reduce is None or not is_sparse_sum(reduce) or reduce.name not in once:
-            result.append(node)
+            rw.keep(node)
             continue
         rows = program.constants[node.attrs["index"]].astype(np.int64)  # the gather's
         counts = program.constants[reduce.attrs["counts"]].astype(np.int64)
@@ -64,31 +62,23 @@ def compose_gathers(program: Program, settings: Settings) -> Program:
         # Row-wise ops in between then run on the gather's rows instead of the sum's.
         saved = node.count + GATHER_OP_ENTRIES // max(1, int(np.prod(node.shape)))
         if added > saved or (node.count - reduce.count) * len(chain) > node.count:
-            result.append(node)
+            rw.keep(node)
             continue
         # Position of every edge of the new matrix in the old one: segment idx[r]'s edges in order.
         edges = expand_segments((np.cumsum(counts) - counts)[rows], picked)
         attrs = dict(reduce.attrs)
-        attrs["counts"] = fresh_const(program, constants, f"counts_{node.name}", picked)
-        attrs["index"] = fresh_const(program, constants, f"idx_{node.name}",
-                                     program.constants[reduce.attrs["index"]][edges])
+        attrs["counts"] = rw.const(f"counts_{node.name}", picked)
+        attrs["index"] = rw.const(f"idx_{node.name}", program.constants[reduce.attrs["index"]][edges])
         if "coef" in attrs:
-            attrs["coef"] = fresh_const(program, constants, f"coef_{node.name}",
-                                        program.constants[reduce.attrs["coef"]][edges])
+            attrs["coef"] = rw.const(f"coef_{node.name}", program.constants[reduce.attrs["coef"]][edges])
         if not chain:
-            result.append(node.with_(op=Op.REDUCE, srcs=reduce.srcs, attrs=attrs))
+            rw.keep(node.with_(op=Op.REDUCE, srcs=reduce.srcs, attrs=attrs))
         else:  # the sum's rows picked, then the same row-wise ops on them, the last one named as the gather
-            taken = {n.name for n in program.nodes} | {n.name for n in result}
-            value = unique_name(f"{reduce.name}_rows", taken)
-            result.append(reduce.with_(name=value, count=node.count, attrs=attrs))
+            value = rw.keep(reduce.with_(name=rw.fresh(f"{reduce.name}_rows"), count=node.count, attrs=attrs)).name
             for k, op in enumerate(reversed(chain)):
-                name = node.name if k == len(chain) - 1 else unique_name(f"{op.name}_rows", taken)
-                result.append(op.with_(name=name, count=node.count, srcs=(value,) + op.srcs[1:]))
-                value = name
-        changed = True
-    if not changed:
-        return program
-    return eliminate_dead_code(program.replace(nodes=tuple(result), constants=constants))
+                name = node.name if k == len(chain) - 1 else rw.fresh(f"{op.name}_rows")
+                value = rw.keep(op.with_(name=name, count=node.count, srcs=(value,) + op.srcs[1:])).name
+    return rw.finish()
 
 
 def _row_wise_chain(node: Node, nodes: dict[str, Node], once: set[str]) -> list[Node]:

@@ -30,7 +30,7 @@ import numpy as np
 
 from ..grouping import expand_segments
 from ..ir import Node, Op, Program, is_sparse_sum
-from ..rewrite import eliminate_dead_code, fresh_const, single_use
+from ..rewrite import PROCESS_NUMBERS, Rewriter, single_use
 from ..settings import Settings
 
 __all__ = ["compose_sums", "CHUNK_ENTRIES"]
@@ -55,33 +55,24 @@ CHUNK_ENTRIES = 1 << 16
 def compose_sums(program: Program, settings: Settings) -> Program:
     nodes = program.by_name()
     once = single_use(program)
-    constants = dict(program.constants)
-    result: list[Node] = []
-    changed = False
+    rw = Rewriter(program, PROCESS_NUMBERS)
     for node in program.nodes:
         inner, bias = _inner_sum(node, nodes, once)
-        if inner is None:
-            result.append(node)
-            continue
-        composed = _composed_matrix(program, node, inner)
+        composed = None if inner is None else _composed_matrix(program, node, inner)
         if composed is None:
-            result.append(node)
+            rw.keep(node)
             continue
         index, counts, coef = composed
         attrs = {"aggregation": "sum", "kernel": inner.attrs["kernel"],
-                 "counts": fresh_const(program, constants, f"counts_{node.name}", counts),
-                 "index": fresh_const(program, constants, f"idx_{node.name}", index)}
+                 "counts": rw.const(f"counts_{node.name}", counts), "index": rw.const(f"idx_{node.name}", index)}
         if not np.all(coef == 1.0):
-            attrs["coef"] = fresh_const(program, constants, f"coef_{node.name}", coef)
+            attrs["coef"] = rw.const(f"coef_{node.name}", coef)
         if bias is None:
-            result.append(node.with_(srcs=inner.srcs, attrs=attrs))
+            rw.keep(node.with_(srcs=inner.srcs, attrs=attrs))
         else:  # mean(a + c) = mean(a) + c: the bias after the mean
-            summed = node.with_(name=f"{node.name}_sum", srcs=inner.srcs, attrs=attrs)
-            result += [summed, node.with_(op=Op.ADD, srcs=(summed.name, bias.name), attrs={})]
-        changed = True
-    if not changed:
-        return program
-    return eliminate_dead_code(program.replace(nodes=tuple(result), constants=constants))
+            summed = rw.keep(node.with_(name=rw.fresh(f"{node.name}_sum"), srcs=inner.srcs, attrs=attrs))
+            rw.keep(node.with_(op=Op.ADD, srcs=(summed.name, bias.name), attrs={}))
+    return rw.finish()
 
 
 def _inner_sum(node: Node, nodes: dict[str, Node], once: set[str]) -> tuple[Node | None, Node | None]:

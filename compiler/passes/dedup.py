@@ -32,7 +32,7 @@ the same values keeps them (``RowIds.carry``). A node's values change only where
 so a label or a distinct mark is used only for the very node object it was found for.
 
 Computing a node on its distinct rows only (``compress``) pushes the row selection up into its
-single-use producers (see ``upward.RowPlanner``, "shrink" policy) and then rewrites its readers:
+single-use producers (see ``row_planner.RowPlanner``, "shrink" policy) and then rewrites its readers:
 a GATHER composes the inverse index into its own; an elementwise TRANSFORM, or an ADD whose other
 side agrees on the merged rows, shrinks along and passes the reindexing further down; a CONCAT
 shifts its offsets and passes it on; anything else (or the output) reads a new GATHER.
@@ -79,10 +79,11 @@ import numpy as np
 
 from .. import grouping
 from ..grouping import first_equal_multisets, first_equal_rows, first_rows, representatives, row_dtype
-from ..ir import Node, Op, Program, linear_grid
+from ..indexing import layout_rows, source_rows
+from ..ir import Node, Op, Program
 from ..rewrite import is_input_fact
+from ..row_planner import SHRINK, Editor, RowPlanner
 from ..settings import Settings
-from .upward import SHRINK, Editor, RowPlanner, linear_side_rows, source_rows
 
 __all__ = ["deduplicate", "dedup_facts", "iso_compress", "dedup_linear", "dedup_aggregations", "compress",
            "RowIds", "layer_ends"]
@@ -273,14 +274,14 @@ class RowIds:
             return _pair(*self.labels(node.srcs[0]), *self.labels(node.srcs[1]))
         if node.op is Op.LINEAR:
             w, x = (e.nodes[s] for s in node.srcs)
-            _, g2 = linear_grid(node, w, x)
             sides = []  # (labels, rows of them or None, bound) of w, then of x
             for side, layout in ((w, node.attrs.get("w_layout", "full")), (x, node.attrs.get("x_layout", "full"))):
                 if layout == "full":
                     sides.append(self._gathered(side.name))
                 else:
                     ids, bound = self.labels(side.name)
-                    sides.append((_side(ids, layout, node.count, g2), None, bound))
+                    sides.append((ids[layout_rows(layout, side.count, node.count, np.arange(node.count))], None,
+                                  bound))
             (w_ids, w_rows, w_bound), (x_ids, x_rows, x_bound) = sides
             return _pair(w_ids, w_bound, x_ids, x_bound, w_rows, x_rows)
         if node.op is Op.REDUCE:
@@ -328,13 +329,6 @@ class RowIds:
                 key = ("fixed", value.shape, value.dtype.str, value.tobytes())
             ids[row] = seen.setdefault(key, row)
         return ids, max(node.count, 1)
-
-
-def _side(ids: np.ndarray, layout: str, count: int, g2: int) -> np.ndarray:
-    """The labels of a LINEAR side's rows as the LINEAR's ``count`` rows read them."""
-    if layout == "full":
-        return ids
-    return ids[linear_side_rows(layout, np.arange(count), g2)]
 
 
 def _is_first_form(ids: np.ndarray) -> bool:

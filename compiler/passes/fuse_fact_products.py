@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir import Node, Op, Program
-from ..rewrite import fresh_const, single_use, zero_sign_matters
+from ..rewrite import PROCESS_NUMBERS, Rewriter, single_use, zero_sign_matters
 from ..settings import Settings
 
 __all__ = ["fuse_fact_products"]
@@ -37,9 +37,7 @@ def fuse_fact_products(program: Program, settings: Settings) -> Program:
     once = single_use(program)
     matters = zero_sign_matters(program)
     dynamic = set(program.dynamic_facts)
-    constants = dict(program.constants)
-    result: list[Node] = []
-    changed = False
+    rw = Rewriter(program, PROCESS_NUMBERS)
     for node in program.nodes:
         sides = [_fact_product(nodes[s], node, nodes, once, dynamic) for s in node.srcs] \
             if node.op is Op.ADD and node.name not in matters and node.srcs[0] != node.srcs[1] else [None]
@@ -48,11 +46,10 @@ def fuse_fact_products(program: Program, settings: Settings) -> Program:
             for product, index in sides:
                 values = program.constants[nodes[product.srcs[1]].attrs["const"]]
                 facts.append(values if index is None else values[program.constants[index]])
-            key = fresh_const(program, constants, f"hcat_{node.name}", np.hstack(facts))
+            key = rw.const(f"hcat_{node.name}", np.hstack(facts))
             node = node.with_(attrs=dict(node.attrs, hcat=key, hcat_weights=tuple(p.srcs[0] for p, _ in sides)))
-            changed = True
-        result.append(node)
-    return program.replace(nodes=tuple(result), constants=constants) if changed else program
+        rw.keep(node)
+    return rw.finish()
 
 
 def _fact_product(side: Node, add: Node, nodes: dict[str, Node], once: set[str], dynamic: set[str]

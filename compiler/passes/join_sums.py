@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir import Node, Op, Program, is_sparse_sum
-from ..rewrite import eliminate_dead_code, fresh_const, single_use, unique_name
+from ..rewrite import PROCESS_NUMBERS, Rewriter, single_use
 from ..settings import Settings
 
 __all__ = ["join_sums"]
@@ -34,35 +34,29 @@ __all__ = ["join_sums"]
 def join_sums(program: Program, settings: Settings) -> Program:
     nodes = program.by_name()
     once = single_use(program)
-    constants = dict(program.constants)
-    taken = {n.name for n in program.nodes} | set(program.constants)
-    result: list[Node] = []
-    changed = False
+    rw = Rewriter(program, PROCESS_NUMBERS)
     for node in program.nodes:
         terms = _terms(node, nodes, once, program) if node.op is Op.ADD else None
         if terms is None:
-            result.append(node)
+            rw.keep(node)
             continue
         ((p, index_p, counts_p, coef_p), (q, index_q, counts_q, coef_q)), kernel = terms
         source = p.name
         if q.name != p.name:
-            source = unique_name(f"{node.name}_sources", taken)
-            result.append(Node(source, Op.CONCAT, (p.name, q.name), p.count + q.count, p.shape, {}, node.layer))
+            source = rw.emit(rw.fresh(f"{node.name}_sources"), Op.CONCAT, (p.name, q.name), p.count + q.count,
+                             p.shape, node.layer).name
             index_q = index_q + p.count
         # Each row's entries: p's, then q's (a stable sort of the two runs by row is a merge).
         rows = np.concatenate([np.repeat(np.arange(node.count), counts_p), np.repeat(np.arange(node.count), counts_q)])
         order = np.argsort(rows, kind="stable")
         index, coef = np.concatenate([index_p, index_q])[order], np.concatenate([coef_p, coef_q])[order]
         attrs = {"aggregation": "sum", "kernel": kernel,
-                 "counts": fresh_const(program, constants, f"counts_{node.name}", counts_p + counts_q),
-                 "index": fresh_const(program, constants, f"idx_{node.name}", index)}
+                 "counts": rw.const(f"counts_{node.name}", counts_p + counts_q),
+                 "index": rw.const(f"idx_{node.name}", index)}
         if not np.all(coef == 1.0):
-            attrs["coef"] = fresh_const(program, constants, f"coef_{node.name}", coef)
-        result.append(node.with_(op=Op.REDUCE, srcs=(source,), attrs=attrs))
-        changed = True
-    if not changed:
-        return program
-    return eliminate_dead_code(program.replace(nodes=tuple(result), constants=constants))
+            attrs["coef"] = rw.const(f"coef_{node.name}", coef)
+        rw.keep(node.with_(op=Op.REDUCE, srcs=(source,), attrs=attrs))
+    return rw.finish()
 
 
 def _terms(node: Node, nodes: dict[str, Node], once: set[str], program: Program) -> tuple | None:

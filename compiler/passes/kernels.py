@@ -25,8 +25,8 @@ from __future__ import annotations
 import numpy as np
 
 from .. import backend
-from ..ir import Node, Op, Program, is_sparse_sum
-from ..rewrite import eliminate_dead_code, fresh_const, single_use, zero_sign_matters
+from ..ir import Op, Program, is_sparse_sum
+from ..rewrite import PROCESS_NUMBERS, Rewriter, single_use, zero_sign_matters
 from ..settings import Settings
 
 __all__ = ["choose_kernels"]
@@ -41,11 +41,10 @@ def choose_kernels(program: Program, settings: Settings) -> Program:
     once = single_use(program)
     forced = settings.reduce_kernel
     engine = backend.current() if forced == "auto" else None
-    changed = False
-    result: list[Node] = []
+    rw = Rewriter(program, PROCESS_NUMBERS)
     for node in program.nodes:
         if node.op is not Op.REDUCE or node.attrs.get("kernel") == "strided" or is_sparse_sum(node):
-            result.append(node)
+            rw.keep(node)
             continue
         counts = program.constants[node.attrs["counts"]]
         source = nodes[node.srcs[0]]
@@ -67,11 +66,8 @@ def choose_kernels(program: Program, settings: Settings) -> Program:
             srcs = source.srcs
         if attrs != node.attrs or srcs != node.srcs:
             node = node.with_(attrs=attrs, srcs=srcs)
-            changed = True
-        result.append(node)
-    if changed:
-        # Fused gathers are now unread.
-        program = eliminate_dead_code(program.replace(nodes=tuple(result)))
+        rw.keep(node)
+    program = rw.finish()  # (fused gathers are now unread: dropped)
     return _gathers_as_sums(program, engine) if forced == "auto" else program
 
 
@@ -95,18 +91,14 @@ def _gathers_as_sums(program: Program, engine) -> Program:
     grad = _needs_grad(program)
     keep_sign = zero_sign_matters(program)
     nodes = program.by_name()
-    constants = dict(program.constants)
+    rw = Rewriter(program, PROCESS_NUMBERS)
     ones: dict[int, str] = {}
-    result: list[Node] = []
     for node in program.nodes:
         if (node.op is Op.GATHER and node.name not in keep_sign
                 and engine.gathers_as_sum(node.count, _feature_size(node.shape), nodes[node.srcs[0]].name in grad)):
             if node.count not in ones:
-                ones[node.count] = fresh_const(program, constants, f"ones_{node.count}",
-                                               np.ones(node.count, dtype=np.int64))
+                ones[node.count] = rw.const(f"ones_{node.count}", np.ones(node.count, dtype=np.int64))
             node = node.with_(op=Op.REDUCE, attrs={"aggregation": "sum", "counts": ones[node.count],
                                                    "kernel": "auto", "index": node.attrs["index"]})
-        result.append(node)
-    if not ones:
-        return program
-    return program.replace(nodes=tuple(result), constants=constants)
+        rw.keep(node)
+    return rw.finish()

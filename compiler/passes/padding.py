@@ -40,9 +40,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..grouping import is_identity, row_dtype, stable_order
+from ..indexing import SideRows, best_layout, full_layout, resolve_rows
 from ..ir import Node, Op, Program
+from ..rewrite import NodeEditor, side_node
 from ..settings import Settings
-from .linear_broadcast import NodeEditor, SideRows, best_layout, full_layout, resolve_rows, side_node
 
 __all__ = ["reorder_and_pad", "plan_rows", "iter_plans", "RowPlan"]
 

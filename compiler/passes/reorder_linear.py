@@ -35,28 +35,19 @@ import math
 
 import numpy as np
 
-from ..ir import INDEXING, Node, Op, Program, is_sparse_sum
+from ..gather_plans import emit_plan, plan_index
+from ..indexing import EXPANSION, is_constant, trace_rows
+from ..ir import INDEXING, Node, Op, Program, is_sparse_sum, shared_product
 from ..rewrite import Rewriter
 from ..settings import Settings
-from .fold_constants import EXPANSION
-from .rows import is_constant, trace_rows
-from .simplify_gathers import plan_index, emit_plan
 
-__all__ = ["pull_linear_up", "push_linear_down", "shared_product"]
+__all__ = ["pull_linear_up", "push_linear_down"]
 
 MAX_ROUNDS = 64  # rewrites per pass; each strictly lowers the cost estimate
 
 
 def _size(shape: tuple) -> int:
     return math.prod(shape) if shape else 1
-
-
-def shared_product(node: Node, nodes: dict[str, Node]) -> bool:
-    """A matrix product whose weight side is one row, shared by all rows (``x @ W.T``)."""
-    if node.op is not Op.LINEAR or node.attrs["kind"] != "matmul":
-        return False
-    w, x = (nodes[s] for s in node.srcs)
-    return w.count == 1 and x.count == node.count and len(w.shape) == 2
 
 
 def _repeat(rewrite, program: Program) -> Program:

@@ -35,10 +35,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..gather_plans import best_candidate, emit_plan, node_cost
 from ..ir import IRError, Op, Program, linear_grid
 from ..rewrite import Rewriter, unit_reduction_is_identity, zero_sign_matters
 from ..settings import Settings
-from .simplify_gathers import best_candidate, node_cost, emit_plan
 
 __all__ = ["scatter_to_segment", "remove_unit_reductions"]
 

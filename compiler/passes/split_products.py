@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..gather_plans import emit_plan, plan_index
+from ..indexing import layout_rows, trace_rows
 from ..ir import Op, Program
 from ..rewrite import Rewriter
 from ..settings import Settings
-from .rows import layout_rows, trace_rows
-from .simplify_gathers import plan_index, emit_plan
 
 __all__ = ["split_products", "MAX_WEIGHTS"]
 

@@ -25,10 +25,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ir import Node, Op, Program, is_sparse_sum
-from ..rewrite import eliminate_dead_code, fresh_const, unique_name
+from ..ir import Node, Op, Program, is_sparse_sum, shared_product
+from ..rewrite import PROCESS_NUMBERS, Rewriter
 from ..settings import Settings
-from .reorder_linear import shared_product
 
 __all__ = ["stack_products"]
 
@@ -36,34 +35,27 @@ __all__ = ["stack_products"]
 def stack_products(program: Program, settings: Settings) -> Program:
     nodes = program.by_name()
     users = program.users()
-    constants = dict(program.constants)
-    taken = {n.name for n in program.nodes} | set(program.constants)
+    rw = Rewriter(program, PROCESS_NUMBERS)
     renumber: dict[str, np.ndarray] = {}  # CONCAT name -> new row of each old row
-    result: list[Node] = []
     for node in program.nodes:
+        if node.srcs and node.srcs[0] in renumber and node.op in (Op.GATHER, Op.REDUCE):  # a reader of one
+            index = renumber[node.srcs[0]][program.constants[node.attrs["index"]].astype(np.int64)]
+            rw.keep(node.with_(attrs=dict(node.attrs, index=rw.const(f"idx_{node.name}", index))))
+            continue
         products = _stackable(node, nodes, users, program)
         if products is None:
-            result.append(node)
+            rw.keep(node)
             continue
         x = nodes[products[0].srcs[1]]
         weights = [nodes[p.srcs[0]] for p in products]
         c, n = len(products), x.count
-        stacked = unique_name(f"{node.name}_weights", taken)
-        result.append(Node(stacked, Op.CONCAT, tuple(w.name for w in weights), c, weights[0].shape, {}, node.layer))
-        result.append(Node(node.name, Op.LINEAR, (stacked, x.name), c * n, node.shape,
-                           {"kind": "matmul", "w_layout": "tile", "x_layout": "interleave"}, node.layer))
+        stacked = rw.emit(rw.fresh(f"{node.name}_weights"), Op.CONCAT, [w.name for w in weights], c,
+                          weights[0].shape, node.layer)
+        rw.emit(node.name, Op.LINEAR, (stacked.name, x.name), c * n, node.shape, node.layer, kind="matmul",
+                w_layout="tile", x_layout="interleave")
         old = np.arange(c * n)
         renumber[node.name] = (old % n) * c + old // n
-    if not renumber:
-        return program
-    nodes_out = []
-    for node in result:
-        if node.srcs and node.srcs[0] in renumber and node.op in (Op.GATHER, Op.REDUCE):
-            new_row = renumber[node.srcs[0]]
-            index = new_row[program.constants[node.attrs["index"]].astype(np.int64)]
-            node = node.with_(attrs=dict(node.attrs, index=fresh_const(program, constants, f"idx_{node.name}", index)))
-        nodes_out.append(node)
-    return eliminate_dead_code(program.replace(nodes=tuple(nodes_out), constants=constants))
+    return rw.finish()
 
 
 def _stackable(node: Node, nodes: dict[str, Node], users: dict[str, list[str]], program: Program

@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..gather_plans import emit_plan, plan_index
+from ..indexing import trace_rows
 from ..ir import Op, Program, is_sparse_sum
 from ..rewrite import Rewriter
 from ..settings import Settings
-from .rows import trace_rows
-from .simplify_gathers import plan_index, emit_plan
 
 __all__ = ["sum_parts", "MAX_TERMS"]
 

@@ -11,7 +11,7 @@ from neurovec.compiler.settings import Settings
 from neurovec.engines.torch_module import CompiledModule
 
 from ..equivalence import assert_equivalent
-from .test_dedup import Builder, assert_same_function
+from ..builders import Builder, assert_same_function
 
 SETTINGS = Settings()
 

@@ -14,7 +14,7 @@ from neurovec.sources.graph import GraphError
 from ..equivalence import assert_equivalent
 from ..strategies import graphs
 from ..test_equivalence import all_finite
-from .test_dedup import Builder, assert_same_function, index_of
+from ..builders import Builder, assert_same_function, index_of
 
 SETTINGS = Settings()
 ONE_HOT = np.eye(3)[[0, 1, 0, 2, 1, 0]]  # 6 rows, 3 distinct

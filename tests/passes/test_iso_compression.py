@@ -11,7 +11,7 @@ from neurovec.engines.torch_module import CompiledModule
 from ..equivalence import assert_equivalent
 from ..strategies import graphs
 from ..test_equivalence import all_finite
-from .test_dedup import Builder, assert_same_function, index_of
+from ..builders import Builder, assert_same_function, index_of
 
 SETTINGS = Settings()
 

@@ -7,8 +7,8 @@ from hypothesis import strategies as st
 
 import neurovec
 from neurovec.compiler.ir import Node, Op, Program, linear_grid
-from neurovec.compiler.passes.linear_broadcast import (SideRows, best_layout, broadcast_linear,
-                                                       interleave_count, resolve_rows, tile_period)
+from neurovec.compiler.indexing import SideRows, best_layout, interleave_count, resolve_rows, tile_period
+from neurovec.compiler.passes.linear_broadcast import broadcast_linear
 from neurovec.compiler.settings import Settings
 from neurovec.engines.torch_module import CompiledModule
 from neurovec.sources.graph import Weight

@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 import neurovec
 from neurovec.compiler.ir import Op
 from neurovec.compiler.passes import padding
-from neurovec.compiler.passes.linear_broadcast import SideRows, broadcast_linear
+from neurovec.compiler.indexing import SideRows
+from neurovec.compiler.passes.linear_broadcast import broadcast_linear
 from neurovec.compiler.passes.padding import plan_rows, reorder_and_pad
 from neurovec.compiler.settings import Settings
 

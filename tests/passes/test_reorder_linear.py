@@ -6,7 +6,7 @@ from hypothesis import HealthCheck, assume, given, settings
 import neurovec
 from neurovec.compiler.ir import Op
 from neurovec.compiler.passes.reorder_linear import pull_linear_up, push_linear_down
-from neurovec.compiler.passes.rows import is_constant
+from neurovec.compiler.indexing import is_constant
 from neurovec.compiler.pipeline import build_program
 from neurovec.compiler.settings import Settings
 from neurovec.engines.reference import ReferenceModule
@@ -14,7 +14,7 @@ from neurovec.engines.reference import ReferenceModule
 from ..equivalence import assert_equivalent
 from ..strategies import gnn_graphs, graphs
 from ..test_equivalence import all_finite
-from .test_dedup import Builder, assert_same_function
+from ..builders import Builder, assert_same_function
 
 SETTINGS = Settings()
 NO_FOLD = Settings(fold_constants=False)

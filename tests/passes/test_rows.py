@@ -1,10 +1,10 @@
-"""Tracing rows through indexing ops and fixed scalar products (compiler/passes/rows.py)."""
+"""Tracing rows through indexing ops and fixed scalar products (compiler/indexing.py)."""
 import numpy as np
 
 from neurovec.compiler.ir import Op
-from neurovec.compiler.passes.rows import constant_values, trace_rows
+from neurovec.compiler.indexing import constant_values, trace_rows
 
-from .test_dedup import Builder
+from ..builders import Builder
 
 
 def test_rows_through_gather_concat_tile_interleave():

@@ -7,7 +7,8 @@ from hypothesis import HealthCheck, assume, given, settings
 
 import neurovec
 from neurovec.compiler.ir import Node, Op, Program
-from neurovec.compiler.passes.simplify_gathers import plan_index, simplify_gathers
+from neurovec.compiler.gather_plans import plan_index
+from neurovec.compiler.passes.simplify_gathers import simplify_gathers
 from neurovec.compiler.settings import Settings
 from neurovec.engines.torch_module import CompiledModule
 from neurovec.sources.graph import Weight
@@ -105,10 +106,11 @@ def test_plans_read_a_large_index_a_few_times_only(monkeypatch):
     # (and one row per candidate) before they read the whole index. Here the plan reads a quarter
     # of it; whole-index checks read it 1.75 times over, and comparing every repetition candidate
     # (one per divisor of the length, 112 here) in full about 24 times.
-    from neurovec.compiler.passes import simplify_gathers as module
+    from neurovec.compiler import gather_plans, indexing
 
     counting = _CountingNumpy()
-    monkeypatch.setattr(module, "np", counting)
+    for module in (gather_plans, indexing):  # the plans, and the repetition checks they call
+        monkeypatch.setattr(module, "np", counting)
     perm = RNG.permutation(500_000)
     index = np.tile(np.repeat(perm, 4), 3)
     plan = plan_index(index, 500_000)

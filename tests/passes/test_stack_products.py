@@ -15,7 +15,7 @@ from neurovec.compiler.settings import Settings
 from neurovec.engines.torch_module import generate_source
 
 from ..equivalence import assert_equivalent
-from .test_dedup import Builder, assert_same_function
+from ..builders import Builder, assert_same_function
 from .test_join_sums import sage_like
 
 SETTINGS = Settings()

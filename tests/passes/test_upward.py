@@ -10,9 +10,11 @@ from hypothesis import strategies as st
 
 import neurovec
 from neurovec.compiler.ir import Op, Program
-from neurovec.compiler.passes import upward
-from neurovec.compiler.passes.upward import MAX_CONCAT_RUNS, is_regular_index, propagate_gathers_up
+from neurovec.compiler import row_planner
+from neurovec.compiler.indexing import is_regular_index
+from neurovec.compiler.passes.upward import propagate_gathers_up
 from neurovec.compiler.pipeline import build_program
+from neurovec.compiler.row_planner import MAX_CONCAT_RUNS
 from neurovec.compiler.rewrite import eliminate_dead_code
 from neurovec.compiler.settings import Settings
 from neurovec.engines.torch_module import CompiledModule
@@ -20,7 +22,7 @@ from neurovec.engines.torch_module import CompiledModule
 from ..equivalence import assert_equivalent
 from ..strategies import graphs
 from ..test_equivalence import all_finite
-from .test_dedup import Builder, assert_same_function, index_of
+from ..builders import Builder, assert_same_function, index_of
 
 FREE = Settings.preset("upward-00-free")
 UNLIMITED = Settings.preset("upward-17-aggressive")
@@ -266,7 +268,7 @@ def test_a_gather_that_would_read_a_concat_in_many_runs_stays_where_it_is():
     graph = b.build()
     program = build_program(graph, unlimited_growth())
     assert irregular_gathers(program) == [program.output]
-    with mock.patch.object(upward, "MAX_CONCAT_RUNS", 17):
+    with mock.patch.object(row_planner, "MAX_CONCAT_RUNS", 17):
         assert irregular_gathers(build_program(graph, unlimited_growth())) == []
     assert_equivalent(graph, CompiledModule(program, torch.float64))
 
@@ -278,7 +280,7 @@ def test_unlimited_growth_leaves_no_irregular_gather(graph, before_linear):
     the limit, a gather stays wherever moving it would need too many runs further up: see
     test_a_gather_that_would_read_a_concat_in_many_runs_stays_where_it_is.)"""
     assume(all_finite(graph))
-    with mock.patch.object(upward, "MAX_CONCAT_RUNS", sys.maxsize):
+    with mock.patch.object(row_planner, "MAX_CONCAT_RUNS", sys.maxsize):
         program = build_program(graph, unlimited_growth(before_linear))
     assert irregular_gathers(program) == []
     assert_equivalent(graph, CompiledModule(program, torch.float64))
