@@ -6,8 +6,9 @@
 """
 import sys as _sys
 
-from .compiler import Program, Settings, compile, iter_presets, list_presets
-from .compiler.autotune import autotune
+from .compiler import Program, Settings, iter_presets, list_presets
+from .compiling import compile
+from .tuning import autotune
 from .engines.reference import ReferenceModule
 from . import clusters, dropout
 from .clusters import ClusterLoader

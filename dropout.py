@@ -36,7 +36,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .compiler.pipeline import compile as compile_graph
+from .compiling import compile as compile_graph
 from .compiler.pipeline import resolve_settings
 from .datasets.gnn import parse_dropout_layer
 from .sources.graph import FactLayer, Graph

@@ -39,7 +39,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .compiler.pipeline import compile as compile_graph
+from .compiling import compile as compile_graph
 from .compiler.settings import Settings
 from .engines.torch_module import CompiledModule
 from .engines.weights import WeightStore

@@ -185,9 +185,3 @@ def resolve_settings(settings: Settings | str | dict | None) -> Settings:
         return Settings(**settings)
     raise TypeError(f"settings must be a neurovec.Settings, a preset name, a dict of settings or None "
                     f"(got {type(settings).__name__})")
-
-
-def compile(graph: Graph, settings: Settings | str | dict | None = None, dtype=None):  # noqa: A001
-    """``neurovec.compile`` (``neurovec/compiling.py``), for code that imports it from here."""
-    from ..compiling import compile as compile_above  # the layer above: imported when called
-    return compile_above(graph, settings, dtype)

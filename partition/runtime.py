@@ -43,7 +43,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..compiler.pipeline import compile as compile_graph
+from ..compiling import compile as compile_graph
 from ..compiler.pipeline import resolve_settings
 from ..compiler.settings import Settings
 from ..engines.torch_module import input_facts

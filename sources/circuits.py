@@ -801,7 +801,7 @@ def compile(circuit: Circuit, batch: int = 1, semiring: str = "real", preset="de
     ``preset``: a preset name, or a :class:`neurovec.Settings` (:data:`LITERALS` is
     added to its ``dynamic_facts``).
     """
-    from ..compiler.pipeline import compile as compile_graph
+    from ..compiling import compile as compile_graph
     from ..compiler.settings import Settings
     if isinstance(preset, Settings):
         chosen = preset.model_copy(update={"dynamic_facts": tuple(dict.fromkeys((*preset.dynamic_facts, LITERALS)))})

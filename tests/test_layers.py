@@ -16,18 +16,6 @@ PACKAGE = "neurovec"
 #: compile's memory and progress helpers.
 COMPILER_MAY_IMPORT = ("neurovec.compiler", "neurovec.sources", "neurovec.memory", "neurovec.progress")
 
-#: The two names kept for old imports, each a call-time import of the layer above, until
-#: ``neurovec/__init__.py`` and ``loader.py`` import ``neurovec.compiling`` / ``neurovec.tuning``
-#: themselves (requested of their owners).
-SHIMS = {("neurovec.compiler.pipeline", "neurovec.compiling"), ("neurovec.compiler.autotune", "neurovec.tuning")}
-
-#: The only imports of a pass by a pass: two files of other owners still import shared names from
-#: their old places (``passes/rows.py``, a re-export module, and ``passes/linear_broadcast.py``), which
-#: re-export them from ``compiler/indexing.py`` and ``compiler/rewrite.py``. Once fold_constants.py and
-#: relation_products.py import from there, delete these entries, rows.py and linear_broadcast's
-#: re-export comment. The list may only shrink; a new entry fails the test.
-KNOWN_PASS_IMPORTS = {("fold_constants", "rows"), ("relation_products", "linear_broadcast"),
-                      ("relation_products", "rows")}
 
 
 def module_name(path: Path) -> str:
@@ -65,21 +53,17 @@ def modules(*folders: str) -> dict[str, Path]:
 ALL = {**modules("compiler", "engines"), **{module_name(p): p for p in sorted(ROOT.glob("*.py"))}}
 
 
-def shim(name: str, module: str) -> bool:
-    return any(name == a and (module == b or module.startswith(b + ".")) for a, b in SHIMS)
-
-
 def graph() -> dict[str, set[str]]:
     """Import edges between the modules of ALL (names that are not modules are dropped, and so is a
     module's import of its own package: Python imports a package before its modules anyway)."""
-    return {name: {m for m in imports(path) if m in ALL and m != name and not shim(name, m)
+    return {name: {m for m in imports(path) if m in ALL and m != name
                    and not name.startswith(m + ".")}
             for name, path in ALL.items()}
 
 
 def test_the_compiler_imports_no_engine_and_nothing_above_it():
     wrong = {(name, m) for name, path in modules("compiler").items() for m in imports(path)
-             if not m.startswith(COMPILER_MAY_IMPORT) and m != PACKAGE and not shim(name, m)}
+             if not m.startswith(COMPILER_MAY_IMPORT) and m != PACKAGE}
     assert not wrong, f"the compiler imports from outside its layer: {sorted(wrong)}"
 
 
@@ -88,8 +72,7 @@ def test_no_pass_imports_another_pass():
     found = {(name[len(prefix):], m[len(prefix):].split(".")[0]) for name, path in modules("compiler/passes").items()
              if name.startswith(prefix) for m in imports(path) if m.startswith(prefix)}
     found = {(a, b) for a, b in found if a != b}
-    assert found <= KNOWN_PASS_IMPORTS, f"new imports of a pass by a pass: {sorted(found - KNOWN_PASS_IMPORTS)}"
-    assert KNOWN_PASS_IMPORTS <= found, f"gone, take them off the list: {sorted(KNOWN_PASS_IMPORTS - found)}"
+    assert not found, f"a pass imports another pass: {sorted(found)}"
 
 
 #: Circles that engines/ has today (its owners' to break).

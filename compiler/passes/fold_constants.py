@@ -26,9 +26,9 @@ import numpy as np
 
 from .. import backend
 from ..ir import INDEXING, Node, Op, Program
-from ..rewrite import Rewriter, eliminate_dead_code, zero_sign_matters
+from ..indexing import is_constant
+from ..rewrite import Rewriter, eliminate_dead_code, freeze_facts, zero_sign_matters
 from ..settings import Settings
-from .rows import freeze_facts, is_constant
 
 __all__ = ["fold_constants", "evaluate", "EXPANSION"]
 

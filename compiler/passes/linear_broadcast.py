@@ -32,8 +32,6 @@ from ..rewrite import NodeEditor, side_node
 from ..settings import Settings
 
 __all__ = ["broadcast_linear", "weight_runs", "split_by_runs"]
-# (NodeEditor, resolve_rows and side_node stay importable from here for passes/relation_products.py
-# until it imports them from ..rewrite and ..indexing: a transitional re-export, see tests/test_layers.py.)
 
 # ---------------------------------------------------------------------------------------------
 # The pass

@@ -32,10 +32,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..indexing import layout_rows, resolve_rows, trace_rows
 from ..ir import Node, Op, Program
+from ..rewrite import NodeEditor, side_node
 from ..settings import Settings
-from .linear_broadcast import NodeEditor, resolve_rows, side_node
-from .rows import layout_rows, trace_rows
 
 __all__ = ["relation_products", "chunk_plan", "ChunkPlan", "chunk_size", "MIN_WEIGHTS", "MIN_ROWS", "CHUNK_ROWS",
            "MAX_SPLITS"]
@@ -100,7 +100,6 @@ def chunk_plan(w_index: np.ndarray, x_index: np.ndarray, chunk_rows: int = CHUNK
     new_of_sorted = group_start[group_of_sorted] + np.arange(order.size) - first[group_of_sorted]
     position = np.empty(order.size, dtype=np.int64)
     position[order] = new_of_sorted
-    rows = int(padded.sum())
     # Padding rows repeat the group's first row (any row of the group would do: nobody reads them).
     new_x = np.repeat(np.asarray(x_index)[order[first]], padded)
     new_x[new_of_sorted] = np.asarray(x_index)[order]
