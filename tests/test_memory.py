@@ -1,5 +1,6 @@
 """neurovec/memory.py: while compiling or grounding, freed large blocks stay in malloc's heap (glibc)."""
 import ctypes
+import os
 import subprocess
 import sys
 import textwrap
@@ -30,9 +31,9 @@ def mapped_bytes():  # bytes malloc holds in blocks of their own mapping (mallin
 """
 
 
-def _in_a_fresh_process(body: str) -> None:
+def _in_a_fresh_process(body: str, **environment: str) -> None:
     result = subprocess.run([sys.executable, "-c", _MAPPED_BYTES + textwrap.dedent(body)],
-                            capture_output=True, text=True, timeout=120)
+                            capture_output=True, text=True, timeout=120, env={**os.environ, **environment})
     assert result.returncode == 0, result.stderr
 
 
@@ -73,6 +74,20 @@ def test_after_a_compile_blocks_of_a_few_megabytes_still_come_from_the_heap():
         big = np.ones(2**23)  # 64 MB: still a mapping of its own
         assert mapped_bytes() >= before + big.nbytes
     """)
+
+
+@needs_mallinfo2
+def test_a_process_that_chose_mallocs_options_keeps_them_after_a_compile():
+    # MALLOC_MMAP_MAX_=0 (glibc reads it at start): no block is ever a mapping of its own, and a
+    # compile must not undo that when it ends (the test above shows what it sets otherwise).
+    _in_a_fresh_process("""
+        assert memory._AFTER_MMAP_MAX == 0
+        with reusing_freed_memory():
+            np.ones(2**20)
+        before = mapped_bytes()
+        big = np.ones(2**23)  # 64 MB: a mapping of its own, but for the process's choice
+        assert mapped_bytes() < before + big.nbytes
+    """, MALLOC_MMAP_MAX_="0")
 
 
 def test_nested_and_failing_blocks_end_the_reuse_once(monkeypatch):
