@@ -57,7 +57,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from ._common import DatasetError
+from ._common import DatasetError, find_folder, searched_roots
 
 __all__ = ["KnowledgeGraph", "KGFormatError", "KGDownloadError", "load_kg", "find_kg", "read_kg_folder",
            "read_triples", "TripleFilter", "ranking_metrics", "rank_triples", "synthetic_kg", "HeteroGraph",
@@ -147,16 +147,7 @@ def _candidates(root: Path, name: str) -> list[Path]:
 
 def find_kg(name: str, data_dir: str | os.PathLike | None = None) -> Path | None:
     """The folder holding ``name``'s ``train.txt``, or ``None``; ``data_dir`` alone, else ``$NEUROVEC_DATA`` and the cache."""
-    if data_dir is not None:
-        roots = [Path(data_dir).expanduser()]
-    else:
-        roots = [Path(os.environ["NEUROVEC_DATA"]).expanduser()] if os.environ.get("NEUROVEC_DATA") else []
-        roots.append(DEFAULT_CACHE)
-    for root in roots:
-        for folder in _candidates(root, name):
-            if (folder / "train.txt").is_file():
-                return folder
-    return None
+    return find_folder(data_dir, DEFAULT_CACHE, lambda root: _candidates(root, name), "train.txt")
 
 
 def load_kg(name: str, data_dir: str | os.PathLike | None = None, download: bool = True,
@@ -176,7 +167,7 @@ def load_kg(name: str, data_dir: str | os.PathLike | None = None, download: bool
         raise KGFormatError(f"knowledge graph {name!r} not found: data_dir {str(where)!r} {problem} (looked in "
                             f"{looked}); leave data_dir out to use $NEUROVEC_DATA or download it into "
                             f"{DEFAULT_CACHE}")
-    searched = " and ".join(filter(None, [os.environ.get("NEUROVEC_DATA"), str(DEFAULT_CACHE)]))
+    searched = searched_roots(DEFAULT_CACHE)
     if not download:
         raise KGFormatError(f"knowledge graph {name!r} not found (looked in {searched}) and download=False")
     if name not in KG_URLS:
