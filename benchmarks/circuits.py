@@ -5,9 +5,10 @@
     python -m neurovec.benchmarks.circuits --circuits sudoku_4 cnf-30 --batch 128 --threads 1 --rounds 5
 
 ``--must-show`` runs only the cells of the issue's target (the random CNFs, batch 128,
-``default`` and ``klay``, 1 and 2 threads). The script starts itself again with
-``OMP_WAIT_POLICY=PASSIVE`` unless the variable is set: with threads that spin while they
-wait, a 2-thread step on a busy machine ran 5-20x slower (KLay's as well as neurovec's).
+``default`` and ``klay``, 1 and 2 threads). It runs as the environment says: torch's default
+OpenMP waiting unless ``OMP_WAIT_POLICY`` is set (the run records which). On a busy machine set
+``OMP_WAIT_POLICY=PASSIVE``: with threads that spin while they wait, a 2-thread step there ran
+5-20x slower (KLay's as well as neurovec's).
 
 Circuits: the three of ``../shared/data/circuits`` (``sudoku_4``, ``road_r``, ``4-grid``;
 ``--data``) and the random CNFs of :data:`neurovec.datasets.circuits.BENCHMARK_CNFS`
@@ -274,7 +275,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    if "OMP_WAIT_POLICY" not in os.environ:  # OpenMP reads it when it starts: start again with it set
-        os.execve(sys.executable, [sys.executable, "-m", "neurovec.benchmarks.circuits", *sys.argv[1:]],
-                  {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"})
     main()
