@@ -26,15 +26,12 @@ import numpy as np
 
 from .. import backend
 from ..ir import INDEXING, Node, Op, Program
-from ..indexing import is_constant
+from ..indexing import EXPANSION, is_constant
 from ..rewrite import Rewriter, eliminate_dead_code, freeze_facts, zero_sign_matters
 from ..settings import Settings
 
-__all__ = ["fold_constants", "evaluate", "EXPANSION"]
+__all__ = ["fold_constants", "evaluate"]
 
-# A row movement of constants is folded unless it stores more than this many times the rows it
-# reads (one-hot labels: 3 distinct rows gathered to every edge would only cost memory).
-EXPANSION = 2
 # A folded reduction over a gather of a stored constant is computed about this many gathered values
 # (rows times features) at a time (NOTE: [folding in chunks]).
 CHUNK_VALUES = 1 << 24

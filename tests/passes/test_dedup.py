@@ -11,8 +11,6 @@ from neurovec.compiler.passes.dedup import dedup_aggregations, dedup_linear
 from neurovec.compiler.settings import Settings
 from neurovec.engines.torch_module import CompiledModule
 
-# (tests/passes/test_fold_constants.py imports Builder and assert_same_function from here, until it
-# imports them from tests/builders.py)
 from ..builders import Builder, assert_same_function, index_of, ops
 from ..equivalence import assert_equivalent
 from ..strategies import graphs

@@ -15,7 +15,7 @@ from neurovec.sources.graph import GraphError
 from ..equivalence import assert_equivalent
 from ..strategies import gnn_graphs, graphs
 from ..test_equivalence import all_finite
-from .test_dedup import Builder, assert_same_function
+from ..builders import Builder, assert_same_function
 
 SETTINGS = Settings()
 
