@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import resource
-import sys
 import time
 from pathlib import Path
 
@@ -36,12 +34,9 @@ from neurovec import datasets
 from neurovec.compiler import Settings, build_program, vectorize
 from neurovec.memory import reusing_freed_memory
 from neurovec.compiler.pipeline import PIPELINE
+from neurovec.benchmarks.measure import max_rss_bytes, peak_rss_bytes, reset_peak_rss
 from neurovec.engines.torch_module import CompiledModule
 from neurovec.sources.graph import FactLayer, Graph, NeuronLayer, Weight
-
-_CLEAR_REFS = Path("/proc/self/clear_refs")
-_STATUS = Path("/proc/self/status")
-
 
 def synthetic_graph(n_edges: int, n_nodes: int | None = None, dim: int = 8, layers: int = 3, seed: int = 0):
     rng = np.random.default_rng(seed)
@@ -89,27 +84,6 @@ def deep_chain(depth: int, width: int = 4, dim: int = 3, weighted_layers: int | 
 
 # -- peak memory ----------------------------------------------------------------------------------
 
-def reset_peak_rss() -> bool:
-    """Start a new peak-RSS window (Linux); False where the peak cannot be reset."""
-    try:
-        _CLEAR_REFS.write_text("5")
-        return True
-    except OSError:
-        return False
-
-
-def peak_rss_bytes() -> int:
-    """The process's peak resident memory since the last reset (or since it started)."""
-    try:
-        for line in _STATUS.read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    scale = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: bytes on macOS, KiB on Linux
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
-
-
 class Step:
     """Wall seconds, CPU seconds and peak RSS of one step (``with Step(name, rows): ...``)."""
 
@@ -122,7 +96,7 @@ class Step:
 
     def __exit__(self, *exc):
         self.rows.append((self.name, time.perf_counter() - self.wall, time.process_time() - self.cpu,
-                          peak_rss_bytes()))
+                          peak_rss_bytes() or max_rss_bytes()))
 
 
 def timed_pipeline(graph: Graph, settings: Settings) -> tuple[list[tuple], object]:

@@ -20,13 +20,15 @@
 from __future__ import annotations
 
 import gc
+import resource
 import statistics
+import sys
 import time
 from typing import Callable
 
 import torch
 
-__all__ = ["synchronizer", "release_free_memory", "rss_bytes", "reset_peak_rss", "peak_rss_bytes", "MemoryProbe",
+__all__ = ["synchronizer", "release_free_memory", "rss_bytes", "reset_peak_rss", "peak_rss_bytes", "max_rss_bytes", "MemoryProbe",
            "memory_bandwidth", "summarize", "Stopwatch"]
 
 
@@ -80,6 +82,13 @@ def peak_rss_bytes() -> int | None:
     except (OSError, ValueError, IndexError):
         pass
     return None
+
+
+def max_rss_bytes() -> int:
+    """This process's peak RSS since it started (``getrusage``; no reset): the fallback where
+    :func:`peak_rss_bytes` has no kernel mark to read."""
+    scale = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: bytes on macOS, KiB on Linux
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
 
 
 class MemoryProbe:

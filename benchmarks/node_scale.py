@@ -50,8 +50,7 @@ import tempfile
 import time
 from pathlib import Path
 
-_CLEAR_REFS = Path("/proc/self/clear_refs")
-_STATUS = Path("/proc/self/status")
+from neurovec.benchmarks.measure import max_rss_bytes, peak_rss_bytes, reset_peak_rss
 
 DATASETS = ("arxiv-like", "products-like")
 MODELS = ("gcn", "sage", "gin")
@@ -59,24 +58,6 @@ OUT_OF_MEMORY = ("out of memory", "can't allocate", "cannot allocate", "DefaultC
 
 
 # -- memory ----------------------------------------------------------------------------------------
-
-def reset_peak_rss() -> None:
-    try:
-        _CLEAR_REFS.write_text("5")
-    except OSError:
-        pass
-
-
-def peak_rss_bytes() -> int:
-    """The peak RSS since the last reset (Linux), else since the process began."""
-    try:
-        for line in _STATUS.read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
-
 
 def is_out_of_memory(error: BaseException) -> bool:
     return isinstance(error, MemoryError) or any(text in str(error) for text in OUT_OF_MEMORY)
@@ -113,7 +94,7 @@ class _Phase:
     def __exit__(self, kind, error, trace):
         wall, cpu = time.perf_counter() - self.wall, time.process_time() - self.cpu
         row = {"phase": self.name, "group": self.group, "seconds": wall, "cpu_seconds": cpu,
-               "verify_seconds": self.verify_s, "peak_rss": peak_rss_bytes()}
+               "verify_seconds": self.verify_s, "peak_rss": peak_rss_bytes() or max_rss_bytes()}
         if error is not None:
             row["error"] = ("out of memory: " if is_out_of_memory(error) else "") + f"{kind.__name__}: {error}"[:500]
         self.phases.emit(row)
