@@ -110,6 +110,16 @@ def _sgd_step(module: torch.nn.Module, call) -> None:
             p -= 0.1 * p.grad
 
 
+def _matches_and_trains_without_recompiling(eager: torch.nn.Module, module: torch.nn.Module, call) -> None:
+    """``call`` (compiled ``module``) equals ``eager``; after an SGD step on both, which changes the
+    weights in place, it still does, without being traced again."""
+    _assert_same(eager, call, module)
+    _sgd_step(eager, eager)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        _sgd_step(module, call)
+        _assert_same(eager, call, module)
+
+
 @pytest.mark.parametrize("how", ["torch.compile", "module.compile"])
 @pytest.mark.parametrize("preset", PRESETS)
 def test_compiled_module_matches_eager(tiny_gcn, preset, how):
@@ -121,13 +131,7 @@ def test_compiled_module_matches_eager(tiny_gcn, preset, how):
     else:
         module.compile(backend="aot_eager")
         call = module
-    _assert_same(eager, call, module)
-    # A training step changes the weights in place: the compiled code must follow
-    # without being traced again.
-    _sgd_step(eager, eager)
-    with torch._dynamo.config.patch(error_on_recompile=True):
-        _sgd_step(module, call)
-        _assert_same(eager, call, module)
+    _matches_and_trains_without_recompiling(eager, module, call)
 
 
 def test_fullgraph_without_sparse_kernels(tiny_gcn):
@@ -283,12 +287,7 @@ def test_weights_named_like_module_attributes_compile():
     graph = _graph_with_weight_names(ATTRIBUTE_NAMES)
     eager = neurovec.compile(graph, "default", torch.float64)
     module = neurovec.compile(graph, "default", torch.float64)
-    call = torch.compile(module, backend="aot_eager", fullgraph=True)
-    _assert_same(eager, call, module)
-    _sgd_step(eager, eager)
-    with torch._dynamo.config.patch(error_on_recompile=True):
-        _sgd_step(module, call)
-        _assert_same(eager, call, module)
+    _matches_and_trains_without_recompiling(eager, module, torch.compile(module, backend="aot_eager", fullgraph=True))
 
 
 @pytest.mark.parametrize("preset", ["unoptimized"] + PRESETS)
@@ -312,9 +311,4 @@ def test_fullgraph_with_sparse_facts(model):
     eager = neurovec.compile(graph, "default", torch.float64)
     module = neurovec.compile(graph, "default", torch.float64)
     assert transposes(module.program)
-    call = torch.compile(module, backend="aot_eager", fullgraph=True)
-    _assert_same(eager, call, module)
-    _sgd_step(eager, eager)
-    with torch._dynamo.config.patch(error_on_recompile=True):
-        _sgd_step(module, call)
-        _assert_same(eager, call, module)
+    _matches_and_trains_without_recompiling(eager, module, torch.compile(module, backend="aot_eager", fullgraph=True))
