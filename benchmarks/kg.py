@@ -521,6 +521,14 @@ def grounding_markdown(rows: list, meta: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _save(folder, stem: str, meta: dict, rows: list, table: str) -> None:
+    """``folder/stem.json`` (``{"meta": ..., stem: rows}``) and ``folder/stem.md`` (the table), as they stand so far."""
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.json").write_text(json.dumps({"meta": meta, stem: rows}, indent=1))
+    (out / f"{stem}.md").write_text(table)
+
+
 def grounding(args, meta: dict) -> list:
     rows = []
     for name in args.grounding_sets:
@@ -534,10 +542,7 @@ def grounding(args, meta: dict) -> list:
         print(f"grounding {name}: neurovec {1000 * row['ground_s']:.1f} ms, NeuraLogic build_dataset "
               f"{row.get('neuralogic_build_dataset_s', row.get('neuralogic_failed'))}", flush=True)
         if args.out:
-            out = Path(args.out)
-            out.mkdir(parents=True, exist_ok=True)
-            (out / "grounding.json").write_text(json.dumps({"meta": meta, "grounding": rows}, indent=1))
-            (out / "grounding.md").write_text(grounding_markdown(rows, meta))
+            _save(args.out, "grounding", meta, rows, grounding_markdown(rows, meta))
     print(grounding_markdown(rows, meta))
     return rows
 
@@ -658,10 +663,7 @@ def main(argv=None) -> list:
                       (f"{_ms(result['step_s'])} ms{'' if result.get('valid') else ' (INVALID)'}"
                        if "step_s" in result else result.get("failed", "")), flush=True)
                 if args.out:
-                    out = Path(args.out)
-                    out.mkdir(parents=True, exist_ok=True)
-                    (out / "results.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
-                    (out / "results.md").write_text(markdown(results, meta))
+                    _save(args.out, "results", meta, results, markdown(results, meta))
     print(markdown(results, meta))
     return results
 
