@@ -735,7 +735,7 @@ class CompiledModule(nn.Module):
             program = self.__dict__.get("program")
             if program is None or name not in program.constants:
                 raise
-            like = next((t for t in itertools.chain(self.parameters(), self.buffers()) if t.is_floating_point()), None)
+            like = _float_like(self)
             tensor = _tensor(program.constants[name], like.dtype if like is not None else torch.get_default_dtype())
             return tensor.long() if name in _backward_indices(program, self.reduce_kernels) else tensor
 
@@ -853,7 +853,7 @@ def add_buffers(module: CompiledModule, code: str, chosen: dict[str, str], dtype
     and a second copy as buffers took 12 bytes per edge and layer, its unused segment ids 8 more."""
     program = module.program
     read = set(_SELF_NAME.findall(code)) | {n.attrs["const"] for n in input_facts(program)}
-    like = next((t for t in itertools.chain(module.parameters(), module.buffers()) if t.is_floating_point()), None)
+    like = _float_like(module)
     dtype = dtype or (like.dtype if like is not None else torch.get_default_dtype())
     device = like.device if like is not None else None
     backward_indices = _backward_indices(program, chosen)
@@ -871,6 +871,11 @@ def add_buffers(module: CompiledModule, code: str, chosen: dict[str, str], dtype
         _add_buffer(module, f"seg_{key}", torch.from_numpy(segments).to(device))
         _add_buffer(module, f"ptr_{key}", torch.cat([counts.new_zeros(1), counts.cumsum(0)]).to(device))
         _add_buffer(module, f"cnt_{key}", counts.to(device=device, dtype=dtype))
+
+
+def _float_like(module: nn.Module) -> torch.Tensor | None:
+    """A floating-point parameter or buffer of ``module`` (its dtype and device are the module's), or None."""
+    return next((t for t in itertools.chain(module.parameters(), module.buffers()) if t.is_floating_point()), None)
 
 
 def _add_buffer(module: nn.Module, name: str, tensor: torch.Tensor) -> None:
