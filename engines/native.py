@@ -205,6 +205,10 @@ def _register_fakes() -> None:
         "broadcast": lambda g, ptr, values, divide, n_entries: rows(g, n_entries),
         "extremum": lambda x, ptr, max: rows(x, ptr.shape[0] - 1),
         "extremum_backward": lambda grad, x, y, ptr: torch.empty_like(x),
+        "prod": lambda x, ptr: rows(x, ptr.shape[0] - 1),
+        "prod_backward": lambda grad, x, ptr: torch.empty_like(x),
+        "pair_prod": lambda x, strided: rows(x, x.shape[0] // 2),
+        "pair_prod_backward": lambda grad, x, strided: torch.empty_like(x),
     }
     for name, fake in fakes.items():
         try:

@@ -113,11 +113,65 @@ void for_segments(const I* ptr, int64_t n_rows, int64_t width, Body body) {
 // then y[j] /= divide[j] if divide is given (a mean). Accumulates in registers
 // (fixed widths) or in the output row.
 
+// One chunk of C features (k0 .. k0 + C - 1) of row r, accumulated in registers: how rows of a
+// width with_width has no case for go (in chunks of 32, 8, 1; see for_chunks below). Accumulating
+// in the output row instead costs a load and a store per feature and entry.
+template <int C, typename T, typename I, bool GATHER, bool WEIGHTED>
+inline void sum_chunk(int64_t r, const I* __restrict__ ptr, const I* __restrict__ col, const T* __restrict__ val,
+                      const T* __restrict__ x, int64_t w, int64_t k0, T* __restrict__ y,
+                      const T* __restrict__ divide) {
+    T acc[C];
+    for (int k = 0; k < C; ++k) acc[k] = T(0);
+    const int64_t e1 = ptr[r + 1];
+    for (int64_t e = ptr[r]; e < e1; ++e) {
+        const T* __restrict__ xr = x + (GATHER ? (int64_t)col[e] : e) * w + k0;
+        if constexpr (WEIGHTED) {
+            const T v = val[e];
+#pragma omp simd
+            for (int k = 0; k < C; ++k) acc[k] += v * xr[k];
+        } else {
+#pragma omp simd
+            for (int k = 0; k < C; ++k) acc[k] += xr[k];
+        }
+    }
+    T* __restrict__ yr = y + r * w + k0;
+    if (divide) {
+        const T d = divide[r];
+        for (int k = 0; k < C; ++k) yr[k] = acc[k] / d;
+    } else {
+        for (int k = 0; k < C; ++k) yr[k] = acc[k];
+    }
+}
+
+template <int C>
+struct Chunk {
+    static constexpr int value = C;
+};
+
+// body(Chunk<C>{}, k0) for the chunks of a row of w features: 32 at a time, then 8, then 1.
+template <typename Body>
+void for_chunks(int64_t w, Body body) {
+    int64_t k0 = 0;
+    for (; k0 + 32 <= w; k0 += 32) body(Chunk<32>{}, k0);
+    for (; k0 + 8 <= w; k0 += 8) body(Chunk<8>{}, k0);
+    for (; k0 < w; ++k0) body(Chunk<1>{}, k0);
+}
+
 template <typename T, typename I, typename WT, bool GATHER, bool WEIGHTED>
 void sum_rows(int64_t r0, int64_t r1, const I* __restrict__ ptr, const I* __restrict__ col,
               const T* __restrict__ val, const T* __restrict__ x, int64_t w_any, T* __restrict__ y,
               const T* __restrict__ divide) {
     constexpr int kW = WT::value;
+    if constexpr (kW == 0) {
+        if (w_any > 32) {
+            for (int64_t r = r0; r < r1; ++r)
+                for_chunks(w_any, [&](auto chunk, int64_t k0) {
+                    sum_chunk<decltype(chunk)::value, T, I, GATHER, WEIGHTED>(r, ptr, col, val, x, w_any, k0, y,
+                                                                             divide);
+                });
+            return;
+        }
+    }
     const int64_t w = kW ? kW : w_any;
     constexpr int kAcc = kW ? kW : 1;
     for (int64_t r = r0; r < r1; ++r) {
@@ -292,6 +346,89 @@ void segment_extremum_backward(int64_t n_rows, const I* ptr, const T* x, const T
     });
 }
 
+// ---------------------------------------------------------------- products
+//
+// Forward: y[j] = x[e0] * x[e0+1] * ... (left to right; 1 for an empty segment). Backward: each
+// row gets the gradient times the product of the *other* rows of its segment, from prefix and
+// suffix products in one sweep each way: out[e] = (x[e0] ... x[e-1]) * (g[j] * x[e+1] ... x[e1-1]).
+// No division, so a row next to zeros gets its exact gradient (one zero: the zero row gets g times
+// the product of the others, the rest 0; two zeros: all 0) and every output row is written.
+//
+// The features go through in chunks of C (a compile-time width: the running products live in
+// registers): the fixed widths of with_width as one chunk, any other width in chunks of 32, 8, 1.
+
+template <int C, typename T, typename I>
+void prod_chunk(int64_t r, const I* __restrict__ ptr, const T* __restrict__ x, int64_t w, int64_t k0,
+                T* __restrict__ y) {
+    T acc[C];
+    for (int k = 0; k < C; ++k) acc[k] = T(1);
+    const int64_t e1 = ptr[r + 1];
+    for (int64_t e = ptr[r]; e < e1; ++e) {
+        const T* __restrict__ xr = x + e * w + k0;
+#pragma omp simd
+        for (int k = 0; k < C; ++k) acc[k] *= xr[k];
+    }
+    T* __restrict__ yr = y + r * w + k0;
+    for (int k = 0; k < C; ++k) yr[k] = acc[k];
+}
+
+template <int C, typename T, typename I>
+void prod_backward_chunk(int64_t r, const I* __restrict__ ptr, const T* __restrict__ x, const T* __restrict__ g,
+                         int64_t w, int64_t k0, T* __restrict__ out) {
+    const int64_t e0 = ptr[r], e1 = ptr[r + 1];
+    T acc[C];
+    for (int k = 0; k < C; ++k) acc[k] = T(1);
+    for (int64_t e = e0; e < e1; ++e) {  // out[e] = the product of the rows before e
+        const T* __restrict__ xr = x + e * w + k0;
+        T* __restrict__ o = out + e * w + k0;
+#pragma omp simd
+        for (int k = 0; k < C; ++k) {
+            o[k] = acc[k];
+            acc[k] *= xr[k];
+        }
+    }
+    const T* __restrict__ gr = g + r * w + k0;
+    for (int k = 0; k < C; ++k) acc[k] = gr[k];
+    for (int64_t e = e1 - 1; e >= e0; --e) {  // times g and the product of the rows after e
+        const T* __restrict__ xr = x + e * w + k0;
+        T* __restrict__ o = out + e * w + k0;
+#pragma omp simd
+        for (int k = 0; k < C; ++k) {
+            o[k] *= acc[k];
+            acc[k] *= xr[k];
+        }
+    }
+}
+
+// body(Chunk<C>{}, k0) for the chunks of a row: one chunk of a fixed width W, else for_chunks's.
+template <int W, typename Body>
+void for_width_chunks(int64_t w, Body body) {
+    if constexpr (W > 0) body(Chunk<W>{}, (int64_t)0);
+    else for_chunks(w, body);
+}
+
+template <typename T, typename I>
+void segment_prod(int64_t n_rows, const I* ptr, const T* x, int64_t w, T* y) {
+    for_segments(ptr, n_rows, w, [&](int64_t r0, int64_t r1, auto width) {
+        constexpr int kW = decltype(width)::value;
+        for (int64_t r = r0; r < r1; ++r)
+            for_width_chunks<kW>(w, [&](auto chunk, int64_t k0) {
+                prod_chunk<decltype(chunk)::value>(r, ptr, x, w, k0, y);
+            });
+    });
+}
+
+template <typename T, typename I>
+void segment_prod_backward(int64_t n_rows, const I* ptr, const T* x, const T* g, int64_t w, T* out) {
+    for_segments(ptr, n_rows, w, [&](int64_t r0, int64_t r1, auto width) {
+        constexpr int kW = decltype(width)::value;
+        for (int64_t r = r0; r < r1; ++r)
+            for_width_chunks<kW>(w, [&](auto chunk, int64_t k0) {
+                prod_backward_chunk<decltype(chunk)::value>(r, ptr, x, g, w, k0, out);
+            });
+    });
+}
+
 // ---------------------------------------------------------------- tensors
 
 using at::Tensor;
@@ -418,6 +555,119 @@ Tensor extremum(const Tensor& x_in, const Tensor& ptr_in, bool max) {
         });
     });
     return y;
+}
+
+// y[j] = the product of the rows of segment j (1 for an empty one).
+Tensor prod(const Tensor& x_in, const Tensor& ptr_in) {
+    check_values(x_in, "segment_prod");
+    const Tensor x = x_in.contiguous(), ptr = ptr_in.contiguous();
+    const int64_t n = ptr.size(0) - 1;
+    Tensor y = at::empty(with_rows(x, n), x.options());
+    AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "neurovec_cpu::segment_prod", [&] {
+        AT_DISPATCH_INDEX_TYPES(ptr.scalar_type(), "neurovec_cpu::segment_prod", [&] {
+            segment_prod<scalar_t, index_t>(n, ptr.data_ptr<index_t>(), x.data_ptr<scalar_t>(), row_width(x),
+                                            y.data_ptr<scalar_t>());
+        });
+    });
+    return y;
+}
+
+// The gradient of a segment product: each row gets grad times the product of its segment's other rows.
+Tensor prod_backward(const Tensor& grad_in, const Tensor& x_in, const Tensor& ptr_in) {
+    check_values(x_in, "segment_prod_backward");
+    const Tensor x = x_in.contiguous(), ptr = ptr_in.contiguous();
+    const Tensor grad = as(grad_in, x.scalar_type());
+    TORCH_CHECK(grad.size(0) == ptr.size(0) - 1 && row_width(grad) == row_width(x),
+                "neurovec_cpu::prod_backward: grad must have one row per segment, of x's row shape");
+    Tensor out = at::empty_like(x);  // every row is written
+    AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "neurovec_cpu::segment_prod_backward", [&] {
+        AT_DISPATCH_INDEX_TYPES(ptr.scalar_type(), "neurovec_cpu::segment_prod_backward", [&] {
+            segment_prod_backward<scalar_t, index_t>(ptr.size(0) - 1, ptr.data_ptr<index_t>(), x.data_ptr<scalar_t>(),
+                                                     grad.data_ptr<scalar_t>(), row_width(x),
+                                                     out.data_ptr<scalar_t>());
+        });
+    });
+    return out;
+}
+
+// Two-row products, y[j] = a[j] * b[j], where x holds the rows a and b as (2, n, ...) ("strided":
+// a = x[:n], b = x[n:]) or as (n, 2, ...) (a = x[0::2], b = x[1::2]). Its backward writes both
+// gradients into one fresh block, once: out_a = g * b, out_b = g * a (the floats of torch's mul
+// backward), where torch's v[0] * v[1] zero-fills a block per row and adds them.
+struct PairLayout {
+    int64_t a, b, step;  // element offsets of row j's a and b: j * step + a, j * step + b
+};
+
+PairLayout pair_layout(int64_t n, int64_t w, bool strided) {
+    return strided ? PairLayout{0, n * w, w} : PairLayout{0, w, 2 * w};
+}
+
+template <typename T>
+void pair_prod_rows(int64_t r0, int64_t r1, const T* __restrict__ xp, PairLayout at_, int64_t w,
+                    T* __restrict__ yp) {
+    for (int64_t j = r0; j < r1; ++j) {
+        const T* __restrict__ a = xp + j * at_.step + at_.a;
+        const T* __restrict__ b = xp + j * at_.step + at_.b;
+        T* __restrict__ o = yp + j * w;
+#pragma omp simd
+        for (int64_t k = 0; k < w; ++k) o[k] = a[k] * b[k];
+    }
+}
+
+template <typename T>
+void pair_prod_backward_rows(int64_t r0, int64_t r1, const T* __restrict__ xp, const T* __restrict__ gp,
+                             PairLayout at_, int64_t w, T* __restrict__ op) {
+    for (int64_t j = r0; j < r1; ++j) {
+        const int64_t ia = j * at_.step + at_.a, ib = j * at_.step + at_.b;
+        const T* __restrict__ g = gp + j * w;
+#pragma omp simd
+        for (int64_t k = 0; k < w; ++k) {
+            const T a = xp[ia + k], b = xp[ib + k];
+            op[ia + k] = g[k] * b;
+            op[ib + k] = g[k] * a;
+        }
+    }
+}
+
+int64_t pair_grain(int64_t w) {
+    return std::max<int64_t>(1, kParallelWork / std::max<int64_t>(w, 1));
+}
+
+Tensor pair_prod(const Tensor& x_in, bool strided) {
+    check_values(x_in, "pair_prod");
+    TORCH_CHECK(x_in.dim() >= 1 && x_in.size(0) % 2 == 0, "neurovec_cpu::pair_prod: x needs an even number of rows");
+    const Tensor x = x_in.contiguous();
+    const int64_t n = x.size(0) / 2, w = row_width(x);
+    Tensor y = at::empty(with_rows(x, n), x.options());
+    const PairLayout at_ = pair_layout(n, w, strided);
+    AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "neurovec_cpu::pair_prod", [&] {
+        const scalar_t* xp = x.data_ptr<scalar_t>();
+        scalar_t* yp = y.data_ptr<scalar_t>();
+        at::parallel_for(0, n, pair_grain(w), [&](int64_t r0, int64_t r1) {
+            pair_prod_rows<scalar_t>(r0, r1, xp, at_, w, yp);
+        });
+    });
+    return y;
+}
+
+Tensor pair_prod_backward(const Tensor& grad_in, const Tensor& x_in, bool strided) {
+    check_values(x_in, "pair_prod_backward");
+    const Tensor x = x_in.contiguous();
+    const Tensor grad = as(grad_in, x.scalar_type());
+    const int64_t n = x.size(0) / 2, w = row_width(x);
+    TORCH_CHECK(grad.size(0) == n && row_width(grad) == w,
+                "neurovec_cpu::pair_prod_backward: grad must have half of x's rows, of x's row shape");
+    Tensor out = at::empty_like(x);  // every element is written
+    const PairLayout at_ = pair_layout(n, w, strided);
+    AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "neurovec_cpu::pair_prod_backward", [&] {
+        const scalar_t* xp = x.data_ptr<scalar_t>();
+        const scalar_t* gp = grad.data_ptr<scalar_t>();
+        scalar_t* op = out.data_ptr<scalar_t>();
+        at::parallel_for(0, n, pair_grain(w), [&](int64_t r0, int64_t r1) {
+            pair_prod_backward_rows<scalar_t>(r0, r1, xp, gp, at_, w, op);
+        });
+    });
+    return out;
 }
 
 // The gradient of a segment max / min: ties share it (mask * (grad / ties)[segment]).
@@ -603,6 +853,10 @@ TORCH_LIBRARY(neurovec_cpu, m) {
     m.def("broadcast(Tensor g, Tensor ptr, Tensor? values, Tensor? divide, SymInt n_entries) -> Tensor");
     m.def("extremum(Tensor x, Tensor ptr, bool max) -> Tensor");
     m.def("extremum_backward(Tensor grad, Tensor x, Tensor y, Tensor ptr) -> Tensor");
+    m.def("prod(Tensor x, Tensor ptr) -> Tensor");
+    m.def("prod_backward(Tensor grad, Tensor x, Tensor ptr) -> Tensor");
+    m.def("pair_prod(Tensor x, bool strided) -> Tensor");
+    m.def("pair_prod_backward(Tensor grad, Tensor x, bool strided) -> Tensor");
     // With their autograd in C++ (eager only).
     m.def("gather_sum(Tensor x, Tensor ptr, Tensor col, Tensor? values, Tensor t_ptr, Tensor t_col, "
           "Tensor? t_values, Tensor? bias=None) -> Tensor");
@@ -615,6 +869,10 @@ TORCH_LIBRARY_IMPL(neurovec_cpu, CPU, m) {
     m.impl("broadcast", broadcast);
     m.impl("extremum", extremum);
     m.impl("extremum_backward", extremum_backward);
+    m.impl("prod", prod);
+    m.impl("prod_backward", prod_backward);
+    m.impl("pair_prod", pair_prod);
+    m.impl("pair_prod_backward", pair_prod_backward);
     m.impl("gather_sum", gather_sum_cpu);
     m.impl("segment_sum", segment_sum_cpu);
     m.impl("segment_extremum", extremum);

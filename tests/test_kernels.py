@@ -135,7 +135,8 @@ def test_prod_random_zeros(counts, width, seed, formula):
     try:
         if formula:
             K._fused_prod_backward = None
-        check_against_reference(x, counts, "prod", "auto")
+        check_against_reference(x, counts, "prod", "auto")  # the C++ kernels where built
+        check_against_reference(x, counts, "prod", "native")  # torch's fused backward, or the formula
     finally:
         K._fused_prod_backward = saved
 
@@ -248,11 +249,11 @@ def test_unsupported_and_missing_kernels(monkeypatch):
 
 def test_auto_choice(monkeypatch):
     """CPU never picks torch-scatter; other devices use it if (and only if) installed.
-    With the C++ kernels built, the CPU picks them for sum / max / min (float32/64 only)."""
+    With the C++ kernels built, the CPU picks them for sum / max / min / prod (float32/64 only)."""
     if native.available():
         assert K._auto_impl(torch.empty(10, 1), "sum", True) == "cpp"
         assert K._auto_impl(torch.empty(10, 1, dtype=torch.float64), "max", True) == "cpp"
-        assert K._auto_impl(torch.empty(10, 1), "prod", True) == "segment_reduce"
+        assert K._auto_impl(torch.empty(10, 1), "prod", True) == "cpp"
         assert K._auto_impl(torch.empty(10, 1, dtype=torch.bfloat16), "sum", True) == "segment_reduce"
         assert K._auto_impl(torch.empty(10, 1), "sum", False) == "segment_reduce"  # "native": plain torch
     monkeypatch.setattr(native, "_enabled", False)

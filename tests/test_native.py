@@ -130,6 +130,84 @@ def test_double_backward(backend, reduce):
     assert torch.autograd.gradgradcheck(segment_fn(backend, False, ptr, "sum", None, values), (x,))
 
 
+# --------------------------------------------------------------------------- segment products
+
+def _prod_reference(x: torch.Tensor, counts) -> torch.Tensor:
+    return torch.stack([part.prod(0) for part in torch.split(x, list(counts))])
+
+
+@needs_native
+@settings(max_examples=60, deadline=None)
+@given(counts=st.lists(st.integers(1, 6), min_size=1, max_size=10),
+       width=st.sampled_from([(), (1,), (3,), (16,), (37,), (128,), (2, 3)]),
+       zeros=st.booleans(), index_dtype=st.sampled_from([torch.int32, torch.int64]), seed=st.integers(0, 2**16))
+def test_segment_prod_matches_torch_prod(counts, width, zeros, index_dtype, seed):
+    """neurovec_cpu::prod and ::prod_backward (NOTE: [C++ segment products]) against torch.prod per
+    segment: fixed widths, widths in chunks of 32, 8 and 1 (37, 128), no, one and several zeros in a
+    segment (the gradient of a lone zero is the product of the others; two zeros give 0)."""
+    gen = torch.Generator().manual_seed(seed)
+    shape = (sum(counts),) + width
+    x = torch.randint(-2, 3, shape, generator=gen).to(F64) if zeros else torch.randn(shape, dtype=F64, generator=gen)
+    ptr = ptr_of(counts, index_dtype)
+    y = torch.ops.neurovec_cpu.prod(x, ptr)
+    g = torch.randn(y.shape, dtype=F64, generator=gen)
+    gx = torch.ops.neurovec_cpu.prod_backward(g, x, ptr)
+    xr = x.clone().requires_grad_()
+    y_ref = _prod_reference(xr, counts)
+    (gx_ref,) = torch.autograd.grad(y_ref, xr, g)
+    torch.testing.assert_close(y, y_ref, atol=1e-12, rtol=1e-12)
+    torch.testing.assert_close(gx, gx_ref, atol=1e-12, rtol=1e-12)
+
+
+@needs_native
+def test_segment_prod_runs_the_cpp_kernels():
+    """Where the C++ kernels run, a segment product computes with them forward and backward, also
+    through a fused torch.prod backward's zero case, and stays differentiable twice."""
+    counts = [2, 1, 3]
+    x = torch.tensor([[0.0, 2.0], [3.0, 0.0], [-1.5, 0.5], [0.0, 4.0], [0.0, 0.5], [2.0, 3.0]], dtype=F64,
+                     requires_grad=True)
+    seg = K.Segments.from_counts(counts, dtype=F64)
+    assert K._auto_impl(x, "prod", True) == "cpp"
+    y = seg.reduce(x, "prod")
+    assert y.grad_fn is not None and y.grad_fn.name() == "SegmentProdBackward"
+    g = torch.tensor([[1.0, -2.0], [0.5, 3.0], [2.0, -1.0]], dtype=F64)
+    (gx,) = torch.autograd.grad(y, x, g)
+    xr = x.detach().clone().requires_grad_()
+    (gx_ref,) = torch.autograd.grad(_prod_reference(xr, counts), xr, g)
+    torch.testing.assert_close(gx, gx_ref, atol=0, rtol=0)
+    assert torch.autograd.gradgradcheck(lambda t: seg.reduce(t, "prod"), (torch.randn(6, 2, dtype=F64,
+                                                                                         requires_grad=True),))
+
+
+@pytest.mark.parametrize("strided", [True, False])
+@pytest.mark.parametrize("width", [(), (3,), (37,), (2, 5)])
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_two_row_product_is_bitwise_the_multiplication(backend, strided, width, dtype):
+    """kernels.two_row_product (C++ pair_prod / pair_prod_backward, or torch's unbind) gives the floats
+    of ``a * b`` forward and of ``g * b``, ``g * a`` backward, zeros and signed zeros included (torch's
+    ``v[0] * v[1]`` backward adds a zero-filled block, which turns a -0.0 gradient into 0.0), and
+    differentiates twice."""
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randint(-2, 3, (10,) + width, generator=gen).to(dtype)
+    x.view(-1)[::7] = -0.0
+    x = torch.where(torch.rand(x.shape, generator=gen) < 0.5, x, torch.randn(x.shape, generator=gen, dtype=dtype))
+    g = torch.randn((5,) + width, generator=gen, dtype=dtype)
+    g.view(-1)[::3] = -0.0
+    v = x.reshape(((2, -1) if strided else (-1, 2)) + width)
+    a, b = v.unbind(0 if strided else 1)
+    expected_grad = torch.stack((g * b, g * a), 0 if strided else 1).reshape(x.shape)
+    t = x.clone().requires_grad_()
+    y = K.two_row_product(t, strided)
+    (gx,) = torch.autograd.grad(y, t, g)
+    for got, expected in ((y.detach(), a * b), (gx, expected_grad)):
+        np.testing.assert_array_equal(got.numpy(), expected.numpy())
+        assert (torch.signbit(got) == torch.signbit(expected)).all()
+    xd = torch.randn((6,) + width, dtype=F64, generator=gen, requires_grad=True)
+    assert torch.autograd.gradgradcheck(lambda t: K.two_row_product(t, strided), (xd,))
+    with pytest.raises(ValueError, match="even number of rows"):
+        K.two_row_product(x[:3], strided)
+
+
 # --------------------------------------------------------------------------- gather + sum
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -204,6 +282,7 @@ def test_inputs_without_gradient_skip_autograd(backend, reduce):
 
 @needs_native
 @pytest.mark.parametrize("case", ["csr_sum", "csr_gather", "csr_bias", "broadcast", "extremum", "extremum_backward",
+                                  "prod", "prod_backward", "pair_prod", "pair_prod_backward",
                                   "gather_sum", "segment_sum", "segment_extremum"])
 def test_opcheck(case):
     """Schemas, and the fake kernels of the operators without autograd (those torch.compile traces);
@@ -221,6 +300,10 @@ def test_opcheck(case):
         "broadcast": (torch.randn(3, 2, dtype=F64), ptr, None, cnt, 6),
         "extremum": (x, ptr, False),
         "extremum_backward": (torch.randn(3, 2, dtype=F64), x, torch.ops.neurovec_cpu.extremum(x, ptr, True), ptr),
+        "prod": (x, ptr),
+        "prod_backward": (torch.randn(3, 2, dtype=F64), x, ptr),
+        "pair_prod": (x, True),
+        "pair_prod_backward": (torch.randn(3, 2, dtype=F64), x, False),
         "gather_sum": (source.requires_grad_(), gs.ptr, gs.index, gs.values, gs.t_ptr, gs.t_col, gs.t_values, None),
         "segment_sum": (x.requires_grad_(), ptr, torch.rand(6, dtype=F64), cnt),
         "segment_extremum": (x.requires_grad_(), ptr, True),
