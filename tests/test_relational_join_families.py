@@ -168,3 +168,26 @@ def test_join_families_in_sql_give_the_arrays_graph(tmp_path):
         in_arrays = ground(t, relations, R.q, prune=prune)
         assert any(g.joined for stage in in_arrays.stages for g in stage.groundings)
         assert_same_graph(ground(t, database, R.q, prune=prune).graph, in_arrays.graph)
+
+
+@pytest.mark.parametrize("second_input", [False, True])
+def test_a_join_family_joined_from_another_literal_is_sorted_by_rule(second_input):
+    """When the join starts from another literal than the constant's (here ``a(X)``, far smaller than the dense edges),
+    the groundings come out by head, all rules mixed: they are sorted by rule, then head and inputs, as one rule at a
+    time gives them."""
+    n = 6
+    src, kind, dst = (g.reshape(-1) for g in np.meshgrid(np.arange(n), np.arange(3), np.arange(n), indexing="ij"))
+    keep = (src * 7 + kind * 3 + dst) % 4 != 0
+    relations = {"a": Relation(np.arange(n), values=np.arange(n) * 0.25 - 0.5),
+                 "e": Relation((src[keep], kind[keep], dst[keep]))}
+    t = Template()
+    for k in (2, 0, 1):
+        body = (R.a(V.X), R.hidden.e(V.X, k, V.Y)) + ((R.a(V.Y),) if second_input else ())
+        t += (R.h(V.X)[f"W_{k}": 1.0 + k] <= body) | Metadata(aggregation=Aggregation.SUM)
+    t += (R.q <= R.h(V.X)) | Metadata(aggregation=Aggregation.SUM)
+    grounding = ground(t, relations, R.q)
+    (family,) = [g for stage in grounding.stages for g in stage.groundings if g.family]
+    assert family.joined and family.size > 0
+    with pytest.MonkeyPatch.context() as patch:
+        _one_rule_at_a_time(patch)
+        assert_same_graph(grounding.graph, ground(t, relations, R.q).graph)
