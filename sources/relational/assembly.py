@@ -324,12 +324,14 @@ class _Assembler:
         left (one alone might make its aggregation the atom's neuron, see :meth:`merges_atoms`). Otherwise it is
         taken apart into its rules."""
         plan = self.plan
-        for rule in g.family:
-            if len(rule.literals) != 1 or rule.literals[0].weight is not None or rule.literals[0].function is not None \
-                    or plan.rule_weights[(rule.index, "offset")] is not None or \
-                    not self.is_identity(plan.rule_transformation(rule)) or plan.aggregation(rule) == "count":
-                return False
-        return int((np.bincount(g.member, minlength=len(g.family)) > 0).sum()) >= 2
+        memo_key = ("keeps joined",) + tuple(rule.index for rule in g.family)   # it reads the rules only
+        if memo_key not in plan.memo:
+            plan.memo[memo_key] = all(
+                len(rule.literals) == 1 and rule.literals[0].weight is None and rule.literals[0].function is None
+                and plan.rule_weights[(rule.index, "offset")] is None
+                and self.is_identity(plan.rule_transformation(rule)) and plan.aggregation(rule) != "count"
+                for rule in g.family)
+        return plan.memo[memo_key] and int((np.bincount(g.member, minlength=len(g.family)) > 0).sum()) >= 2
 
     def joined_rules(self, g, suffix: str):
         """:meth:`rule` for each rule of a join family kept whole, in whole arrays: the aggregation neurons of a
@@ -344,10 +346,10 @@ class _Assembler:
         build = counts > 1   # one grounding, nothing to aggregate: read its value
         if build.any():
             members = np.repeat(build, counts)
-            run_rule, edge_rule = g.member[first][build], g.member[members]
-            runs = np.searchsorted(run_rule, np.arange(len(g.family) + 1)).tolist()
-            edges = np.searchsorted(edge_rule, np.arange(len(g.family) + 1)).tolist()
             built_counts, in_layer, in_ordinal = counts[build], rule_layer[members], rule_ordinal[members]
+            runs = np.searchsorted(g.member[first][build], np.arange(len(g.family) + 1))
+            edges = np.concatenate([[0], np.cumsum(built_counts)])[runs].tolist()
+            runs = runs.tolist()
             no_weight = np.full(max(edges[-1], runs[-1]), NO_WEIGHT)
             index = np.empty(runs[-1], np.int64)
             for r, rule in enumerate(g.family):
@@ -355,10 +357,11 @@ class _Assembler:
                 if a == b:
                     continue
                 ea, eb = edges[r], edges[r + 1]
-                name = f"rule{rule.index}:{plan.label(rule.head.key)}{suffix}:{plan.aggregation(rule)}"
+                aggregation = plan.aggregation(rule)
+                name = f"rule{rule.index}:{plan.label(rule.head.key)}{suffix}:{aggregation}"
                 index[a:b] = self.add(NeuronLayer(name, built_counts[a:b], in_layer[ea:eb], in_ordinal[ea:eb],
-                                                  no_weight[ea:eb], no_weight[a:b],
-                                                  _COMBINATION[plan.aggregation(rule)], "identity", copy=False))
+                                                  no_weight[ea:eb], no_weight[a:b], _COMBINATION[aggregation],
+                                                  "identity", copy=False))
             agg_layer[build] = index
             agg_ordinal[build] = np.arange(runs[-1]) - np.repeat(runs[:-1], np.diff(runs))
         return heads, agg_layer, agg_ordinal
