@@ -113,3 +113,28 @@ def test_an_rgcn_layer_in_relation_products_chunks():
     torch.testing.assert_close(found, expected, rtol=1e-12, atol=1e-12)
     for a, b in zip(torch.autograd.grad(found.sum(), [x, weights]), torch.autograd.grad(expected.sum(), [x, weights])):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_a_compiled_rgcn_with_its_layers_fused_gives_its_outputs_and_gradients():
+    """benchmarks/relation_ops.py's rewrite of a compiled two-layer RGCN (what the code generator would write): the
+    chunked layers as fused calls give the program's outputs and every weight's gradient, float64."""
+    import neurovec
+    from neurovec import Settings
+    from neurovec.benchmarks.relation_ops import _forward, fuse_source
+    from neurovec.datasets import kg as kgmod
+    from neurovec.datasets import rgcn
+
+    data = kgmod.synthetic_hetero(n_nodes=400, n_edges=4000, n_relations=12, n_features=5, n_classes=3, seed=0)
+    spec = rgcn.RGCNSpec.create(5, 12, [6, 3])
+    module = neurovec.compile(rgcn.rgcn(data.x, data.edge_index, data.edge_type, spec, seed=0),
+                              Settings.preset("default"), dtype=torch.float64)
+    source, fused = fuse_source(module.code, module)
+    assert fused == 2 and source.count("segment_product_sum(") == 2 and "torch.bmm" not in source
+    forward = _forward(source)
+    params = list(module.parameters())
+    expected, found = module(), forward(module)
+    torch.testing.assert_close(found, expected, rtol=1e-12, atol=1e-12)
+    weights = torch.tensor(np.random.default_rng(1).normal(size=tuple(expected.shape)))
+    for a, b in zip(torch.autograd.grad((found * weights).sum(), params),
+                    torch.autograd.grad((expected * weights).sum(), params)):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
