@@ -124,3 +124,40 @@ def test_rules_equal_neuralogic_on_kinship_subset(kinship):
 def test_rules_equal_neuralogic_on_kinship(kinship):
     """All of Kinship (25 relations, 50 edge types, 17,088 message edges), 200 test triples."""
     _against_neuralogic(kinship, kinship.test[:200], dim=8, reference=False)
+
+
+def test_the_rules_grounded_in_sqlite_give_the_arrays_graph(kinship, tmp_path):
+    """The template's facts in an SQLite database (one-hot values as columns): the SQL grounder joins the rule per
+    edge type one by one, the array grounder as one join family; the graphs are the same, array for array."""
+    import sqlite3
+
+    from neurovec.sources.relational import Database, SQLRelation
+
+    from .test_relational import assert_same_graph
+
+    small = subset(kinship, 4)
+    triples = small.test[:30]
+    n_types = 2 * small.n_relations
+    values = kg_rules.initial_values(small.n_entities, n_types, small.n_relations, 3, 2, seed=1)
+    template = kg_rules.template(small.n_entities, n_types, small.n_relations, 3, 2, values)
+    facts = kg_rules.facts(small, triples)
+    path = tmp_path / "kinship.db"
+    con = sqlite3.connect(path)
+    relations = {}
+    for name, relation in facts.items():
+        args = [f"a{c}" for c in range(len(relation.args))]
+        width = 0 if relation.values is None else relation.values.shape[1]
+        columns = args + [f"v{j}" for j in range(width)]
+        con.execute(f"CREATE TABLE {name} ({', '.join(columns)})")
+        rows = np.column_stack([np.asarray(a) for a in relation.args] +
+                               ([relation.values] if width else [])).tolist()
+        rows = [[int(v) for v in row[:len(args)]] + row[len(args):] for row in rows]
+        con.executemany(f"INSERT INTO {name} VALUES ({', '.join('?' * len(columns))})", rows)
+        relations[name] = SQLRelation(name, args=tuple(args),
+                                      values=tuple(columns[len(args):]) if width else None)
+    con.commit()
+    con.close()
+    in_arrays = neurovec.relational.ground(template, facts, kg_rules.queries(triples))
+    assert any(g.joined for stage in in_arrays.stages for g in stage.groundings)
+    in_sql = neurovec.relational.ground(template, Database(path, relations), kg_rules.queries(triples))
+    assert_same_graph(in_sql.graph, in_arrays.graph)

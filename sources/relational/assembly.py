@@ -55,6 +55,7 @@ class _Assembler:
         if "unit" not in plan.memo:   # layers are immutable: every grounding's graph may share this one
             plan.memo["unit"] = FactLayer.units("unit", 1)
         self.layers: list = [plan.memo["unit"]]
+        self.names = {"unit"}   # the layers' names
         # A Weight holds a private read-only copy of its value, so one made for an earlier grounding with this plan
         # is shared, not made again.
         if "weights" not in plan.memo:
@@ -78,11 +79,11 @@ class _Assembler:
         return self.weight_index[name]
 
     def add(self, layer) -> int:
-        taken = {existing.name for existing in self.layers}
         name, k = layer.name, 1
-        while name in taken:
+        while name in self.names:
             k += 1
             name = f"{layer.name}#{k}"
+        self.names.add(name)
         self.layers.append(layer if name == layer.name else replace(layer, name=name, copy=False))
         return len(self.layers) - 1
 
@@ -177,7 +178,9 @@ class _Assembler:
         aggregated, merged = [], set()
         for g in stage.groundings:
             atoms = stage.atoms.get(g.head_table)
-            if g.family:  # a family kept whole (see plan_inlining): each grounding is its input, unchanged
+            if g.joined:  # a join family kept whole (see keeps_family)
+                aggregated.append(self.joined_rules(g, suffix))
+            elif g.family:  # a family kept whole (see plan_inlining): each grounding is its input, unchanged
                 layer, ordinal = self.ref[g.input_tables[0]]
                 aggregated.append((g.head, layer[g.inputs[0]], ordinal[g.inputs[0]]))
             elif self.merges_atoms(g, stage, atoms):
@@ -305,12 +308,63 @@ class _Assembler:
         if not self.prune or g.size == 0:
             return False
         plan = self.plan
+        if g.joined:
+            return self.keeps_joined(g)
         for rule in g.family:
             if rule.body[0].weight is not None or plan.rule_weights[(rule.index, "offset")] is not None or \
                     not self.is_identity(plan.rule_transformation(rule)) or plan.aggregation(rule) == "count":
                 return False
         present = np.bincount(g.member, minlength=len(g.family)) > 0
         return int(present.sum()) >= 2
+
+    def keeps_joined(self, g) -> bool:
+        """Whether a join family (one body shape, a constant per rule; see ``NumpyGrounder._join_families``) is
+        assembled whole (:meth:`joined_rules`): when each rule neuron of each of its rules is its one input literal
+        unchanged (no weight, function or offset, the identity), no rule counts, and at least two of its rules are
+        left (one alone might make its aggregation the atom's neuron, see :meth:`merges_atoms`). Otherwise it is
+        taken apart into its rules."""
+        plan = self.plan
+        memo_key = ("keeps joined",) + tuple(rule.index for rule in g.family)   # it reads the rules only
+        if memo_key not in plan.memo:
+            plan.memo[memo_key] = all(
+                len(rule.literals) == 1 and rule.literals[0].weight is None and rule.literals[0].function is None
+                and plan.rule_weights[(rule.index, "offset")] is None
+                and self.is_identity(plan.rule_transformation(rule)) and plan.aggregation(rule) != "count"
+                for rule in g.family)
+        return plan.memo[memo_key] and int((np.bincount(g.member, minlength=len(g.family)) > 0).sum()) >= 2
+
+    def joined_rules(self, g, suffix: str):
+        """:meth:`rule` for each rule of a join family kept whole, in whole arrays: the aggregation neurons of a
+        head with more than one grounding, one layer per rule in template order (the same layers as one rule at a
+        time), and what each (rule, head) run's value is. Returns the runs' heads, layers and ordinals."""
+        plan = self.plan
+        layer, ordinal = self.ref[g.input_tables[0]]
+        rule_layer, rule_ordinal = layer[g.inputs[0]], ordinal[g.inputs[0]]
+        first = g.head_starts   # runs of one rule and head
+        counts = np.diff(np.append(first, g.size))
+        heads, agg_layer, agg_ordinal = g.head[first], rule_layer[first], rule_ordinal[first]
+        build = counts > 1   # one grounding, nothing to aggregate: read its value
+        if build.any():
+            members = np.repeat(build, counts)
+            built_counts, in_layer, in_ordinal = counts[build], rule_layer[members], rule_ordinal[members]
+            runs = np.searchsorted(g.member[first][build], np.arange(len(g.family) + 1))
+            edges = np.concatenate([[0], np.cumsum(built_counts)])[runs].tolist()
+            runs = runs.tolist()
+            no_weight = np.full(max(edges[-1], runs[-1]), NO_WEIGHT)
+            index = np.empty(runs[-1], np.int64)
+            for r, rule in enumerate(g.family):
+                a, b = runs[r], runs[r + 1]
+                if a == b:
+                    continue
+                ea, eb = edges[r], edges[r + 1]
+                aggregation = plan.aggregation(rule)
+                name = f"rule{rule.index}:{plan.label(rule.head.key)}{suffix}:{aggregation}"
+                index[a:b] = self.add(NeuronLayer(name, built_counts[a:b], in_layer[ea:eb], in_ordinal[ea:eb],
+                                                  no_weight[ea:eb], no_weight[a:b], _COMBINATION[aggregation],
+                                                  "identity", copy=False))
+            agg_layer[build] = index
+            agg_ordinal[build] = np.arange(runs[-1]) - np.repeat(runs[:-1], np.diff(runs))
+        return heads, agg_layer, agg_ordinal
 
     def inlining_mode(self, g):
         """``("input", i)`` when each rule neuron is its input ``i`` unchanged; ``("product", i, j)`` when it is input
@@ -379,7 +433,13 @@ class _Assembler:
         plan = self.plan
         owner, layer, ordinal, weight, rank = [], [], [], [], []
         for g, (heads, agg_layer, agg_ordinal) in rules:   # heads: sorted, some of the atoms; distinct but a family's
-            if g.family:  # sorted by head, then rule: per grounding its rule's head weight and template position
+            if g.joined:  # sorted by rule, then head: per run its rule's head weight and template position
+                run_rule = g.member[g.head_starts]
+                owner.append(np.searchsorted(atoms, heads))
+                weight.append(np.asarray([self.weight(plan.rule_weights[(r.index, "head")]) for r in g.family],
+                                         np.int64)[run_rule])
+                rank.append(np.asarray([r.index for r in g.family], np.int64)[run_rule])
+            elif g.family:  # sorted by head, then rule: per grounding its rule's head weight and template position
                 # (alone, it derives every atom here: as many heads as atoms is one grounding per atom, in order)
                 owner.append(np.arange(atoms.size) if len(rules) == 1 and heads.size == atoms.size else
                              np.searchsorted(atoms, heads))
@@ -395,7 +455,7 @@ class _Assembler:
         owner = owner[0] if len(rules) == 1 else np.concatenate(owner)
         counts = np.bincount(owner, minlength=atoms.size)
         one_each = owner.size == atoms.size and counts.max(initial=0) == 1
-        if len(rules) == 1:  # one rule (or family): sorted by head (then rule)
+        if len(rules) == 1 and not rules[0][0].joined:  # one rule (or family): sorted by head (then rule)
             order = None
         elif one_each:  # each atom derived by one rule: owner is a permutation
             order = np.empty_like(owner)
@@ -438,8 +498,8 @@ class _Assembler:
             out_layer[rows] = self.ref[name][0][atoms]
             out_ordinal[rows] = self.ref[name][1][atoms]
         layers = self.layers
-        used_unit = (out_layer == _UNIT).any() or any(
-            isinstance(layer, NeuronLayer) and (layer.input_layer == _UNIT).any() for layer in layers)
+        used_unit = (out_layer == _UNIT).any() or any(   # last first: atoms with a bias read it, late as a rule
+            isinstance(layer, NeuronLayer) and (layer.input_layer == _UNIT).any() for layer in reversed(layers))
         if not used_unit:  # drop the unit fact and renumber
             layers = [replace(layer, input_layer=layer.input_layer - 1, copy=False) if isinstance(layer, NeuronLayer)
                       else layer for layer in layers[1:]]

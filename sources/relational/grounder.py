@@ -59,6 +59,9 @@ class Groundings:
     # them in template order and ``member[i]`` the one grounding ``i`` belongs to. Empty for a single rule.
     family: tuple = ()
     member: np.ndarray | None = None
+    # A family of rules with one body shape that differ in one constant (see NumpyGrounder._join_families): sorted by
+    # rule, then as each rule's own groundings are (by head, then input atoms), so each rule's rows are one run.
+    joined: bool = False
 
     @property
     def size(self) -> int:
@@ -66,21 +69,27 @@ class Groundings:
 
     @functools.cached_property
     def head_starts(self) -> np.ndarray:
-        """The first grounding of each head (groundings are sorted by head)."""
+        """The first grounding of each head (groundings are sorted by head; a joined family's by rule and head)."""
         new = np.ones(self.head.size, bool)
         new[1:] = self.head[1:] != self.head[:-1]
+        if self.joined:
+            new[1:] |= self.member[1:] != self.member[:-1]
         return np.flatnonzero(new)
 
     def take(self, rows: np.ndarray) -> "Groundings":
         return Groundings(self.rule, self.head_table, self.head[rows], self.input_tables,
                           [ids[rows] for ids in self.inputs], self.family,
-                          None if self.member is None else self.member[rows])
+                          None if self.member is None else self.member[rows], self.joined)
 
     def split(self) -> list:
         """A family's groundings as one :class:`Groundings` per rule (in template order), each sorted by head as a
         rule's own groundings are; a single rule's: ``[self]``."""
         if not self.family:
             return [self]
+        if self.joined:   # each rule's rows are one run
+            bounds = np.searchsorted(self.member, np.arange(len(self.family) + 1)).tolist()
+            return [Groundings(rule, self.head_table, self.head[a:b], self.input_tables, [ids[a:b] for ids in self.inputs])
+                    for rule, a, b in zip(self.family, bounds[:-1], bounds[1:])]
         return [Groundings(rule, self.head_table, self.head[rows], self.input_tables, [ids[rows] for ids in self.inputs])
                 for rule, rows in ((rule, np.flatnonzero(self.member == r)) for r, rule in enumerate(self.family))]
 

@@ -48,6 +48,7 @@ class _Binding:
     ids: dict
     tables: dict
     member: np.ndarray | None = None   # a family's bindings: the rule of each row (see NumpyGrounder._families)
+    joined: bool = False               # a family of joins (see NumpyGrounder._join_families)
 
     @property
     def size(self) -> int:
@@ -56,7 +57,7 @@ class _Binding:
     def take(self, rows: np.ndarray) -> "_Binding":
         return _Binding(self.example[rows], {v: c[rows] for v, c in self.vars.items()},
                         {k: c[rows] for k, c in self.ids.items()}, dict(self.tables),
-                        None if self.member is None else self.member[rows])
+                        None if self.member is None else self.member[rows], self.joined)
 
 
 def ground(template: Template, facts, queries, *, seed: int = 0, prune: bool = True) -> Grounding:
@@ -95,9 +96,14 @@ def ground(template: Template, facts, queries, *, seed: int = 0, prune: bool = T
 Template._ground = staticmethod(ground)   # Template.ground (see there)
 
 
-def _check_join_types(template: Template, relations: dict) -> None:
+def _check_join_types(template: Template, relations: dict, memo: dict) -> None:
     """A variable that joins two relations' columns joins constants of one type: an int never equals a string, so a
-    join of ints with strings grounds to nothing (and the queries then "match nothing", far from the cause)."""
+    join of ints with strings grounds to nothing (and the queries then "match nothing", far from the cause). Checked
+    once per plan (``memo``) and kind of each column (strings, ints or empty)."""
+    kinds = ("join types",) + tuple(sorted((key, tuple("empty" if c.size == 0 else c.dtype.kind in "US"
+                                                       for c in r.args)) for key, r in relations.items()))
+    if kinds in memo:
+        return
     for rule in template.rules:
         seen = {}   # variable -> (relation key, argument, kind) where it first reads a relation's column
         for lit in rule.body:
@@ -116,6 +122,7 @@ def _check_join_types(template: Template, relations: dict) -> None:
                         f"({first[2]}) with argument {c} of relation {lit.key} ({kind}); an int never equals a "
                         "string, so this rule would ground to nothing: give both columns one type (e.g. "
                         "Relation(column.astype(str)) or ints for both)")
+    memo[kinds] = True
 
 
 class NumpyGrounder(Grounder):
@@ -130,7 +137,7 @@ class NumpyGrounder(Grounder):
                                     f"{type(relation).__name__}); build one with Relation(...) or Relation.from_frame")
         relations = relations_by_key(template, ((name, r.arity, r) for name, r in facts.items()))
         self.plan = make_plan(template, {key: r.value_shape for key, r in relations.items()}, seed)
-        _check_join_types(template, relations)
+        _check_join_types(template, relations, self.plan.memo)
         self.queries, self.relations = queries, relations
         self.tables: dict[str, Table] = {}
         self._indexes: list[tuple[np.ndarray, np.ndarray, ColumnIndex | None]] = []  # see _shared_index
@@ -197,12 +204,57 @@ class NumpyGrounder(Grounder):
             reads = reads or {}
             return self._derive(predicate, name, [(r, self._ground_body(r, reads.get(r.index))) for r in rules])
         bodies = []
-        for group in self._families(rules):
+        for group in self._join_families(rules):
             if len(group) == 1:
                 bodies.append((group[0], self._ground_body(group[0], None)))
+            elif self._join_signature(group[0]) is not None:
+                bodies.append((tuple(group), self._ground_body(group[0], None, group)))
             else:
                 bodies.append((tuple(group), self._ground_family(group)))
         return self._derive(predicate, name, bodies)
+
+    def _join_families(self, rules: list) -> list:
+        """:meth:`_families`, with runs of consecutive rules of one :meth:`_join_signature` and distinct constants
+        joined as one family too, e.g. the rule per edge type ``t`` of an RGCN, ``W_t h(I) :- g(J), _edge(J, t, I)``:
+        one join for all edge types instead of one per type. (Only here: the SQL grounder joins such rules one by
+        one.) Kept on the plan: it reads the rules only."""
+        families = self._families(rules)
+        memo_key = ("join families",) + tuple(rule.index for rule in rules)
+        cached = self.plan.memo.get(memo_key)
+        if cached is not None and cached[0] is families:   # (the families of _families, memoized: the same list)
+            return cached[1]
+        groups, signature, constants = [], None, set()
+        for group in families:
+            sig = self._join_signature(group[0]) if len(group) == 1 else None
+            if sig is not None:
+                value = sig[-1]
+                if groups and sig[:-1] == signature and value not in constants:
+                    groups[-1].append(group[0])
+                    constants.add(value)
+                    continue
+                signature, constants = sig[:-1], {value}
+            else:
+                signature, constants = None, set()
+            groups.append(list(group))
+        self.plan.memo[memo_key] = (families, groups)
+        return groups
+
+    @staticmethod
+    def _join_signature(rule: Rule):
+        """What rules of one join family share: a body of two or more literals with exactly one constant, in a literal
+        that is no comparison, and otherwise the same literals, head and deduplication; the rules differ in that
+        constant (the last item, ``(type, value)``) and in weights and settings, which grounding does not read."""
+        if len(rule.body) < 2:
+            return None
+        found = [(k, c) for k, lit in enumerate(rule.body) for c, t in enumerate(lit.terms) if isinstance(t, Constant)]
+        if len(found) != 1 or rule.body[found[0][0]].special:
+            return None
+        (k0, c0), = found
+        pattern = tuple((lit.key, lit.hidden, lit.special, lit.name,
+                         tuple(None if (k, c) == (k0, c0) else t for c, t in enumerate(lit.terms)))
+                        for k, lit in enumerate(rule.body))
+        value = rule.body[k0].terms[c0].value
+        return rule.head.key, rule.head.terms, pattern, k0, c0, needs_dedup(rule), (type(value), value)
 
     def _ground_family(self, rules: list) -> _Binding:
         """The groundings of a family of rules (:meth:`_families`) at once: the rows of the literal's table whose
@@ -241,6 +293,19 @@ class NumpyGrounder(Grounder):
         head_keys = keys[1:] if facts is not None else keys
         distinct_keys, distinct_columns, sorted_bodies = [], [], []
         for (rule, binding), key, columns in zip(bodies, head_keys, head_columns):
+            if binding.joined and key.size:   # a join family: by rule, then each rule's canonical order
+                positions = _input_positions(rule[0])
+                order = _canonical_order(binding.member, [key] + [binding.ids[k] for k in positions],
+                                         [int(key.max()) + 1] + [self.tables[binding.tables[k]].size for k in positions])
+                if order is not None:
+                    key, binding, columns = key[order], binding.take(order), [c[order] for c in columns]
+                new = np.ones(key.size, bool)
+                new[1:] = (key[1:] != key[:-1]) | (binding.member[1:] != binding.member[:-1])
+                starts = np.flatnonzero(new)
+                distinct_keys.append(key[starts])
+                distinct_columns.append([c[starts] for c in columns])
+                sorted_bodies.append((rule, binding, None if starts.size == key.size else np.cumsum(new) - 1, starts))
+                continue
             if key.size < 2 or bool(np.all(key[1:] > key[:-1])):  # one grounding per head, in order: nothing to sort
                 distinct_keys.append(key)
                 distinct_columns.append(columns)
@@ -269,7 +334,7 @@ class NumpyGrounder(Grounder):
             distinct_keys.append(keys[0])
             distinct_columns.append(parts[0])
         all_keys = distinct_keys[0] if len(distinct_keys) == 1 else np.concatenate(distinct_keys)
-        if len(distinct_keys) == 1 and facts is None:  # one rule: its distinct heads are sorted already
+        if len(distinct_keys) == 1 and facts is None and not bodies[0][1].joined:  # one rule: its heads are sorted
             inverse = None   # the identity
             columns = distinct_columns[0]
         else:
@@ -298,6 +363,10 @@ class NumpyGrounder(Grounder):
 
     def _groundings(self, rule, binding: _Binding, head_table: str, head_ids: np.ndarray) -> Groundings:
         """``rule``: a rule, or a family of them (a tuple; see :meth:`_families`)."""
+        if isinstance(rule, tuple) and binding.joined:
+            positions = _input_positions(rule[0])
+            return Groundings(rule[0], head_table, head_ids, [binding.tables[k] for k in positions],
+                              [binding.ids[k] for k in positions], rule, binding.member, joined=True)
         if isinstance(rule, tuple):
             return Groundings(rule[0], head_table, head_ids, [binding.tables[0]], [binding.ids[0]], rule,
                               binding.member)
@@ -344,15 +413,21 @@ class NumpyGrounder(Grounder):
             mask = test if mask is None else mask & test
         return (None if mask is None else np.flatnonzero(mask)), first
 
-    def _ground_body(self, rule: Rule, reads: dict | None) -> _Binding:
+    def _ground_body(self, rule: Rule, reads: dict | None, family: list | None = None) -> _Binding:
         """All groundings of the body: joins in a greedy order (smallest literal first, then the literal sharing
-        most variables with what is joined); special literals filter at the end."""
-        pending = {}
+        most variables with what is joined); special literals filter at the end. With ``family`` (a join family,
+        see :meth:`_join_families`; ``rule`` is its first), the groundings of all its rules: the literal with the
+        constant matches any of theirs, and ``member`` says whose each row is."""
+        pending, member_of = {}, None
+        k0 = self._join_signature(rule)[3] if family is not None else None
         for k, lit in enumerate(rule.body):
             if lit.special:
                 continue
             table = self.tables[(reads or {}).get(k) or self.current[lit.key]]
-            rows, columns = self._selection(table, lit)
+            if k == k0:
+                rows, columns, member_of = self._family_selection(table, lit, family, k0)
+            else:
+                rows, columns = self._selection(table, lit)
             pending[k] = (table, rows, columns)
         size = lambda k: pending[k][0].size if pending[k][1] is None else pending[k][1].size  # noqa: E731
         # Start from a literal holding every head variable, read in the order of the head's columns: each join
@@ -375,13 +450,21 @@ class NumpyGrounder(Grounder):
                 rows = order[selected[order]]
             else:
                 rows = order
+        if k == k0:   # a join family, from its constant's literal: by rule first (a stable radix sort of small ints), so
+            # that its groundings come out in the order of _derive (by rule, then head) where the joins keep it
+            small = np.int16 if len(family) <= np.iinfo(np.int16).max else np.int64
+            rows = rows[np.argsort(member_of[rows].astype(small), kind="stable")]
         take = (lambda c: c) if rows is None else (lambda c: c[rows])  # noqa: E731
         binding = _Binding(take(table.example), {v: take(table.args[c]) for v, c in columns.items()},
                            {k: take(np.arange(table.size))}, {k: table.name})
+        if k == k0:
+            binding.member, binding.joined = member_of[binding.ids[k]], True
         while pending:
             k = max(pending, key=lambda k: (len(set(pending[k][2]) & set(binding.vars)), -size(k), -k))
             table, rows, columns = pending.pop(k)
             binding = self._join(binding, k, table, rows, columns)
+            if k == k0:
+                binding.member, binding.joined = member_of[binding.ids[k]], True
         keep = None
         for lit in rule.body:
             if lit.special:
@@ -392,6 +475,26 @@ class NumpyGrounder(Grounder):
         if self._needs_dedup(rule) and binding.size:
             binding = self._dedup(rule, binding)
         return binding
+
+    def _family_selection(self, table: Table, lit, family: list, k0: int) -> tuple[np.ndarray, dict, np.ndarray]:
+        """:meth:`_selection` for the literal of a join family's constant: the rows whose constant is one of the
+        family's (and whose repeated variables agree), the variables' columns, and the rule of each row of the table
+        (its place in ``family``, -1 for none)."""
+        position = next(c for c, t in enumerate(lit.terms) if isinstance(t, Constant))
+        ids = np.asarray([self.constants.encode_one(r.body[k0].terms[position]) for r in family], np.int64)
+        by_id = np.argsort(ids, kind="stable")
+        sorted_ids = ids[by_id]
+        column = table.args[position]
+        found = np.minimum(np.searchsorted(sorted_ids, column), sorted_ids.size - 1)
+        member = np.where(sorted_ids[found] == column, by_id[found], -1)
+        mask, first = member >= 0, {}
+        for c, term in enumerate(lit.terms):
+            if isinstance(term, Variable):
+                if term.name in first:
+                    mask &= table.args[c] == table.args[first[term.name]]
+                else:
+                    first[term.name] = c
+        return np.flatnonzero(mask), first, member
 
     def _sorted_by(self, table: Table, columns: list) -> np.ndarray | None:
         """The table's rows in the order of (example, these argument columns, the rest), cached per table; None when
@@ -433,7 +536,8 @@ class NumpyGrounder(Grounder):
             li, ri = join(left_key, right_key, order, right_unique=unique)
         atom = ri if rows is None else rows[ri]
         if li is None or (unique and li.size == binding.size):  # every row matched once: nothing to gather
-            joined = _Binding(binding.example, dict(binding.vars), dict(binding.ids), dict(binding.tables))
+            joined = _Binding(binding.example, dict(binding.vars), dict(binding.ids), dict(binding.tables),
+                              binding.member, binding.joined)
         else:
             joined = binding.take(li)
         for v, c in columns.items():
@@ -482,6 +586,8 @@ class NumpyGrounder(Grounder):
     def _dedup(self, rule: Rule, binding: _Binding) -> _Binding:
         positions = _input_positions(rule)
         columns = self._head_columns(rule, binding) + [binding.ids[k] for k in positions]
+        if binding.member is not None:   # a join family: duplicates within one rule
+            columns.append(binding.member)
         (key,) = row_keys([np.asarray(c, np.int64) for c in columns])
         first, _ = distinct(key)
         return binding.take(np.sort(first))
