@@ -18,7 +18,9 @@ sizes) or that shape's node and edge counts scaled by ``--fraction``. In order, 
   (its seconds in their own column, and in the phase's total);
 * ``module``: the torch module (``CompiledModule``);
 * ``step 1``, ``step 2``, ...: full-batch training steps (forward, cross-entropy of the training
-  nodes, backward, Adam), the first one with its one-off costs.
+  nodes, backward, Adam), the first one with its one-off costs. neurovec's process keeps only the
+  labels and the training nodes of the dataset after ``build``: the module holds what it reads of
+  the features and edges (PyG's keeps the dataset: its forward reads ``x`` and the adjacency).
 
 With ``--pyg pyg-tuned`` (or ``pyg``), the same dataset and model in PyG, in a process of its
 own: ``pyg build`` (the twin, its inputs: for pyg-tuned a cached sparse CSR ``adj_t``, as the
@@ -143,6 +145,11 @@ def run_neurovec(data, args, phases: Phases) -> None:
     spec = gnn.GNNSpec.create(args.model, data, args.hidden, args.layers)
     with phases.phase("build", "graph"):
         graph = gnn.build_gnn(data, spec, None, 0)
+    # The module holds what it reads of the features and edges (compiled in): training needs only the
+    # labels and the training nodes, so the dataset goes (at products-like size 2 GB: features and edges).
+    y = torch.as_tensor(data.y)
+    train = torch.as_tensor(np.flatnonzero(data.train_mask))
+    del data
     phases.emit({"info": {"neurons": int(graph.n_neurons), "neuron_edges": int(graph.n_edges),
                           "layers": len(graph.layers), "weights": len(graph.weights)}})
     with phases.phase("validate", "graph"):
@@ -171,8 +178,6 @@ def run_neurovec(data, args, phases: Phases) -> None:
             module = CompiledModule(program, torch.float32)
     phases.emit({"info": {"program_nodes": len(program.nodes)}})
     del program
-    y = torch.as_tensor(data.y)
-    train = torch.as_tensor(np.flatnonzero(data.train_mask))
     optimizer = torch.optim.Adam(module.parameters(), lr=0.01)
     for k in range(1, args.steps + 1):
         with phases.phase(f"step {k}", "train"):
@@ -214,7 +219,9 @@ def worker(args) -> None:
                 data = make_dataset(args.dataset, args.fraction)
             phases.graph_edges = int(data.n_edges)
             phases.emit({"info": {"nodes": int(data.n_nodes), "edges": int(data.n_edges)}})
-            (run_pyg if args.pyg else run_neurovec)(data, args, phases)
+            given = [data]
+            del data  # the run's argument is then its only reference: it may let the dataset go
+            (run_pyg if args.pyg else run_neurovec)(given.pop(), args, phases)
         except Exception as error:  # recorded in its phase's row: the parent reports it
             if not is_out_of_memory(error):
                 raise

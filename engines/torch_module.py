@@ -639,6 +639,7 @@ def generate_source(program: Program, standard_ops: bool = False, chosen: dict[s
     matters = zero_sign_matters(program)
     signed_zeros = {node.name for node in program.nodes if node.op is Op.REDUCE and node.name in matters
                     and node.attrs["aggregation"] in ("max", "min")}
+    statements = []  # (value, its lines)
     for node in program.nodes:
         if node.name in left_out:
             continue
@@ -649,12 +650,46 @@ def generate_source(program: Program, standard_ops: bool = False, chosen: dict[s
         shape = ", ".join(map(str, node.shape if node.name in rows else (node.count,) + node.shape))
         if node.name in stacked and stacked[node.name][2]:  # stored as its one row
             shape += f") as (1, {node.count * node.shape[-1]}"
-        lines.append(f"{code:<72}  # ({shape}{',' if len(node.shape) == 1 and node.name in rows else ''})")
+        block = [f"{code:<72}  # ({shape}{',' if len(node.shape) == 1 and node.name in rows else ''})"]
         if node.name in signed_zeros:
             rows_in = _input_rows(node, nodes, program.constants)
-            lines.extend(_order_signed_zeros(node, nodes, chosen[node.name], rows_in))
+            block.extend(_order_signed_zeros(node, nodes, chosen[node.name], rows_in))
+        statements.append((node, block))
+    lines += _freeing_dead_values(statements, program.output)
     lines.append(f"    return {program.output}")
     return "\n".join(lines) + "\n"
+
+
+# NOTE: [dead values deleted] A local variable keeps its tensor alive until ``forward`` returns,
+# so without a ``del`` every intermediate of a forward is alive at its end at once: at
+# products-like size (2.4M nodes, 3 GCN layers of 128) some ten (n, 128) float32 tensors, 12 GB,
+# where autograd keeps only the two ReLU outputs. A value computed per row (not a stored row or
+# buffer) is deleted after the statement that last names it; autograd keeps what its backward
+# needs. Names are matched as whole words in the statements' text, strings included: a false
+# match can only delay a ``del``, never move it before a use.
+
+_WORD = re.compile(r"[A-Za-z_]\w*")
+
+
+def _freeing_dead_values(statements: list[tuple[Node, list[str]]], output: str) -> list[str]:
+    """The statements' lines, each followed by a ``del`` of the per-row values it was the last to read."""
+    made = {node.name for node, _ in statements
+            if node.count > 1 and node.name != output and node.op not in (Op.FACT, Op.WEIGHTS)}
+    last: dict[str, int] = {}  # value -> the last statement that names it
+    for k, (node, block) in enumerate(statements):
+        for word in _WORD.findall("\n".join(block)):
+            if word in made and word != node.name:
+                last[word] = k
+    dead: dict[int, list[str]] = {}
+    for node, _ in statements:  # in the order they were made
+        if node.name in last:
+            dead.setdefault(last[node.name], []).append(node.name)
+    lines = []
+    for k, (node, block) in enumerate(statements):
+        lines += block
+        if k in dead:
+            lines.append(f"    del {', '.join(dead[k])}")
+    return lines
 
 
 def _order_signed_zeros(node: Node, nodes: dict[str, Node], kernel: str, rows: int) -> list[str]:
@@ -711,7 +746,7 @@ class CompiledModule(nn.Module):
         super().__init__()
         _verifiable(program).verify()
         dtype = dtype or torch.get_default_dtype()
-        self.program = program
+        self.program = program = _sharing_equal_constants(program)
         self.weights = WeightStore(program.weights, dtype)
         chosen = self.reduce_kernels = type(self).reduce_kernels or choose_kernels(program)
         add_buffers(self, type(self).code, chosen, dtype)
@@ -873,6 +908,32 @@ def add_buffers(module: CompiledModule, code: str, chosen: dict[str, str], dtype
         _add_buffer(module, f"cnt_{key}", counts.to(device=device, dtype=dtype))
 
 
+#: Constants of at least this many values are compared with the others (_sharing_equal_constants).
+_SHARED_FROM = 4096
+
+
+def _sharing_equal_constants(program: Program) -> Program:
+    """``program`` with every large constant that equals an earlier one (dtype, shape and values)
+    replaced by that one (``program`` itself where none does). The module keeps its program (for
+    dtype changes, export and pickling), and the passes leave equal arrays under several names:
+    the three GCN layers' edge indices and coefficients over one adjacency, at products-like size
+    0.77 GB a copy (int32 indices and float64 coefficients of 64M edges)."""
+    seen: dict[tuple, list[np.ndarray]] = {}
+    shared = {}
+    for key, array in program.constants.items():
+        if array.size < _SHARED_FROM:
+            continue
+        flat = array.reshape(-1)
+        sample = flat[:: max(1, flat.size // 256)].tobytes()  # equal arrays have equal samples
+        candidates = seen.setdefault((array.dtype.str, array.shape, sample), [])
+        first = next((other for other in candidates if other is array or np.array_equal(other, array)), None)
+        if first is None:
+            candidates.append(array)
+        elif first is not array:
+            shared[key] = first
+    return program.replace(constants={**program.constants, **shared}) if shared else program
+
+
 def _float_like(module: nn.Module) -> torch.Tensor | None:
     """A floating-point parameter or buffer of ``module`` (its dtype and device are the module's), or None."""
     return next((t for t in itertools.chain(module.parameters(), module.buffers()) if t.is_floating_point()), None)
@@ -909,7 +970,15 @@ def _tensor(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
     if np.issubdtype(array.dtype, np.integer):
         # Indices keep the IR's dtype (int32 where it fits): index_select takes int32 as it is.
         return torch.from_numpy(compact_index(array))
+    if dtype in _NUMPY_FLOATS:
+        # numpy's copy (and float64 -> float32 rounding, the same IEEE round to nearest) took a fifth
+        # of torch.tensor's CPU time: 13 vs 76 ms for 16.7M float64 values (a piece of a folded
+        # aggregation: NOTE: [folding in chunks]), 13 vs 41 ms rounded to float32.
+        return torch.from_numpy(np.array(array, dtype=_NUMPY_FLOATS[dtype], copy=True, order="C"))
     return torch.tensor(array, dtype=dtype)
+
+
+_NUMPY_FLOATS = {torch.float64: np.float64, torch.float32: np.float32}
 
 
 def _backward_indices(program: Program, chosen: dict[str, str] | None = None) -> set[str]:

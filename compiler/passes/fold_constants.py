@@ -38,17 +38,18 @@ CHUNK_VALUES = 1 << 24
 
 # NOTE: [folding in chunks] GCN's first aggregation over the node features, folded, gathers the
 # features to every edge and weights them before summing: two (E, F) float64 temporaries, at
-# products-like x 1/8 (8M edges, 100 features) 6.4 GB each. Evaluated a piece at a time, each
-# temporary stays near CHUNK_VALUES values (128 MB): a few feature columns at a time over all the
-# edges (each piece's module stores only those columns of the facts), and where even one column
-# of every edge is too many, a run of whole segments at a time (each run's module stores only the
-# fact rows between the first and last it reads). Every value is reduced from the same products,
-# in the same order, by the same kernel (the sub-program keeps the node's kernel, and its indices
-# their type; a sum or a mean computes each feature on its own), so the values are those of the
-# whole evaluation, bit for bit. Below CHUNK_VALUES nothing changes. Products-like x 1/16, GCN:
-# the pass took 3.2 GB of fresh memory at once, in runs of 2^22 rows of 100 features; by 2^24
-# values, 0.8 GB (2^25: 1.7 GB, and no less CPU time). Each piece's module copies its indices and
-# coefficients: smaller pieces cost more CPU time.
+# products-like x 1/8 (8M edges, 100 features) 6.4 GB each. Evaluated a run of whole segments at a
+# time, each temporary stays near CHUNK_VALUES values (128 MB): numpy gathers the run's rows of the
+# facts (a copy, no arithmetic), and the run's sub-program sums them, unweighted rows times their
+# coefficients, as a REDUCE of a FACT (no GATHER: the rows are already in edge order). Every value
+# is reduced from the same products, in the same order, by the same kernel (the sub-program keeps
+# the node's kernel; a sum or a mean computes each segment and feature on its own), so the values
+# are those of the whole evaluation, bit for bit. Below CHUNK_VALUES nothing changes.
+# Whole rows, not a few feature columns of every edge (as before): a gather of one column reads
+# one value per cache miss where a row reads 100, and every column piece copied all the indices
+# and coefficients again. Products-like GCN (62M edges, 100 features): the pass took 147 s in
+# pieces of one column (superlinear: x 1/8 took 5.2 s); in runs of rows it is linear in E * F.
+# Products-like x 1/16, GCN: by 2^24 values the pass took 0.8 GB of fresh memory at once.
 
 
 def fold_constants(program: Program, settings: Settings) -> Program:
@@ -119,7 +120,8 @@ def evaluate(program: Program, name: str):
 
 def _in_chunks(sub: Program, name: str) -> np.ndarray | None:
     """The value of REDUCE ``name`` over a GATHER of a stored FACT, computed about ``CHUNK_VALUES``
-    gathered values at a time (NOTE: [folding in chunks]); None where it is not such a node, or small."""
+    gathered values (a run of whole segments) at a time (NOTE: [folding in chunks]); None where it
+    is not such a node, or small."""
     nodes = sub.by_name()
     node = nodes[name]
     if node.op is not Op.REDUCE or node.attrs.get("kernel") not in ("segment", "scatter") or "index" in node.attrs:
@@ -133,39 +135,23 @@ def _in_chunks(sub: Program, name: str) -> np.ndarray | None:
     index = sub.constants[gather.attrs["index"]]
     coef = sub.constants[node.attrs["coef"]] if "coef" in node.attrs else None
     facts = sub.constants[fact.attrs["const"]]
-    vector = len(node.shape) == 1  # its pieces take a few feature columns at a time; other shapes, all
-    step = min(max(1, CHUNK_VALUES // gather.count), node.shape[0]) if vector else 1
-    run = max(1, CHUNK_VALUES // (step if vector else width))  # gathered rows per run of segments
+    run = max(1, CHUNK_VALUES // width)  # gathered rows per run of segments
     ends = np.cumsum(counts, dtype=np.int64)
     starts = ends - counts
     cuts = np.unique(np.searchsorted(starts, np.arange(0, gather.count, run)))
     cuts = np.append(cuts[cuts < counts.size], counts.size)
-    keys = {part: f"{fact.attrs['const']}_{part}" for part in ("index", "counts", "coef")}  # not the fact's
-    runs = []  # (segments a:b, first fact row read, the run's constants but the facts)
-    for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist()):
-        lo, hi = int(starts[a]), int(ends[b - 1])
-        # The module stores the fact rows it reads: only those between the run's first and last.
-        rows = index[lo:hi]
-        first, last = int(rows.min()), int(rows.max())
-        constants = {keys["index"]: rows - rows.dtype.type(first), keys["counts"]: counts[a:b]}
-        if coef is not None:
-            constants[keys["coef"]] = coef[lo:hi]
-        runs.append((a, b, first, last, constants))
+    keys = {part: f"{fact.attrs['const']}_{part}" for part in ("counts", "coef")}  # not the fact's
     attrs = {**node.attrs, "counts": keys["counts"], **({"coef": keys["coef"]} if coef is not None else {})}
     value = np.empty((node.count, *node.shape), dtype=np.float64)
-    for c0 in range(0, node.shape[0] if vector else 1, step):
-        columns = slice(c0, c0 + step) if vector else slice(None)
-        shape = (len(range(node.shape[0])[columns]),) if vector else node.shape
-        for a, b, first, last, constants in runs:
-            rows = facts[first:last + 1, columns] if vector else facts[first:last + 1]
-            piece = sub.replace(nodes=(fact.with_(count=last + 1 - first, shape=shape),
-                                       gather.with_(count=constants[keys["index"]].size, shape=shape,
-                                                    attrs={**gather.attrs, "index": keys["index"]}),
-                                       node.with_(count=b - a, shape=shape, attrs=attrs)),
-                                constants={fact.attrs["const"]: rows, **constants},
-                                weights=())  # it reads no weight: no module parameter to make per run
-            target = value[a:b, columns] if vector else value[a:b]
-            target[...] = backend.current().evaluate(piece)
+    for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist()):
+        lo, hi = int(starts[a]), int(ends[b - 1])
+        constants = {fact.attrs["const"]: facts[index[lo:hi]], keys["counts"]: counts[a:b]}
+        if coef is not None:
+            constants[keys["coef"]] = coef[lo:hi]
+        piece = sub.replace(nodes=(fact.with_(count=hi - lo), node.with_(srcs=(fact.name,), count=b - a, attrs=attrs)),
+                            constants=constants,
+                            weights=())  # it reads no weight: no module parameter to make per run
+        value[a:b] = backend.current().evaluate(piece)
     return value
 
 
