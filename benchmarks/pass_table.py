@@ -46,17 +46,14 @@ WHY_IT_STAYS = {
     "merge_unit_facts": "Mutagenesis's two unit-fact layers (the only ones here) give the same program "
                         "without it, as simplify_unit_linear drops the products over either; without "
                         "simplify_unit_linear it changes both programs",
-    "materialize_units": "a check only: units stay scalar ones (thesis 5.2.8 A needs nothing built here)",
-    "preconcatenate": "no CONCAT of facts or of weights that only it reads is left here",
-    "remove_unused": "every pass here drops what it leaves unread",
+    "clean_up": "materialize_units is a check only (units stay scalar ones: thesis 5.2.8 A needs nothing built "
+                "here); no CONCAT of facts or of weights that only it reads is left here (preconcatenate); "
+                "every pass here drops what it leaves unread (remove_unused)",
     "scatter_to_segment": "choose_kernels leaves the kernel to the engine (\"auto\") anyway, and no "
                           "equal-count reduction here reads a gather that the transposed (k, n) order "
                           "removes",
-    "remove_identity": "the passes before it leave no identity op on these programs; random graphs "
-                       "(tests/passes/test_cleanup.py) have them",
-    "remove_identity (after algebra)": "likewise after the algebra passes",
-    "simplify_gathers (after algebra)": "the algebra passes plan their own gathers (emit_plan) here",
-    "compose_gathers (after compose_sums)": "no gather is left after a composed sum here",
+    "simplify_gathers (after algebra)": "the algebra passes plan their own gathers (emit_plan) and leave no "
+                                        "identity op here; random graphs (tests/passes/test_cleanup.py) have them",
     "relation_products": "no product here uses one of many weight matrices; RGCN's per-relation products "
                          "do (docs/knowledge_graphs.md)",
     "sparse_facts": "no product of static facts here is both sparse and large enough "

@@ -35,6 +35,18 @@ PROGRESS_DELAY_S = 3.0
 Pass = Callable[[Program, Settings], Program]
 
 
+def _together(*steps: tuple[Callable[[Settings], bool], Pass]) -> tuple[Callable[[Settings], bool], Pass]:
+    """One pipeline entry for passes that finish each other's work: each runs, in order, where its
+    own switch is on (the entry runs where any is)."""
+    def run(program: Program, settings: Settings) -> Program:
+        for enabled, step in steps:
+            if enabled(settings):
+                program = step(program, settings)
+        return program
+
+    return (lambda s: any(enabled(s) for enabled, _ in steps)), run
+
+
 def _upward_first(s: Settings) -> bool:
     return s.upward and s.upward_before_linear
 
@@ -42,6 +54,9 @@ def _upward_first(s: Settings) -> bool:
 def _upward_last(s: Settings) -> bool:
     return s.upward and not s.upward_before_linear
 
+
+_SIMPLIFY = _together((lambda s: s.simplify_gathers, simplify_gathers.simplify_gathers),
+                      (lambda s: s.remove_identity, cleanup.remove_identity))
 
 PIPELINE: list[tuple[str, Callable[[Settings], bool], Pass]] = [
     # One unit row first, so every later pass sees all unit references as the same value.
@@ -61,14 +76,16 @@ PIPELINE: list[tuple[str, Callable[[Settings], bool], Pass]] = [
     ("upward", _upward_last, upward.propagate_gathers_up),
     # Many weight matrices, one per block of rows (RGCN's relations): chunks of rows, one batched GEMM.
     ("relation_products", lambda s: s.relation_products, relation_products.relation_products),
-    # Whatever gathers remain: identity -> nothing, ranges -> slices, repeats -> tile/interleave.
-    ("simplify_gathers", lambda s: s.simplify_gathers, simplify_gathers.simplify_gathers),
-    ("remove_identity", lambda s: s.remove_identity, cleanup.remove_identity),
+    # Whatever gathers remain: identity -> nothing, ranges -> slices, repeats -> tile/interleave;
+    # then identity ops go and chains of indexing ops merge.
+    ("simplify_gathers", *_SIMPLIFY),
     # Reductions last: the gathers before them are final now.
     ("scatter_to_segment", lambda s: s.transposed_reductions, segments.scatter_to_segment),
-    ("materialize_units", lambda s: s.merge_unit_facts or s.simplify_unit_linear, unit_facts.materialize_units),
-    ("preconcatenate", lambda s: s.preconcatenate, cleanup.preconcatenate),
-    ("remove_unused", lambda s: s.remove_unused, cleanup.remove_unused),
+    # Thesis 5.2.10 steps 19-20 on the final row structure: units checked, facts or weights that
+    # are only read together pre-concatenated, then what nothing reads dropped.
+    ("clean_up", *_together((lambda s: s.merge_unit_facts or s.simplify_unit_linear, unit_facts.materialize_units),
+                            (lambda s: s.preconcatenate, cleanup.preconcatenate),
+                            (lambda s: s.remove_unused, cleanup.remove_unused))),
     # Algebra on the final row structure (reductions keep their rows from here on).
     ("reduce_coefficients", lambda s: s.reduce_coefficients, coefficients.reduce_coefficients),
     # Single weights out of their stacks; one GEMM per weight matrix, and sums of whole values
@@ -82,8 +99,7 @@ PIPELINE: list[tuple[str, Callable[[Settings], bool], Pass]] = [
     ("fold_constants", lambda s: s.fold_constants, fold_constants.fold_constants),
     ("push_linear_down", lambda s: s.reorder_linear, reorder_linear.push_linear_down),
     # The algebra leaves new gathers next to old ones: compose and simplify them again.
-    ("simplify_gathers (after algebra)", lambda s: s.simplify_gathers, simplify_gathers.simplify_gathers),
-    ("remove_identity (after algebra)", lambda s: s.remove_identity, cleanup.remove_identity),
+    ("simplify_gathers (after algebra)", *_SIMPLIFY),
     ("broadcast_adds", lambda s: s.broadcast_adds, broadcast_adds.broadcast_adds),
     ("choose_kernels", lambda s: True, kernels.choose_kernels),
     # Needs the kernels: a gather of a fused sum's rows becomes part of the sparse matrix.
@@ -91,11 +107,11 @@ PIPELINE: list[tuple[str, Callable[[Settings], bool], Pass]] = [
     # A fused sum plus another term of its rows (SAGE's mean plus the node's own) is one fused sum,
     # which compose_sums may then compose with a readout.
     ("join_sums", lambda s: s.join_sums, join_sums.join_sums),
-    # Then a sum of a fused sum's rows is one sparse sum over the product of the matrices.
-    ("compose_sums", lambda s: s.compose_sums, compose_sums.compose_sums),
-    # A composed sum is smaller: a gather after it (the outputs) may now join it too.
-    ("compose_gathers (after compose_sums)", lambda s: s.compose_gathers and s.compose_sums,
-     compose_gathers.compose_gathers),
+    # Then a sum of a fused sum's rows is one sparse sum over the product of the matrices; a composed
+    # sum is smaller, so a gather after it (the outputs) may now join it too.
+    ("compose_sums", lambda s: s.compose_sums,
+     _together((lambda s: True, compose_sums.compose_sums),
+               (lambda s: s.compose_gathers, compose_gathers.compose_gathers))[1]),
     # The compositions move biases past sums: two one-row additions in a row become one.
     ("merge_row_adds", lambda s: s.broadcast_adds, broadcast_adds.merge_row_adds),
     # Products of one value that a sparse sum reads side by side (SAGE's last layer): one GEMM.

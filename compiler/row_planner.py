@@ -170,11 +170,18 @@ class Editor:
 @dataclass
 class _Plan:
     """How to get some node's rows: ``cost`` = irregular gathers it leaves minus those it
-    absorbs; ``growth`` = rows it adds; ``build()`` makes it so and returns the node's name."""
+    absorbs; ``growth`` = rows it adds; ``build()`` makes it so and returns the node's name
+    (built once: NOTE: [plans once])."""
 
     cost: int
     growth: int
-    build: Callable[[], str]
+    make: Callable[[], str]
+    built: str | None = None
+
+    def build(self) -> str:
+        if self.built is None:
+            self.built = self.make()
+        return self.built
 
 
 # NOTE: [plans once] Where the program is a DAG with many paths (a deep chain with skip
@@ -182,10 +189,17 @@ class _Plan:
 # growth each one plans its own inputs again: a 12-layer chain took 38 s under
 # upward-17-aggressive, each two more layers six times as long. Plans depend only on the request
 # and on the program, which does not change while a plan is made, so a request made again is
-# answered with the same plan (until the next definition). Building a plan twice builds it twice,
-# as two plans for the same request did: the program is the same, and the planning is linear in
-# the distinct requests. The depth a gather travelled is part of the request only against a depth
-# limit (elsewhere it is recorded, never compared).
+# answered with the same plan (until the next definition), and a plan is built once: a second
+# build returns the node the first one made. The depth a gather travelled is part of the request
+# only against a depth limit (elsewhere it is recorded, never compared).
+#
+# NOTE: [copies once] A node that others read too is copied to give some reader its rows. Growth
+# limits that allow a copy of a whole layer (rel-2, rel-4, abs-100k on a 4-row chain) made one copy
+# per path through the layers above, each reading copies of its own: a deep chain with skip
+# connections compiled exponentially (depth 8 0.54 s, depth 12 over 60 s) into exponentially many
+# nodes. A copy of node ``%p`` at rows ``index`` is recorded, and a later request for the same rows
+# of the same (unchanged) ``%p`` reads that copy while it is live: it adds no rows and no gathers.
+# The programs grow linearly with depth again (tests/test_depth.py).
 
 class RowPlanner:
     """Plans and builds "node ``name`` at rows ``index``", pushing the selection upward.
@@ -206,6 +220,7 @@ class RowPlanner:
         self.transpose = settings.transposed_reductions
         self.left: dict[str, int] = {}  # gathers this planner built -> how many layers they travelled
         self._plans: dict[tuple, _Plan] = {}  # NOTE: [plans once]
+        self._copies: dict[tuple, tuple[Node, Node]] = {}  # NOTE: [copies once]
         self._planned_at = -1  # the editor version the plans were made against
 
     # -- the recursion
@@ -237,6 +252,10 @@ class RowPlanner:
         if is_identity(index, node.count):
             return _Plan(0, 0, lambda: name)
         shared = not exclusive and (shared or self.editor.shared(name, reader))
+        if shared:
+            copy = self._copy_of(node, index)
+            if copy is not None:
+                return _Plan(0, 0, lambda: copy)
         leave = self._leave(name, index, reuse, depth, layer)
         candidate = self._candidate(node, index, shared, depth, layer, reuse)
         if candidate is None:
@@ -245,6 +264,23 @@ class RowPlanner:
                 or (candidate.cost == leave.cost and (candidate.growth < 0 or node.op in ROW_SELECTIONS))):
             return candidate
         return leave
+
+    def _copy_of(self, node: Node, index: np.ndarray) -> str | None:
+        """A copy of ``node`` at rows ``index`` made before, if it is still live and ``node``
+        unchanged since (NOTE: [copies once])."""
+        made = self._copies.get((node.name, index.dtype.char, index.tobytes()))
+        if made is None:
+            return None
+        copy, original = made
+        nodes = self.editor.nodes
+        # Neither redefined since (a copy reached by a gather of its own may be, with other rows).
+        if nodes[node.name] is not original or nodes[copy.name] is not copy or not self.editor.is_live(copy.name):
+            return None
+        return copy.name
+
+    def _copied(self, node: Node, index: np.ndarray, copy: str) -> str:
+        self._copies[(node.name, index.dtype.char, index.tobytes())] = (self.editor.nodes[copy], node)
+        return copy
 
     def _leave(self, name: str, index: np.ndarray, reuse: str | None, depth: int, layer: str) -> _Plan:
         node = self.editor.nodes[name]
@@ -343,9 +379,10 @@ class RowPlanner:
 
         def build():
             srcs = tuple(s.build() for s in subs)
-            name = self.editor.fresh(f"{node.name}_rows") if shared else node.name
-            return self.editor.define(node.with_(name=name, srcs=srcs, count=int(index.size)),
-                                      rows=None if shared else index)
+            if not shared:
+                return self.editor.define(node.with_(srcs=srcs, count=int(index.size)), rows=index)
+            copy = node.with_(name=self.editor.fresh(f"{node.name}_rows"), srcs=srcs, count=int(index.size))
+            return self._copied(node, index, self.editor.define(copy))
 
         growth = index.size - (0 if shared else node.count)
         return _Plan(sum(s.cost for s in subs), growth + sum(s.growth for s in subs), build)
@@ -472,8 +509,9 @@ class RowPlanner:
             final = dict(attrs)
             if node.op is Op.REDUCE:
                 final["counts"] = editor.const(f"counts_{name}", attrs["counts"], owner=name)
-            return editor.define(node.with_(name=name, srcs=srcs, count=int(index.size), attrs=final),
+            made = editor.define(node.with_(name=name, srcs=srcs, count=int(index.size), attrs=final),
                                  rows=None if shared else index)
+            return self._copied(node, index, made) if shared else made
 
         growth = index.size - (0 if shared else node.count)
         return _Plan(sum(s.cost for s in subs), growth + sum(s.growth for s in subs), build)

@@ -55,6 +55,19 @@ def test_default_compile_work_grows_linearly_with_depth():
     assert compile_calls(40, "default", budget=5 * small) <= 5 * small
 
 
+# Presets whose growth allows a copy of a 4-row layer: before NOTE: [copies once] in
+# compiler/row_planner.py they copied a layer once per path through the chain above it (depth 8
+# 0.54 s, depth 12 over 60 s); now at most once per distinct row selection.
+COPYING = ["upward-07-rel-2", "upward-08-rel-4", "upward-11-abs-100k"]
+
+
+@pytest.mark.parametrize("preset", COPYING)
+def test_copying_presets_compile_work_grows_linearly_with_depth(preset):
+    # About 105k calls at depth 14 (default: about 40k); the copy per path made millions.
+    budget = 4 * compile_calls(14, "default")
+    assert compile_calls(14, preset, budget=budget) <= budget
+
+
 # Presets that let upward propagation grow nodes plan every gather's way up through every layer
 # above it: O(depth^2) planning on a chain (the plans within one gather's way are made once each,
 # NOTE: [plans once] in compiler/row_planner.py). The others are linear.

@@ -42,9 +42,9 @@ def test_leaving_out_a_pass_on_one_program(tu_dir):
     changed, work, nodes, default_work, default_nodes = rows["deduplicate"][0]
     assert changed and work > default_work > 0
     assert rows["choose_kernels"][0][0]
-    # A check-only entry changes nothing, and the table says why it stays.
-    assert rows["materialize_units"][0][:3] == (False, default_work, default_nodes)
+    # An entry that changes nothing here (checks, clean-ups), and the table says why it stays.
+    assert rows["clean_up"][0][:3] == (False, default_work, default_nodes)
     text = pass_table.table(entries, rows)
-    assert f"| `materialize_units` | 0 of 1 | 100.0% | 1.00x | 100.0% | {pass_table.WHY_IT_STAYS['materialize_units']} |" \
+    assert f"| `clean_up` | 0 of 1 | 100.0% | 1.00x | 100.0% | {pass_table.WHY_IT_STAYS['clean_up']} |" \
         in text.splitlines()
     assert re.search(r"\| `deduplicate` \| 1 of 1 \| \d+\.\d% \| \d+\.\d\dx \| \d+\.\d% \|  \|", text)
