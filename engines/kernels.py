@@ -634,9 +634,11 @@ def gather_segment_sum(x: torch.Tensor, ptr: torch.Tensor, index: torch.Tensor, 
         if values is not None and t_values is None:
             t_values = values[t_perm]
         return ops.gather_sum(x, ptr, index, values, t_ptr, t_col, t_values)
-    if torch.compiler.is_compiling() or (x.device.type == "cpu" and x.dtype not in _MKL_DTYPES):
-        # Same function without sparse tensors, which dynamo cannot trace and CPU
-        # sparse matmul cannot compute in half precision.
+    if (torch.compiler.is_compiling() or (x.device.type == "cpu" and x.dtype not in _MKL_DTYPES)
+            or (x.device.type == "cuda" and index.numel() > (ptr.numel() - 1) * x.shape[0])):
+        # Same function without sparse tensors, which dynamo cannot trace, CPU sparse
+        # matmul cannot compute in half precision, and cuSPARSE refuses where a CSR
+        # holds more entries than its matrix has cells (repeated columns in a row).
         rows = x.index_select(0, index.long())
         c = values if values is not None else coef
         if c is not None:

@@ -323,6 +323,24 @@ def test_gather_sum_matches_index_select_segment_sum(shape, with_coef):
     torch.testing.assert_close(y, y2, atol=1e-12, rtol=1e-12)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("with_coef", [False, True])
+@pytest.mark.parametrize("index, counts, n_sources", [
+    ([0, 0, 1, 0, 0], [3, 2], 2),           # more entries than cells: cuSPARSE refuses this CSR
+    ([0, 0, 1, 2, 2, 3, 1], [3, 4], 5),     # repeated columns in a row, fewer entries than cells
+])
+def test_gather_sum_cuda_matches_cpu_with_repeated_sources(index, counts, n_sources, with_coef):
+    gs = K.GatherSum.from_index(index, counts, n_sources, dtype=F64)
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(n_sources, 4, dtype=F64, generator=gen)
+    coef = torch.rand(len(index), dtype=F64, generator=gen) + 0.1 if with_coef else None
+    y, gx, g = forward_backward(lambda t: gs(t, coef), x)
+    gsc = gs.to("cuda")
+    yc, gxc, _ = forward_backward(lambda t: gsc(t, None if coef is None else coef.cuda()), x.cuda(), g.cuda())
+    torch.testing.assert_close(yc.cpu(), y, atol=1e-12, rtol=1e-12)
+    torch.testing.assert_close(gxc.cpu(), gx, atol=1e-12, rtol=1e-12)
+
+
 def test_gather_sum_gradcheck_with_learnable_coef():
     gs, x, coef, _ = _gather_case(shape=(2,))
     assert torch.autograd.gradcheck(gs, (x.requires_grad_(), coef.requires_grad_()))
