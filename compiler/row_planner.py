@@ -18,7 +18,7 @@ from typing import Callable
 import numpy as np
 
 from .grouping import expand_segments, is_identity, row_dtype
-from .indexing import ROW_SELECTIONS, is_regular_index, layout_rows, source_rows
+from .indexing import ROW_SELECTIONS, is_regular_index, k_major, layout_rows, source_rows
 from .ir import Node, Op, Program, stored
 from .rewrite import eliminate_dead_code, unique_name
 from .settings import Settings
@@ -473,7 +473,7 @@ class RowPlanner:
         plan = self._node_plan(node, index, shared, depth, [edges], attrs)
         if (self.policy == UPWARD and self.transpose and plan.cost > 0 and element is not None and k > 1
                 and index.size > 1):
-            strided = self._node_plan(node, index, shared, depth, [element.T.reshape(-1)],
+            strided = self._node_plan(node, index, shared, depth, [k_major(element.reshape(-1), k)],
                                       {**node.attrs, "counts": new_counts, "kernel": "strided"})
             if strided.cost < plan.cost:
                 return strided
@@ -486,8 +486,9 @@ class RowPlanner:
         if (not self.transpose or node.attrs.get("kernel") == "strided" or node.count < 2
                 or counts[0] < 2 or np.any(counts != counts[0])):
             return None
-        element = (np.cumsum(counts) - counts)[None, :] + np.arange(int(counts[0]))[:, None]
-        return self._node_plan(node, np.arange(node.count), False, 0, [element.reshape(-1)],
+        k = int(counts[0])
+        element = (np.cumsum(counts) - counts)[:, None] + np.arange(k)[None, :]  # (segment, t) -> row
+        return self._node_plan(node, np.arange(node.count), False, 0, [k_major(element.reshape(-1), k)],
                                {**node.attrs, "counts": counts, "kernel": "strided"})
 
     def _node_plan(self, node: Node, index: np.ndarray, shared: bool, depth: int,
