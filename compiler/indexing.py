@@ -37,7 +37,7 @@ from .ir import Node, Op, Program
 
 __all__ = ["ROW_SELECTIONS", "EXPANSION", "SPOT_ROWS", "source_rows", "step_through", "layout_rows", "Origins",
            "trace_rows", "constant_values", "static_fact", "fixed_weights", "is_constant", "SideRows",
-           "resolve_rows", "tile_period", "interleave_count", "tile_factor", "interleave_factor",
+           "resolve_rows", "k_major", "tile_period", "interleave_count", "tile_factor", "interleave_factor",
            "is_regular_index", "Layout", "gather_cost", "full_layout", "best_layout"]
 
 #: Ops whose rows are a fixed selection of their (single) source's rows.
@@ -83,6 +83,13 @@ def step_through(node: Node, index: np.ndarray, nodes: dict[str, Node], constant
         if lo == hi:  # every row read lies in one part
             return node.srcs[lo], index - (ends[lo] - nodes[node.srcs[lo]].count)
     return None
+
+
+def k_major(rows: np.ndarray, k: int) -> np.ndarray:
+    """Thesis 5.2.9, the transposition: the ``rows`` of consecutive segments of ``k`` (what a
+    ``dense`` REDUCE reads) in the order a ``strided`` REDUCE reads them, element-major: element 0
+    of every segment, then element 1, ...; ``rows.reshape(n, k).T``."""
+    return rows.reshape(-1, k).T.reshape(-1)
 
 
 def layout_rows(layout: str, side_count: int, count: int, rows: np.ndarray) -> np.ndarray:

@@ -98,7 +98,8 @@ class Node:
     srcs: tuple[str, ...]
     count: int
     shape: tuple[int, ...]
-    attrs: dict = field(default_factory=dict, compare=False)
+    # Compared (two GATHERs with different indices are different nodes), not hashed (a dict).
+    attrs: dict = field(default_factory=dict, hash=False)
     layer: str = ""  # the graph layer this node was built for (for messages and printing)
 
     def with_(self, **changes) -> "Node":

@@ -18,7 +18,7 @@ from typing import Callable
 import numpy as np
 
 from .grouping import expand_segments, is_identity, row_dtype
-from .indexing import ROW_SELECTIONS, is_regular_index, layout_rows, source_rows
+from .indexing import ROW_SELECTIONS, is_regular_index, k_major, layout_rows, source_rows
 from .ir import Node, Op, Program, stored
 from .rewrite import eliminate_dead_code, unique_name
 from .settings import Settings
@@ -199,6 +199,8 @@ class _Plan:
 # connections compiled exponentially (depth 8 0.54 s, depth 12 over 60 s) into exponentially many
 # nodes. A copy of node ``%p`` at rows ``index`` is recorded, and a later request for the same rows
 # of the same (unchanged) ``%p`` reads that copy while it is live: it adds no rows and no gathers.
+# A copy counts as shared from the start (it is never redefined in place): a plan made before a
+# second reader took it might otherwise narrow it for its first reader within the same build.
 # The programs grow linearly with depth again (tests/test_depth.py).
 
 class RowPlanner:
@@ -221,6 +223,7 @@ class RowPlanner:
         self.left: dict[str, int] = {}  # gathers this planner built -> how many layers they travelled
         self._plans: dict[tuple, _Plan] = {}  # NOTE: [plans once]
         self._copies: dict[tuple, tuple[Node, Node]] = {}  # NOTE: [copies once]
+        self._copy_names: set[str] = set()  # never redefined in place: a later request may read them
         self._planned_at = -1  # the editor version the plans were made against
 
     # -- the recursion
@@ -251,7 +254,7 @@ class RowPlanner:
         node = self.editor.nodes[name]
         if is_identity(index, node.count):
             return _Plan(0, 0, lambda: name)
-        shared = not exclusive and (shared or self.editor.shared(name, reader))
+        shared = not exclusive and (shared or name in self._copy_names or self.editor.shared(name, reader))
         if shared:
             copy = self._copy_of(node, index)
             if copy is not None:
@@ -280,6 +283,7 @@ class RowPlanner:
 
     def _copied(self, node: Node, index: np.ndarray, copy: str) -> str:
         self._copies[(node.name, index.dtype.char, index.tobytes())] = (self.editor.nodes[copy], node)
+        self._copy_names.add(copy)
         return copy
 
     def _leave(self, name: str, index: np.ndarray, reuse: str | None, depth: int, layer: str) -> _Plan:
@@ -473,7 +477,7 @@ class RowPlanner:
         plan = self._node_plan(node, index, shared, depth, [edges], attrs)
         if (self.policy == UPWARD and self.transpose and plan.cost > 0 and element is not None and k > 1
                 and index.size > 1):
-            strided = self._node_plan(node, index, shared, depth, [element.T.reshape(-1)],
+            strided = self._node_plan(node, index, shared, depth, [k_major(element.reshape(-1), k)],
                                       {**node.attrs, "counts": new_counts, "kernel": "strided"})
             if strided.cost < plan.cost:
                 return strided
@@ -486,8 +490,9 @@ class RowPlanner:
         if (not self.transpose or node.attrs.get("kernel") == "strided" or node.count < 2
                 or counts[0] < 2 or np.any(counts != counts[0])):
             return None
-        element = (np.cumsum(counts) - counts)[None, :] + np.arange(int(counts[0]))[:, None]
-        return self._node_plan(node, np.arange(node.count), False, 0, [element.reshape(-1)],
+        k = int(counts[0])
+        element = (np.cumsum(counts) - counts)[:, None] + np.arange(k)[None, :]  # (segment, t) -> row
+        return self._node_plan(node, np.arange(node.count), False, 0, [k_major(element.reshape(-1), k)],
                                {**node.attrs, "counts": counts, "kernel": "strided"})
 
     def _node_plan(self, node: Node, index: np.ndarray, shared: bool, depth: int,

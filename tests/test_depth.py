@@ -8,10 +8,12 @@ import inspect
 import sys
 
 import pytest
+import torch
 
 import neurovec
 from neurovec.compiler import Settings, build_program
 
+from .equivalence import assert_equivalent
 from .strategies import deep_chain
 
 
@@ -66,6 +68,16 @@ def test_copying_presets_compile_work_grows_linearly_with_depth(preset):
     # About 105k calls at depth 14 (default: about 40k); the copy per path made millions.
     budget = 4 * compile_calls(14, "default")
     assert compile_calls(14, preset, budget=budget) <= budget
+
+
+@pytest.mark.parametrize("preset", COPYING)
+@pytest.mark.parametrize("skip, width, weighted", [(2, 4, None), (3, 4, 5), (3, 3, 1)])
+def test_copying_presets_compile_deep_chains_exactly(preset, skip, width, weighted):
+    # The copies read again (NOTE: [copies once]) hold the rows their new readers ask for: the
+    # first two chains read copies again (8 and 3 times), the third makes none to read.
+    graph = deep_chain(10, width=width, skip=skip, weighted_layers=weighted, aggregation="max",
+                       transformation="sigmoid")
+    assert_equivalent(graph, neurovec.compile(graph, preset, torch.float64))
 
 
 # Presets that let upward propagation grow nodes plan every gather's way up through every layer

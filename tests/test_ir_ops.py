@@ -127,3 +127,10 @@ def test_indices_are_int32_in_the_program_and_the_module(tu_dir):
         assert all(getattr(module, k).dtype == torch.int32 for k in set(integer) - backward), preset
     assert compact_index(np.array([0, 2**31])).dtype == np.int64  # does not fit: stays int64
     assert compact_index(np.zeros(0, np.int64)).dtype == np.int32
+
+
+def test_node_equality_includes_attrs():
+    # Two GATHERs of the same rows count but different indices are different nodes (issue 24).
+    g = Node("g", Op.GATHER, ("x",), 2, (3,), {"index": "idx_a"})
+    assert g != g.with_(attrs={"index": "idx_b"})
+    assert g == g.with_(attrs={"index": "idx_a"}) and hash(g) == hash(g.with_(attrs={"index": "idx_b"}))

@@ -36,6 +36,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..gather_plans import best_candidate, emit_plan, node_cost
+from ..indexing import k_major
 from ..ir import IRError, Op, Program, linear_grid
 from ..rewrite import Rewriter, unit_reduction_is_identity, zero_sign_matters
 from ..settings import Settings
@@ -82,12 +83,7 @@ def _transpose(rw: Rewriter, node, users: dict, k: int) -> bool:
     if head.op not in (Op.GATHER, Op.SLICE, Op.TILE, Op.INTERLEAVE) or len(users[head.name]) != 1 \
             or head.name == rw.program.output:
         return False
-    n = node.count
-
-    def transposed(index: np.ndarray) -> np.ndarray:
-        return index.reshape(n, k).T.ravel()
-
-    best = best_candidate(rw, head, users, transform=transposed)
+    best = best_candidate(rw, head, users, transform=lambda index: k_major(index, k))
     if best is None:
         return False
     cost, root, plan = best
@@ -112,16 +108,12 @@ def _transpose_linear(rw: Rewriter, node, users: dict, k: int) -> bool:
             or lin.srcs[0] == lin.srcs[1]:
         return False
     n = node.count
-
-    def transposed(index: np.ndarray) -> np.ndarray:
-        return index.reshape(n, k).T.ravel()
-
     gain = (0, 0, 0)
     plans, layouts = [], []
     for side_name, key in zip(lin.srcs, ("w_layout", "x_layout")):
         side, layout = rw.nodes[side_name], lin.attrs.get(key, "full")
         if layout == "full":
-            best = best_candidate(rw, side, users, transform=transposed) \
+            best = best_candidate(rw, side, users, transform=lambda index: k_major(index, k)) \
                 if len(users[side_name]) == 1 and side_name != rw.program.output else None
             if best is None:
                 return False
