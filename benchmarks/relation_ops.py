@@ -6,7 +6,7 @@
 inputs gathered (``index_select``, or a ``gather_sum`` reading one row per row), one ``torch.bmm`` over the chunks
 (``compiler/passes/relation_products.py``), and the sum of each output's rows (``gather_sum``). :func:`fuse_source`
 rewrites the program's source so that each such triple is one :func:`~neurovec.engines.relation_ops.
-segment_product_sum` call (what the code generator would write: see ``docs/knowledge_graphs.md``); the script
+chunked_product_sum` call (what the code generator would write: see ``docs/knowledge_graphs.md``); the script
 then trains both, interleaved in one process: a step each, alternately, CPU time (``time.process_time``), the
 medians and their ratio. It checks first that both give the same loss and gradients (float32, relative 1e-4).
 
@@ -33,8 +33,8 @@ _SUM = re.compile(r"^    (?P<out>\w+) = gather_sum\((?P<lin>\w+), self\.(?P<csr>
 
 
 def fuse_source(code: str, module) -> tuple[str, int]:
-    """The source with each (gather, chunked bmm, sum) triple as one ``segment_product_sum``; the index tensors it
-    reads are added to ``module`` as int64 buffers (``fused_*``). Returns the source and the number of fused
+    """The source with each (gather, chunked bmm, sum) triple as one ``relation_ops.chunked_product_sum`` call (the
+    fused kernel at one thread, the same three statements otherwise). Returns the source and the number of fused
     layers. A triple whose intermediates anything else reads, or whose gather or sum has values, stays. (The
     gather may be a constant of the program: then its rows are read in order.)"""
     lines = code.splitlines(keepends=True)
@@ -64,23 +64,19 @@ def fuse_source(code: str, module) -> tuple[str, int]:
         csr = getattr(module, total["csr"])._buffers
         rows = int(bmm["rows"])
         if gather["idx"]:
-            src, idx = gather["src"], getattr(module, gather["idx"])
+            src, index = gather["src"], f"self.{gather['idx']}"
         elif gather["csr_x"]:
             csr_x = getattr(module, gather["csr_x"])._buffers
             if csr_x.get("values") is not None or not bool(torch.all(csr_x["ptr"].diff() == 1)):
                 continue
-            src, idx = gather["src2"], csr_x["index"]
+            src, index = gather["src2"], f"self.{gather['csr_x']}"
         else:
-            src, idx = gather["x"], torch.arange(rows)
-        if csr.get("values") is not None or csr["t_ptr"].numel() != rows + 1 or idx.numel() != rows:
+            src, index = gather["x"], "None"
+        if csr.get("values") is not None or csr["t_ptr"].numel() != rows + 1:
             continue
-        name = f"fused_{total['csr']}"
-        module.register_buffer(f"{name}_idx", idx.long().contiguous(), persistent=False)
-        module.register_buffer(f"{name}_t_ptr", csr["t_ptr"].long().contiguous(), persistent=False)
-        module.register_buffer(f"{name}_t_col", csr["t_col"].long().contiguous(), persistent=False)
-        call = (f"segment_product_sum({src}, {bmm['w']}, self.{name}_idx, self.{name}_t_ptr, self.{name}_t_col, "
-                f"None, {csr['ptr'].numel() - 1})")
-        lines[readers[bmm["lin"]]] = f"    {total['out']} = {call}{' + ' + total['bias'] if total['bias'] else ''}\n"
+        bias = f", {total['bias']}" if total["bias"] else ""
+        lines[readers[bmm["lin"]]] = (f"    {total['out']} = chunked_product_sum({src}, {index}, {bmm['w']}, "
+                                      f"self.{total['csr']}{bias})\n")
         drop.add(k)
         if src != gather["x"]:   # a gather, left out; a constant's line stays (it names the rows read)
             drop.add(defined[bmm["x"]])
@@ -91,13 +87,13 @@ def fuse_source(code: str, module) -> tuple[str, int]:
 def _forward(source: str):
     from ..engines import kernels, runtime
     from ..engines.functions import TRANSFORM_FUNCTIONS, order_signed_zeros, preferred_zeros
-    from ..engines.relation_ops import segment_product_sum
+    from ..engines.relation_ops import chunked_product_sum
 
     namespace = {"torch": torch, "T": TRANSFORM_FUNCTIONS, "segment_reduce": kernels.segment_reduce,
                  "scatter_reduce": kernels.scatter_reduce_native, "dense_reduce": kernels.dense_reduce,
                  "strided_reduce": runtime.strided_reduce, "gather_sum": runtime.gather_sum,
                  "preferred_zeros": preferred_zeros, "order_signed_zeros": order_signed_zeros,
-                 "segment_product_sum": segment_product_sum}
+                 "chunked_product_sum": chunked_product_sum}
     exec(compile(source, "<neurovec-fused-program>", "exec"), namespace)  # noqa: S102 - our own generated code
     return namespace["forward"]
 

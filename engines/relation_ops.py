@@ -33,9 +33,10 @@ from pathlib import Path
 
 import torch
 
-from . import native
+from . import native, runtime
 
-__all__ = ["segment_product_sum", "segment_product_sum_torch", "kernel", "SOURCE"]
+__all__ = ["chunked_product_sum", "segment_product_sum", "segment_product_sum_torch", "kernel", "SOURCE",
+           "MAX_THREADS"]
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,9 @@ NAME = "neurovec_relation_ops"
 FLAGS = ("-O3", "-march=native", "-fopenmp")
 _lock = threading.Lock()
 _loaded: dict = {}
+#: :func:`chunked_product_sum` calls the kernel at up to this many threads (``torch.get_num_threads()``), else the
+#: three torch statements: at 2 threads it was measured slower (loaded machine), to be measured again quietly.
+MAX_THREADS = 1
 
 
 def kernel():
@@ -103,6 +107,59 @@ def segment_product_sum(x: torch.Tensor, w: torch.Tensor, idx: torch.Tensor, t_p
             and kernel() is not None:
         return _SegmentProductSum.apply(x.contiguous(), w.contiguous(), idx, t_ptr, t_col, t_values, n_out)
     return segment_product_sum_torch(x, w, idx, t_ptr, t_col, t_values, n_out)
+
+
+def chunked_product_sum(x: torch.Tensor, rows, w: torch.Tensor, csr: runtime.CSRIndices,
+                        bias: torch.Tensor | None = None) -> torch.Tensor:
+    """What the generated forward writes as three statements for a chunked relational layer::
+
+        xg = x.index_select(0, rows)          # or gather_sum(x, rows): a CSRIndices reading one row per row,
+                                              # or x itself (rows None)
+        lin = torch.bmm(xg.view(k, C, i), w.transpose(1, 2)).view(k C, o)
+        out = gather_sum(lin, csr, bias)
+
+    as one call: :func:`segment_product_sum` where the kernel runs (CPU, at most :data:`MAX_THREADS` threads, a sum
+    without values, ``rows`` a plain gather), else exactly those three statements."""
+    k, o, i = w.shape
+    b = csr._buffers
+    gather = rows._buffers if isinstance(rows, runtime.CSRIndices) else None
+    plain = gather is None or (gather.get("values") is None and gather["ptr"].numel() == gather["index"].numel() + 1)
+    if plain and b.get("values") is None and torch.get_num_threads() <= MAX_THREADS and x.device.type == "cpu" \
+            and not torch.compiler.is_compiling() and kernel() is not None \
+            and (gather is None or _ones(gather["ptr"])):
+        if gather is not None:
+            index = gather["index"]
+        elif rows is not None:
+            index = rows
+        else:   # x's rows in order
+            index = _loaded.get(("arange", x.shape[0]))
+            if index is None:
+                index = _loaded[("arange", x.shape[0])] = torch.arange(x.shape[0])
+        out = segment_product_sum(x, w, _long(index), _long(b["t_ptr"]), _long(b["t_col"]), None,
+                                  b["ptr"].numel() - 1)
+        return out if bias is None else out + bias
+    xg = runtime.gather_sum(x, rows) if gather is not None else x if rows is None else x.index_select(0, rows)
+    lin = torch.bmm(xg.view(k, -1, i), w.transpose(1, 2)).reshape(-1, o)
+    return runtime.gather_sum(lin, csr, bias)
+
+
+def _long(index: torch.Tensor) -> torch.Tensor:
+    """``index`` as contiguous int64, converted once per tensor (the programs keep int32 indices; the conversion is
+    kept on the tensor, which a ``.to()`` replaces)."""
+    if index.dtype == torch.int64 and index.is_contiguous():
+        return index
+    found = getattr(index, "_neurovec_int64", None)
+    if found is None:
+        found = index._neurovec_int64 = index.long().contiguous()
+    return found
+
+
+def _ones(ptr: torch.Tensor) -> bool:
+    """Whether a CSR reads one row per row (checked once per tensor)."""
+    found = getattr(ptr, "_neurovec_one_row", None)
+    if found is None:
+        found = ptr._neurovec_one_row = bool(torch.all(ptr.diff() == 1))
+    return found
 
 
 def segment_product_sum_torch(x, w, idx, t_ptr, t_col, t_values, n_out: int) -> torch.Tensor:

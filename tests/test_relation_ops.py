@@ -129,12 +129,18 @@ def test_a_compiled_rgcn_with_its_layers_fused_gives_its_outputs_and_gradients()
     module = neurovec.compile(rgcn.rgcn(data.x, data.edge_index, data.edge_type, spec, seed=0),
                               Settings.preset("default"), dtype=torch.float64)
     source, fused = fuse_source(module.code, module)
-    assert fused == 2 and source.count("segment_product_sum(") == 2 and "torch.bmm" not in source
+    assert fused == 2 and source.count("chunked_product_sum(") == 2 and "torch.bmm" not in source
     forward = _forward(source)
     params = list(module.parameters())
-    expected, found = module(), forward(module)
-    torch.testing.assert_close(found, expected, rtol=1e-12, atol=1e-12)
-    weights = torch.tensor(np.random.default_rng(1).normal(size=tuple(expected.shape)))
-    for a, b in zip(torch.autograd.grad((found * weights).sum(), params),
-                    torch.autograd.grad((expected * weights).sum(), params)):
-        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2):   # the kernel at one thread, the same three statements at two (MAX_THREADS)
+            torch.set_num_threads(threads)
+            expected, found = module(), forward(module)
+            torch.testing.assert_close(found, expected, rtol=1e-12, atol=1e-12)
+            weights = torch.tensor(np.random.default_rng(1).normal(size=tuple(expected.shape)))
+            for a, b in zip(torch.autograd.grad((found * weights).sum(), params),
+                            torch.autograd.grad((expected * weights).sum(), params)):
+                torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    finally:
+        torch.set_num_threads(before)
