@@ -77,5 +77,5 @@ def strided_reduce(x: torch.Tensor, k: int, aggregation: str) -> torch.Tensor:
     if aggregation == "min":
         return v.amin(0)
     if aggregation == "prod":
-        return v[0] * v[1] if k == 2 else v.prod(0)  # as dense_reduce's two-row product
+        return kernels.two_row_product(x, strided=True) if k == 2 else v.prod(0)  # as dense_reduce does
     raise ValueError(f"unknown aggregation {aggregation!r}")
