@@ -66,6 +66,11 @@ __all__ = ["SEMIRINGS", "LITERALS", "CircuitError", "Vtree", "Circuit", "read_vt
 #: ``log`` (log-probabilities; logsumexp and sum).
 SEMIRINGS = ("real", "log")
 
+#: In the log semiring every logsumexp's max also reads this finite constant, so a sum of children
+#: that are all log 0 = -inf is -inf, not NaN. It is finite in float32 and bfloat16 (in float16 it
+#: is -inf, and such a sum stays NaN there); log-weights below it count as log 0.
+LOG_FLOOR = -3.0e38
+
 #: The name of the dynamic fact layer that holds the literal weights.
 LITERALS = "literals"
 
@@ -645,6 +650,9 @@ def to_graph(circuit: Circuit, batch: int = 1, semiring: str = "real", literal_w
         constants = len(layers) - 1
         if has_true:
             layer_of[true_node], ordinal_of[true_node] = constants, 0
+    if log:  # the floor of every logsumexp's max (see LOG_FLOOR)
+        layers.append(FactLayer("log_floor", np.full((1, batch), LOG_FLOOR)))
+        floor = len(layers) - 1
     negative = np.flatnonzero(~positive)
     if negative.size:
         variables = -lits[negative] - 1
@@ -707,7 +715,7 @@ def to_graph(circuit: Circuit, batch: int = 1, semiring: str = "real", literal_w
                                       aggregation="logsumexp", copy=False))
         else:
             layers.extend(_logsumexp_layers(name, len(layers), counts, src_layer, src_ordinal, MINUS_ONE,
-                                            copy_src_layer, copy_src_ordinal))
+                                            copy_src_layer, copy_src_ordinal, floor))
         layer_of[real], ordinal_of[real] = len(layers) - 1, np.arange(real.size)
         copy_layer[copies], copy_ordinal[copies] = len(layers) - 1, real.size + np.arange(copies.size)
     root = circuit.root
@@ -764,7 +772,7 @@ def _sorted_inputs(group, counts, src_layer, src_ordinal):
     return group[neurons], counts[neurons], src_layer[edges], src_ordinal[edges]
 
 
-def _logsumexp_layers(name, first, counts, src_layer, src_ordinal, minus_one, copy_layer, copy_ordinal):
+def _logsumexp_layers(name, first, counts, src_layer, src_ordinal, minus_one, copy_layer, copy_ordinal, floor):
     """``m + log(sum_i exp(x_i - m))`` with ``m = max_i x_i``: four layers of existing aggregations.
 
     The last layer (``name``) holds the sums, then the copies (``copy_layer``,
@@ -773,7 +781,14 @@ def _logsumexp_layers(name, first, counts, src_layer, src_ordinal, minus_one, co
     n = counts.size
     edges = src_layer.size
     owner = np.repeat(np.arange(n), counts)
-    maximum = NeuronLayer(f"{name}.max", counts, src_layer, src_ordinal, aggregation="max")
+    # The max also reads the floor (LOG_FLOOR, a finite constant), so that a sum whose children are
+    # all log 0 = -inf gets m = the floor, exp(-inf - m) = 0 and the result log 0 + m = -inf, where
+    # m = -inf would make it NaN (-inf - -inf). Any child above the floor is the max as before.
+    owner_edges = np.concatenate([[0], np.cumsum(counts)])
+    at = np.insert(np.arange(edges), owner_edges[1:], -1)  # each neuron's inputs, then the floor
+    max_layer = np.where(at >= 0, src_layer[np.maximum(at, 0)], floor)
+    max_ordinal = np.where(at >= 0, src_ordinal[np.maximum(at, 0)], 0)
+    maximum = NeuronLayer(f"{name}.max", counts + 1, max_layer, max_ordinal, aggregation="max", copy=False)
     # One neuron per input: x_i - m, then exp.
     shift_layer = np.stack([src_layer, np.full(edges, first)], 1).reshape(-1)
     shift_ordinal = np.stack([src_ordinal, owner], 1).reshape(-1)
