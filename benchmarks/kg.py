@@ -22,10 +22,7 @@ Cells (one training step each: forward, loss, backward, Adam; float32; full batc
 
 Contenders: ``default`` and ``autotune`` (neurovec as a user gets it; autotune's tuning is its compile time),
 ``pyg`` (RGCNConv) and ``pyg-fast`` (FastRGCNConv) eager, ``pyg-compiled`` and ``pyg-fast-compiled`` under
-``torch.compile`` (the encoder module), ``neuralogic`` (rules cell only). ``default-fused`` (hetero cells only, not
-in the headline): a prototype, ``default``'s program with its chunked relational layers as one
-``engines/relation_ops.py`` call each (``benchmarks/relation_ops.py``'s rewrite of the generated source: what the
-code generator would write if it called the fused kernel).
+``torch.compile`` (the encoder module), ``neuralogic`` (rules cell only).
 
 Every contender runs alone in a fresh process (``--child``), under ``torch.set_num_threads`` and
 ``OMP_NUM_THREADS``: compiled contenders never share a process, and none inherits another's memory. Before
@@ -63,7 +60,7 @@ import numpy as np
 __all__ = ["main", "CELLS", "CONTENDERS", "run_child"]
 
 CELLS = ("kinships", "umls", "hetero-10", "hetero-100", "kinships-rules")
-CONTENDERS = ("default", "autotune", "default-fused", "pyg", "pyg-fast", "pyg-compiled", "pyg-fast-compiled",
+CONTENDERS = ("default", "autotune", "pyg", "pyg-fast", "pyg-compiled", "pyg-fast-compiled",
               "neuralogic")
 PYG = ("pyg", "pyg-fast", "pyg-compiled", "pyg-fast-compiled")
 TARGETS = {"hetero-100": 5.0}
@@ -184,12 +181,6 @@ def _hetero_cell(relations, contender, budget):
         if kind in ("default", "autotune"):
             module, details = _compile_neurovec(graph, kind, dtype, (), budget)
             return module, (lambda: module()), list(module.parameters()), details
-        if kind == "default-fused":
-            from neurovec.benchmarks.relation_ops import _forward, fuse_source
-            module, details = _compile_neurovec(graph, "default", dtype, (), budget)
-            source, details["fused_layers"] = fuse_source(module.code, module)
-            fused = _forward(source)
-            return module, (lambda: fused(module)), list(module.parameters()), details
         from neurovec.datasets import kg_twins
         twin = kg_twins.RGCNTwin(spec, fast="fast" in kind).to(dtype)
         with torch.no_grad():
@@ -666,8 +657,6 @@ def main(argv=None) -> list:
             for contender in args.contenders:
                 if (contender == "neuralogic") != (cell == "kinships-rules") and contender not in ("default",
                                                                                                   "autotune"):
-                    continue
-                if contender == "default-fused" and not cell.startswith("hetero-"):
                     continue
                 result = _spawn(cell, contender, threads, args)
                 results.append(result)
