@@ -402,7 +402,7 @@ def _biased_products(program: Program, nodes: dict[str, Node], rows: dict[str, s
 # operator adds ``b`` to each row after summing it, one op and one autograd node fewer. Each
 # element is the same sum plus the same ``b``, one IEEE addition as in ``y + b``, so the numbers
 # are bitwise those of the separate add (no zero-sign caveat as for addmm); where the operator
-# does not run (ctypes fallback, no compiler, torch.compile) runtime.gather_sum adds it separately.
+# does not run (C++ kernels off, no compiler, torch.compile, CUDA) runtime.gather_sum adds it separately.
 # The function after it may still overwrite the sum in place (``torch.sigmoid_``): the operator's
 # autograd node saves no output, and the fallbacks' separate add is a plain add.
 
