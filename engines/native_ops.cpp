@@ -162,21 +162,23 @@ void sum_rows(int64_t r0, int64_t r1, const I* __restrict__ ptr, const I* __rest
               const T* __restrict__ val, const T* __restrict__ x, int64_t w_any, T* __restrict__ y,
               const T* __restrict__ divide) {
     constexpr int kW = WT::value;
-    if constexpr (kW == 0) {
-        if (w_any > 32) {
-            for (int64_t r = r0; r < r1; ++r)
-                for_chunks(w_any, [&](auto chunk, int64_t k0) {
-                    sum_chunk<decltype(chunk)::value, T, I, GATHER, WEIGHTED>(r, ptr, col, val, x, w_any, k0, y,
-                                                                             divide);
-                });
-            return;
-        }
+    if constexpr (kW != 0) {  // a width with_width has a case for: the whole row is one chunk
+        for (int64_t r = r0; r < r1; ++r)
+            sum_chunk<kW, T, I, GATHER, WEIGHTED>(r, ptr, col, val, x, kW, 0, y, divide);
+        return;
     }
-    const int64_t w = kW ? kW : w_any;
-    constexpr int kAcc = kW ? kW : 1;
+    if (w_any > 32) {
+        for (int64_t r = r0; r < r1; ++r)
+            for_chunks(w_any, [&](auto chunk, int64_t k0) {
+                sum_chunk<decltype(chunk)::value, T, I, GATHER, WEIGHTED>(r, ptr, col, val, x, w_any, k0, y,
+                                                                         divide);
+            });
+        return;
+    }
+    // Narrow rows of any width: accumulated in the output row.
+    const int64_t w = w_any;
     for (int64_t r = r0; r < r1; ++r) {
-        T acc_fixed[kAcc];
-        T* __restrict__ acc = kW ? acc_fixed : y + r * w;
+        T* __restrict__ acc = y + r * w;
         for (int64_t k = 0; k < w; ++k) acc[k] = T(0);
         const int64_t e1 = ptr[r + 1];
         for (int64_t e = ptr[r]; e < e1; ++e) {
@@ -190,12 +192,9 @@ void sum_rows(int64_t r0, int64_t r1, const I* __restrict__ ptr, const I* __rest
                 for (int64_t k = 0; k < w; ++k) acc[k] += xr[k];
             }
         }
-        T* __restrict__ yr = y + r * w;
         if (divide) {
             const T d = divide[r];
-            for (int64_t k = 0; k < w; ++k) yr[k] = acc[k] / d;
-        } else if (kW) {
-            for (int64_t k = 0; k < w; ++k) yr[k] = acc[k];
+            for (int64_t k = 0; k < w; ++k) acc[k] /= d;
         }
     }
 }
