@@ -65,6 +65,7 @@ class GraphError(ValueError):
 
 
 _INT64_MAX = np.iinfo(np.int64).max
+_INT64 = np.dtype(np.int64)
 
 
 def _owned(array: np.ndarray, source, copy: bool = True) -> np.ndarray:
@@ -99,6 +100,8 @@ def integer_array(value, where: str, field: str, copy: bool = True) -> np.ndarra
     (even integral ones), booleans, complex numbers, strings and integers beyond
     int64 are refused rather than cast.
     """
+    if type(value) is np.ndarray and value.dtype is _INT64 and value.ndim == 1 and value.flags.c_contiguous:
+        return _owned(value, value, copy)   # already what is asked for: no conversion, nothing to check
     array = np.asarray(value)
     problem = f"{where}, {field}"
     if array.ndim != 1:
@@ -232,13 +235,21 @@ class NeuronLayer:
 
     def __post_init__(self, copy: bool):
         where = f"layer {self.name!r}"
+        fields = self.__dict__   # frozen: set through __dict__, as object.__setattr__ would
         for field_name in ("counts", "input_layer", "input_ordinal"):
-            object.__setattr__(self, field_name, integer_array(getattr(self, field_name), where, field_name, copy))
-        n_edges = self.input_layer.shape[0]
-        weight = np.full(n_edges, NO_WEIGHT) if self.input_weight is None else self.input_weight
-        object.__setattr__(self, "input_weight", integer_array(weight, where, "input_weight", copy))
-        bias = np.full(self.counts.shape[0], NO_WEIGHT) if self.bias is None else self.bias
-        object.__setattr__(self, "bias", integer_array(bias, where, "bias", copy))
+            fields[field_name] = integer_array(fields[field_name], where, field_name, copy)
+        if self.input_weight is None:
+            weight = np.full(self.input_layer.shape[0], NO_WEIGHT, dtype=np.int64)
+            weight.flags.writeable = False
+            fields["input_weight"] = weight
+        else:
+            fields["input_weight"] = integer_array(self.input_weight, where, "input_weight", copy)
+        if self.bias is None:
+            bias = np.full(self.counts.shape[0], NO_WEIGHT, dtype=np.int64)
+            bias.flags.writeable = False
+            fields["bias"] = bias
+        else:
+            fields["bias"] = integer_array(self.bias, where, "bias", copy)
 
     @property
     def size(self) -> int:
@@ -355,6 +366,8 @@ class Graph:
             if first != i:
                 raise GraphError(f"layer name {layer.name!r} is used by layers {first} and {i}")
         seen: dict[str, int] = {}
+        # One pass over all the weights' values: only where it finds a NaN or inf are they looked at one by one.
+        check_finite = not _all_finite(self.weights)
         for i, w in enumerate(self.weights):
             if not isinstance(w, Weight):
                 raise GraphError(f"weight {i} is a {type(w).__name__}, expected neurovec Weight")
@@ -363,19 +376,24 @@ class Graph:
             seen[w.name] = i
             if w.value.ndim > 2:
                 raise GraphError(f"weight {w.name!r}: expected a scalar, vector or matrix (got shape {w.shape})")
-            if not np.all(np.isfinite(w.value)):
+            if check_finite and not np.all(np.isfinite(w.value)):
                 raise GraphError(f"weight {w.name!r} contains NaN or inf")
         sizes = np.array([layer.size for layer in self.layers], dtype=np.int64)
-        known = _Known(self.layers, sizes, self.weights)
-        for index, layer in enumerate(self.layers):
-            if isinstance(layer, FactLayer):
-                known.add_shape(_validate_facts(layer))
-            elif isinstance(layer, NeuronLayer):
-                known.add_shape(_validate_neurons(index, layer, known))
-            else:
-                raise GraphError(f"layer {index} is a {type(layer).__name__}, expected FactLayer or NeuronLayer")
-        self._validate_outputs(sizes, known.shapes)
-        return known.shapes
+        # First all the small neuron layers at once (_SmallLayers); only where that finds a problem is every layer
+        # checked on its own, in order, so that the error is the one that names the first bad layer and neuron.
+        shapes = _SmallLayers.validate(self.layers, sizes, self.weights)
+        if shapes is None:
+            known = _Known(self.layers, sizes, self.weights)
+            for index, layer in enumerate(self.layers):
+                if isinstance(layer, FactLayer):
+                    known.add_shape(_validate_facts(layer))
+                elif isinstance(layer, NeuronLayer):
+                    known.add_shape(_validate_neurons(index, layer, known))
+                else:
+                    raise GraphError(f"layer {index} is a {type(layer).__name__}, expected FactLayer or NeuronLayer")
+            shapes = known.shapes
+        self._validate_outputs(sizes, shapes)
+        return shapes
 
     def _validate_outputs(self, sizes: np.ndarray, shapes: list) -> None:
         if self.output_layer.shape != self.output_ordinal.shape:
@@ -450,6 +468,130 @@ class _Known:
         return np.where(weight >= 0, self.wshape_ids[np.maximum(weight, 0)] if self.wshape_ids.size else 0, -1)
 
 
+def _all_finite(weights) -> bool:
+    """True if every item is a :class:`Weight` and no value holds a NaN or inf: the small values in one pass over
+    all of them (a graph may have hundreds of scalar and small weights), the big ones one by one (no copy)."""
+    if not all(isinstance(w, Weight) for w in weights):
+        return False
+    small = [w.value.reshape(-1) for w in weights if w.value.size <= _SMALL_WEIGHT]
+    if small and not np.isfinite(np.concatenate(small)).all():
+        return False
+    return all(np.isfinite(w.value).all() for w in weights if w.value.size > _SMALL_WEIGHT)
+
+
+_SMALL_WEIGHT = 4096   # values: weights up to this size are checked together
+_SMALL_LAYER = 1 << 16  # inputs: neuron layers up to this size are checked together (_SmallLayers)
+
+
+class _SmallLayers:
+    """The checks of :func:`_validate_neurons` for all the small neuron layers of a graph at once.
+
+    A layer's checks are a dozen numpy calls whatever its size; a grounded template has hundreds of small layers
+    (a rule, a relation, an aggregation), where those calls would cost more than the rest of the grounding. Here
+    the small layers' arrays are concatenated and checked in whole arrays (:meth:`check`: counts, the ranges of
+    inputs and biases). Their value shapes are then taken from each layer's first input, in layer order, and
+    checked for every input at once afterwards: each input's (value shape, weight shape) pair must give its
+    layer's shape, each bias fit it. Layers of more than ``_SMALL_LAYER`` inputs are checked one by one, as
+    before, without a copy of their arrays.
+
+    Only the happy path is whole-array: :meth:`validate` returns None where any check fails, and the caller then
+    checks every layer on its own, in order, which raises the error naming the first bad layer, neuron and input.
+    """
+
+    def __init__(self, index: list, edges: np.ndarray, src: np.ndarray, weight_cls: np.ndarray, bias_cls: list):
+        self.position = dict(zip(index, range(len(index))))   # layer index -> position among the small layers
+        self.edges = edges              # the number of inputs of each
+        self.src, self.weight_cls = src, weight_cls   # of every input: the layer it reads, its weight's class (-1)
+        starts = np.cumsum(edges) - edges
+        self.first = list(zip(src[starts].tolist(), weight_cls[starts].tolist()))   # each layer's first input
+        self.bias_cls = bias_cls        # each layer's distinct bias classes
+
+    @classmethod
+    def validate(cls, layers, sizes: np.ndarray, weights) -> list | None:
+        """The value shape of every layer, or None where some check failed."""
+        known = _Known(layers, sizes, weights)
+        small = cls.check(layers, known)
+        if small is None:
+            return None
+        shapes, wshape_list = known.shapes, known.wshape_list
+        out = []   # the shape class of each small layer
+        try:
+            for index, layer in enumerate(layers):
+                if isinstance(layer, FactLayer):
+                    known.add_shape(_validate_facts(layer))
+                    continue
+                p = small.position.get(index)
+                if p is None:
+                    known.add_shape(_validate_neurons(index, layer, known))
+                    continue
+                src, weight_cls = small.first[p]
+                shape = product_shape(None if weight_cls < 0 else wshape_list[weight_cls], shapes[src])
+                if shape is None or (layer.transformation == "softmax" and shape == ()):
+                    return None
+                biases = small.bias_cls[p]
+                if biases and (len(biases) > 1 or wshape_list[biases[0]] not in ((), shape)):
+                    return None
+                known.add_shape(shape)
+                out.append(known.shape_ids[index])
+        except GraphError:
+            return None
+        return known.shapes if small.shapes_agree(np.array(out, dtype=np.int64), known) else None
+
+    @classmethod
+    def check(cls, layers, known: _Known) -> "_SmallLayers | None":
+        """The small layers' checks that need no shapes; None where one fails (or there are no small layers)."""
+        index = [i for i, layer in enumerate(layers)
+                 if isinstance(layer, NeuronLayer) and layer.input_layer.shape[0] <= _SMALL_LAYER]
+        if not index:
+            return None
+        chosen = [layers[i] for i in index]
+        n = np.array([layer.counts.shape[0] for layer in chosen], dtype=np.int64)
+        e = np.array([layer.input_layer.shape[0] for layer in chosen], dtype=np.int64)
+        if int(n.min()) == 0 or any(
+                layer.aggregation not in AGGREGATIONS or layer.transformation not in TRANSFORMATIONS
+                or layer.input_ordinal.shape[0] != layer.input_layer.shape[0]
+                or layer.input_weight.shape[0] != layer.input_layer.shape[0]
+                or layer.bias.shape[0] != layer.counts.shape[0] for layer in chosen):
+            return None
+        counts = np.concatenate([layer.counts for layer in chosen])
+        if int(counts.min()) < 1 or not np.array_equal(np.add.reduceat(counts, np.cumsum(n) - n), e):
+            return None
+        src = np.concatenate([layer.input_layer for layer in chosen])
+        if int(src.min()) < 0 or np.any(src >= np.repeat(np.array(index, dtype=np.int64), e)):
+            return None   # a missing layer, the own one or a later one
+        ordinal = np.concatenate([layer.input_ordinal for layer in chosen])
+        if int(ordinal.min()) < 0 or np.any(ordinal >= known.sizes[src]):
+            return None
+        weight = np.concatenate([layer.input_weight for layer in chosen])
+        bias = np.concatenate([layer.bias for layer in chosen])
+        n_weights = len(known.weight_shapes)
+        if (int(weight.min()) < NO_WEIGHT or int(weight.max()) >= n_weights
+                or int(bias.min()) < NO_WEIGHT or int(bias.max()) >= n_weights):
+            return None
+        # The distinct bias classes of each layer (biases are few: most layers have none).
+        bias_cls = [[] for _ in index]
+        has_bias = np.flatnonzero(bias >= 0)
+        if has_bias.size:
+            n_classes = len(known.wshape_list)
+            code = np.repeat(np.arange(len(index)), n)[has_bias] * n_classes + known.wshape_ids[bias[has_bias]]
+            for c in np.unique(code).tolist():
+                bias_cls[c // n_classes].append(c % n_classes)
+        return cls(index, e, src, known.weight_classes(weight), bias_cls)
+
+    def shapes_agree(self, out: np.ndarray, known: _Known) -> bool:
+        """Whether every input of every small layer, with its weight, gives the layer's shape class ``out``."""
+        n_classes = len(known.wshape_list) + 1
+        pair = known.shape_ids[self.src] * n_classes + (self.weight_cls + 1)   # (value class, weight class)
+        present = np.flatnonzero(np.bincount(pair))
+        result = np.full(int(present[-1]) + 1, -1, dtype=np.int64)   # the class of each pair's product
+        for code in present.tolist():
+            value_cls, weight_cls = divmod(code, n_classes)
+            shape = product_shape(None if weight_cls == 0 else known.wshape_list[weight_cls - 1],
+                                  known.shape_list[value_cls])
+            result[code] = known.shape_list.index(shape) if shape in known.shape_list else -1
+        return bool(np.array_equal(result[pair], np.repeat(out, self.edges)))
+
+
 def _validate_neurons(index: int, layer: NeuronLayer, known: _Known) -> tuple[int, ...]:
     where = f"layer {layer.name!r}"
     n, n_edges = layer.size, layer.n_edges
@@ -501,6 +643,16 @@ def _validate_neurons(index: int, layer: NeuronLayer, known: _Known) -> tuple[in
         if result is None or (out_shape is not None and result != out_shape):
             _fail_shapes(layer, known)
         out_shape = result
+    if (layer.bias >= 0).any():
+        _check_biases(layer, out_shape, known)
+    if layer.transformation == "softmax" and out_shape == ():
+        raise GraphError(f"{where}: softmax needs vector or matrix values (got scalars)")
+    return out_shape
+
+
+def _check_biases(layer: NeuronLayer, out_shape: tuple, known: _Known) -> None:
+    """Raise the error for the first bias whose shape differs from another's or does not fit the value."""
+    where = f"layer {layer.name!r}"
     has_bias = layer.bias >= 0
     if has_bias.any():
         wshape_ids, wshape_list, weight_names = known.wshape_ids, known.wshape_list, known.weight_names
@@ -517,9 +669,6 @@ def _validate_neurons(index: int, layer: NeuronLayer, known: _Known) -> tuple[in
                 j = int(np.flatnonzero(bias_cls == cls)[0])
                 raise GraphError(f"{where}, neuron {j}: bias {weight_names[layer.bias[j]]!r} has shape "
                                  f"{shape} but the neuron's value has shape {out_shape}")
-    if layer.transformation == "softmax" and out_shape == ():
-        raise GraphError(f"{where}: softmax needs vector or matrix values (got scalars)")
-    return out_shape
 
 
 def _present(values: np.ndarray, low: int, high: int) -> np.ndarray:

@@ -579,3 +579,16 @@ def test_the_plan_is_kept_on_the_template_until_it_changes():
         graph = wide.ground(relations, R.g(V.X))
         assert wide._plan[-1] is not plan
         assert [w.value.tolist() for w in graph.weights if w.name == "g.bias"] == [bias]
+
+
+@pytest.mark.parametrize("high", [3, 1 << 16, 1 << 20, (1 << 48) - 1, 1 << 50])
+@pytest.mark.parametrize("size", [0, 5, 300, 5000])
+def test_stable_order_is_a_stable_argsort(high, size):
+    # The radix sort of the joins (16 bits a pass) against numpy's merge sort: equal keys keep their order, keys
+    # of 1, 2 and 3 passes, beyond 48 bits and negative ones (numpy's sort).
+    from neurovec.sources.relational.joins import stable_order
+    rng = np.random.default_rng(size + high % 97)
+    key = rng.integers(0, high, size) if size else np.zeros(0, np.int64)
+    key[: size // 3] = key[size // 3: 2 * (size // 3)]   # ties
+    for keys in (key, key - high // 2):
+        assert np.array_equal(stable_order(keys), np.argsort(keys, kind="stable"))

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .data import Relation
-from .joins import row_keys
+from .joins import row_keys, stable_order
 from .template import Constant, TemplateError
 
 __all__ = ["Vocabulary", "FactTable", "encode_relation"]
@@ -126,7 +126,7 @@ def encode_relation(name: str, relation: Relation, constants: Vocabulary, exampl
         (key,) = row_keys([example] + args)
         distinct_in_order = key.size < 2 or bool(np.all(key[1:] > key[:-1]))   # often: nothing to sort or check
         if not distinct_in_order and not bool(np.all(key[1:] >= key[:-1])):
-            order = np.argsort(key, kind="stable")
+            order = stable_order(key)
             example, args, key = example[order], [a[order] for a in args], key[order]
             values = values[order] if values is not None else None
         value_row = np.arange(key.size, dtype=np.int64)
@@ -141,7 +141,7 @@ def _sorted_rows(key: np.ndarray) -> np.ndarray:
     """The order that sorts the rows' keys (stable); the identity when already sorted."""
     if key.size < 2 or bool(np.all(key[1:] >= key[:-1])):
         return np.arange(key.size)
-    return np.argsort(key, kind="stable")
+    return stable_order(key)
 
 
 def check_duplicates(table: FactTable, constants: Vocabulary, examples: Vocabulary,

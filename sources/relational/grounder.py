@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .data import Query, as_column
-from .joins import expand_runs, lookup, row_keys
+from .joins import expand_runs, lookup, row_keys, stable_order
 from .plan import Plan, Stratum
 from .template import Constant, Rule, Template, TemplateError, Variable
 
@@ -274,7 +274,7 @@ class Grounder:
         src = np.concatenate(src) if src else np.zeros(0, np.int64)
         dst = np.concatenate(dst) if dst else np.zeros(0, np.int64)
         waiting = np.bincount(dst, minlength=total)
-        order = np.argsort(src, kind="stable")
+        order = stable_order(src)
         ptr = np.concatenate([[0], np.cumsum(np.bincount(src, minlength=total))])
         level = np.full(total, -1, np.int64)
         frontier = np.flatnonzero(derived & (waiting == 0))

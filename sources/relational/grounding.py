@@ -30,7 +30,7 @@ from .data import Query, Relation
 from .encoding import Vocabulary, encode_relation
 from .grounder import (_LIMIT, Grounder, Grounding, Groundings, Stage, Table, _as_ids, _canonical_order,
                        _input_positions, needs_dedup, prune_unreached, relations_by_key, template_facts)
-from .joins import ColumnIndex, distinct, join, row_keys
+from .joins import ColumnIndex, distinct, join, row_keys, stable_order
 from .plan import _Where, make_plan
 from .sql import SQLGrounder
 from .template import Constant, Rule, Template, TemplateError, Variable
@@ -506,7 +506,7 @@ class NumpyGrounder(Grounder):
             rest = [c for c in range(len(table.args)) if c not in columns]
             keys = row_keys([table.example] + [table.args[c] for c in columns + rest])[0]
             table._sorted[key] = None if keys.size < 2 or bool(np.all(keys[1:] >= keys[:-1])) \
-                else np.argsort(keys, kind="stable")
+                else stable_order(keys)
         return table._sorted[key]
 
     def _join(self, binding: _Binding, k: int, table: Table, rows, columns: dict) -> _Binding:
@@ -524,7 +524,7 @@ class NumpyGrounder(Grounder):
                 right_key = self._radix([table.example] + [table.args[columns[v]] for v in shared])
                 prefix = cache_key == tuple(range(len(shared))) and table.in_order
                 table._sorted[cache_key] = (right_key, np.arange(table.size) if prefix else
-                                            np.argsort(right_key, kind="stable"))
+                                            stable_order(right_key))
             right_key, order = table._sorted[cache_key]
             left_key = self._radix(left)
         else:

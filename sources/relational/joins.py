@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["row_keys", "join", "distinct", "unique_keys", "lookup", "expand_runs", "ColumnIndex"]
+__all__ = ["row_keys", "stable_order", "join", "distinct", "unique_keys", "lookup", "expand_runs", "ColumnIndex"]
 
 _LIMIT = 1 << 62
 
@@ -37,6 +37,23 @@ def row_keys(*tables: list) -> list[np.ndarray]:
         keys = [key * width + column for key, column in zip(keys, columns)]
         bound *= width
     return keys
+
+
+def stable_order(key: np.ndarray) -> np.ndarray:
+    """``np.argsort(key, kind="stable")`` for int64 keys. Non-negative keys below 2**48 (row keys, ids) are sorted by
+    an LSD radix sort, 16 bits a pass, each pass numpy's stable argsort of uint16 values (a counting sort): a few
+    times faster than a merge sort of the int64 keys. Other keys, and small arrays, go to numpy's merge sort."""
+    if key.size < 256:
+        return np.argsort(key, kind="stable")
+    low, high = int(key.min()), int(key.max())
+    if low < 0 or high >= 1 << 48:
+        return np.argsort(key, kind="stable")
+    order = np.argsort((key & 0xFFFF).astype(np.uint16), kind="stable")   # by the lowest 16 bits
+    shift = 16
+    while high >> shift:   # then stably by the next 16: ties keep the order of the bits below
+        order = order[np.argsort(((key[order] >> shift) & 0xFFFF).astype(np.uint16), kind="stable")]
+        shift += 16
+    return order
 
 
 def _bound(columns: list) -> int:
@@ -66,7 +83,7 @@ def join(left_key: np.ndarray, right_key: np.ndarray, right_order: np.ndarray | 
     and, within one ``i``, in right order. ``right_order`` (``argsort(right_key, kind="stable")``) may be cached;
     ``right_unique`` (no two right keys are equal) saves one binary search per left key."""
     if right_order is None:
-        right_order = np.argsort(right_key, kind="stable")
+        right_order = stable_order(right_key)
     sorted_right = right_key[right_order]
     if right_unique:
         if sorted_right.size == 0:
@@ -94,7 +111,7 @@ def unique_keys(key: np.ndarray) -> np.ndarray:
 def distinct(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``(first, inverse)``: the position of the first row of every distinct key, in increasing key order, and the
     distinct-key index of every row."""
-    order = np.argsort(key, kind="stable")
+    order = stable_order(key)
     sorted_key = key[order]
     new = np.ones(key.size, dtype=bool)
     new[1:] = sorted_key[1:] != sorted_key[:-1]
@@ -106,7 +123,7 @@ def distinct(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def lookup(table_key: np.ndarray, probe_key: np.ndarray, table_order: np.ndarray | None = None) -> np.ndarray:
     """For each probe, the row of ``table_key`` with that key (keys of the table are distinct), or -1."""
     if table_order is None:
-        table_order = np.argsort(table_key, kind="stable")
+        table_order = stable_order(table_key)
     sorted_table = table_key[table_order]
     if sorted_table.size == 0:
         return np.full(probe_key.size, -1, np.int64)
@@ -133,7 +150,7 @@ class ColumnIndex:
         if column.size < 2 or bool(np.all(column[1:] >= column[:-1])):  # often sorted already: atom ids
             order, sorted_column, sorted_example = np.arange(column.size), column, example
         else:
-            order = np.argsort(column, kind="stable")
+            order = stable_order(column)
             sorted_column, sorted_example = column[order], example[order]
         same_value = sorted_column[1:] == sorted_column[:-1]
         if np.any(same_value & (sorted_example[1:] != sorted_example[:-1])):
