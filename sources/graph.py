@@ -213,6 +213,9 @@ class FactLayer:
         return tuple(self.values.shape[1:])
 
 
+_NEURON_ARRAYS = ("counts", "input_layer", "input_ordinal", "input_weight", "bias")
+
+
 @dataclass(frozen=True, eq=False)
 class NeuronLayer:
     """A group of computed neurons sharing aggregation, transformation and shape.
@@ -234,22 +237,18 @@ class NeuronLayer:
     copy: InitVar[bool] = True  # False: take the caller's arrays without a copy (they become read-only)
 
     def __post_init__(self, copy: bool):
-        where = f"layer {self.name!r}"
         fields = self.__dict__   # frozen: set through __dict__, as object.__setattr__ would
-        for field_name in ("counts", "input_layer", "input_ordinal"):
-            fields[field_name] = integer_array(fields[field_name], where, field_name, copy)
-        if self.input_weight is None:
-            weight = np.full(self.input_layer.shape[0], NO_WEIGHT, dtype=np.int64)
-            weight.flags.writeable = False
-            fields["input_weight"] = weight
-        else:
-            fields["input_weight"] = integer_array(self.input_weight, where, "input_weight", copy)
-        if self.bias is None:
-            bias = np.full(self.counts.shape[0], NO_WEIGHT, dtype=np.int64)
-            bias.flags.writeable = False
-            fields["bias"] = bias
-        else:
-            fields["bias"] = integer_array(self.bias, where, "bias", copy)
+        if fields["input_weight"] is None:
+            fields["input_weight"] = np.full(np.shape(fields["input_layer"])[:1], NO_WEIGHT, dtype=np.int64)
+        if fields["bias"] is None:
+            fields["bias"] = np.full(np.shape(fields["counts"])[:1], NO_WEIGHT, dtype=np.int64)
+        for field_name in _NEURON_ARRAYS:
+            value = fields[field_name]
+            if not copy and type(value) is np.ndarray and value.dtype is _INT64 and value.ndim == 1 \
+                    and value.flags.c_contiguous:   # handed over as they are (a grounding's hundreds of layers)
+                value.flags.writeable = False
+            else:
+                fields[field_name] = integer_array(value, f"layer {self.name!r}", field_name, copy)
 
     @property
     def size(self) -> int:
