@@ -351,17 +351,23 @@ class _Assembler:
             edges = np.concatenate([[0], np.cumsum(built_counts)])[runs].tolist()
             runs = runs.tolist()
             no_weight = np.full(max(edges[-1], runs[-1]), NO_WEIGHT)
+            for array in (built_counts, in_layer, in_ordinal, no_weight):   # the layers' arrays are views of these
+                array.flags.writeable = False
             index = np.empty(runs[-1], np.int64)
-            for r, rule in enumerate(g.family):
+            # Each rule's layer name and aggregation, made once per plan (a template grounded again has them).
+            memo_key = ("joined layers", suffix) + tuple(rule.index for rule in g.family)
+            if memo_key not in plan.memo:
+                plan.memo[memo_key] = [
+                    (f"rule{rule.index}:{plan.label(rule.head.key)}{suffix}:{plan.aggregation(rule)}",
+                     _COMBINATION[plan.aggregation(rule)]) for rule in g.family]
+            for r, (name, aggregation) in enumerate(plan.memo[memo_key]):
                 a, b = runs[r], runs[r + 1]
                 if a == b:
                     continue
                 ea, eb = edges[r], edges[r + 1]
-                aggregation = plan.aggregation(rule)
-                name = f"rule{rule.index}:{plan.label(rule.head.key)}{suffix}:{aggregation}"
                 index[a:b] = self.add(NeuronLayer(name, built_counts[a:b], in_layer[ea:eb], in_ordinal[ea:eb],
-                                                  no_weight[ea:eb], no_weight[a:b], _COMBINATION[aggregation],
-                                                  "identity", copy=False))
+                                                  no_weight[ea:eb], no_weight[a:b], aggregation, "identity",
+                                                  copy=False))
             agg_layer[build] = index
             agg_ordinal[build] = np.arange(runs[-1]) - np.repeat(runs[:-1], np.diff(runs))
         return heads, agg_layer, agg_ordinal
