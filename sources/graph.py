@@ -479,7 +479,8 @@ def _all_finite(weights) -> bool:
 
 
 _SMALL_WEIGHT = 4096   # values: weights up to this size are checked together
-_SMALL_LAYER = 1 << 16  # inputs: neuron layers up to this size are checked together (_SmallLayers)
+_SMALL_LAYER = 1 << 16  # inputs: neuron layers up to this size are checked together (_SmallLayers),
+_SMALL_TOTAL = 1 << 22  # up to this many inputs in all (the copies of their arrays stay small)
 
 
 class _SmallLayers:
@@ -490,8 +491,9 @@ class _SmallLayers:
     the small layers' arrays are concatenated and checked in whole arrays (:meth:`check`: counts, the ranges of
     inputs and biases). Their value shapes are then taken from each layer's first input, in layer order, and
     checked for every input at once afterwards: each input's (value shape, weight shape) pair must give its
-    layer's shape, each bias fit it. Layers of more than ``_SMALL_LAYER`` inputs are checked one by one, as
-    before, without a copy of their arrays.
+    layer's shape, each bias fit it. Layers of more than ``_SMALL_LAYER`` inputs, and those past ``_SMALL_TOTAL``
+    inputs in all, are checked one by one, as before, without a copy of their arrays (their checks cost more than
+    the dozen numpy calls' overhead).
 
     Only the happy path is whole-array: :meth:`validate` returns None where any check fails, and the caller then
     checks every layer on its own, in order, which raises the error naming the first bad layer, neuron and input.
@@ -539,8 +541,13 @@ class _SmallLayers:
     @classmethod
     def check(cls, layers, known: _Known) -> "_SmallLayers | None":
         """The small layers' checks that need no shapes; None where one fails (or there are no small layers)."""
-        index = [i for i, layer in enumerate(layers)
-                 if isinstance(layer, NeuronLayer) and layer.input_layer.shape[0] <= _SMALL_LAYER]
+        index, total = [], 0
+        for i, layer in enumerate(layers):
+            if isinstance(layer, NeuronLayer):
+                n_edges = layer.input_layer.shape[0]
+                if n_edges <= _SMALL_LAYER and total + n_edges <= _SMALL_TOTAL:
+                    index.append(i)
+                    total += n_edges
         if not index:
             return None
         chosen = [layers[i] for i in index]

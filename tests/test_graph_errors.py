@@ -187,13 +187,14 @@ BAD = {   # a change of one layer's arrays, and the error it gives
 
 
 @pytest.mark.parametrize("kind", sorted(BAD))
-@pytest.mark.parametrize("big", [(), (2, 4)])
-def test_joint_checks_name_the_same_error_as_layer_by_layer(kind, big, monkeypatch):
-    # One bad layer (h3) among good ones, some of them checked on their own (big): the same error as when every
-    # layer is checked on its own, naming h3, neuron and input.
+@pytest.mark.parametrize("big, total", [((), 1 << 22), ((2, 4), 1 << 22), ((), 10)])
+def test_joint_checks_name_the_same_error_as_layer_by_layer(kind, big, total, monkeypatch):
+    # One bad layer (h3) among good ones, some of them checked on their own (big, or past the joint check's
+    # total): the same error as when every layer is checked on its own, naming h3, neuron and input.
     from neurovec.sources import graph as graph_module
     change, message = BAD[kind]
     monkeypatch.setattr(graph_module, "_SMALL_LAYER", 5)   # layers of 6 inputs (big) are checked on their own
+    monkeypatch.setattr(graph_module, "_SMALL_TOTAL", total)   # 10: h1, h2 together, the rest on their own
     if kind == "softmax of scalars":   # a layer of scalar values: facts of scalars
         layers, weights = _chain(bad={3: change}, big=big)
         layers[0] = FactLayer("x", np.ones(3))
@@ -235,6 +236,10 @@ def test_joint_checks_give_every_layers_shape(monkeypatch):
     layers, weights = _chain(n_layers=30)
     graph = Graph(layers, weights, [30], [0])
     assert graph.layer_shapes == ((2,),) * 31
+    sizes = np.array([layer.size for layer in layers])
+    assert graph_module._SmallLayers.validate(layers, sizes, weights) == list(graph.layer_shapes)   # the joint path
+    monkeypatch.setattr(graph_module, "_SMALL_TOTAL", 50)   # 12 layers together, 18 on their own
+    assert Graph(layers, weights, [30], [0]).layer_shapes == graph.layer_shapes
     monkeypatch.setattr(graph_module._SmallLayers, "validate", classmethod(lambda cls, *args: None))
     assert Graph(layers, weights, [30], [0]).layer_shapes == graph.layer_shapes
 
