@@ -41,7 +41,7 @@ CHUNK_VALUES = 1 << 24
 # A folded sum over gathered facts is computed this many gathered values at a time (NOTE: [sequential
 # sums]); a run of at most SHORT entries per segment is added slice by slice, a longer one as running sums.
 SEQUENTIAL_CHUNK = 1 << 18
-SHORT = 8
+SHORT = 32
 
 # NOTE: [sequential sums] A folded sum or mean over gathered facts (GCN's, SAGE's and GIN's first
 # aggregation, once pull_linear_up has moved the weight after it) is the largest evaluation of a
