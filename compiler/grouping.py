@@ -34,7 +34,8 @@ import math
 
 import numpy as np
 
-__all__ = ["row_dtype", "equal_arrays", "first_rows", "first_rows_in_segments", "first_equal_rows", "first_equal_multisets", "representatives", "all_distinct",
+__all__ = ["row_dtype", "equal_arrays", "first_rows", "first_rows_in_segments", "first_equal_rows",
+           "first_equal_multisets", "representatives", "all_distinct",
            "mix64", "row_hashes", "expand_segments", "dense_ranks", "stable_order", "is_identity", "run_block"]
 
 # Odd 64-bit multipliers (from splitmix64 and the golden ratio) for the rounds of slot hashing.
