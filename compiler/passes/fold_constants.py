@@ -17,7 +17,9 @@ and its backward needs no sparse product at all::
 Folded are the computing ops (not pure row movements, which cost nothing to keep
 and could be large) that some non-constant op reads. Their values come from the
 program itself, run in float64 by the engine the compiler was given (``compiler/backend.py``),
-so they are exactly what the module would compute. Facts in ``Settings.dynamic_facts`` are never folded; a fact layer
+so they are exactly what the module would compute; a sum or mean over gathered facts (the
+largest such value) is computed here as the engine's kernels compute it, bit for bit
+(``sequential_sums``, NOTE: [sequential sums]). Facts in ``Settings.dynamic_facts`` are never folded; a fact layer
 that was folded into a constant is no longer replaceable at call time.
 """
 from __future__ import annotations
