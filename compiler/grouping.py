@@ -34,7 +34,8 @@ import math
 
 import numpy as np
 
-__all__ = ["row_dtype", "equal_arrays", "first_rows", "first_equal_rows", "first_equal_multisets", "representatives", "all_distinct",
+__all__ = ["row_dtype", "equal_arrays", "first_rows", "first_rows_in_segments", "first_equal_rows",
+           "first_equal_multisets", "representatives", "all_distinct",
            "mix64", "row_hashes", "expand_segments", "dense_ranks", "stable_order", "is_identity", "run_block"]
 
 # Odd 64-bit multipliers (from splitmix64 and the golden ratio) for the rounds of slot hashing.
@@ -139,6 +140,27 @@ def first_rows(keys: np.ndarray, bound: int | None = None) -> np.ndarray:
             return first
         rows = again if rows is None else rows[again]
         words = words[again]
+
+
+def first_rows_in_segments(keys: np.ndarray, counts: np.ndarray, bound: int | None = None) -> np.ndarray:
+    """``first_rows(keys, bound)`` where equal keys lie in the same segment (``counts[j]``
+    consecutive keys each): the keys are grouped a run of whole segments (about ``CHUNK`` keys)
+    at a time, each run in a slot table of its own size that stays in the caches, instead of
+    one table of all of them (at products-like x 1/8, SAGE's 7.8M (segment, label) pairs of a
+    mean: a 64 MB table)."""
+    keys = np.asarray(keys)
+    n = keys.size
+    first = np.empty(n, dtype=row_dtype(n))
+    if n == 0:
+        return first
+    ends = np.cumsum(counts, dtype=np.int64)
+    starts = ends - counts
+    cuts = np.unique(starts[np.searchsorted(starts, np.arange(0, n, CHUNK)).clip(max=counts.size - 1)])
+    cuts = np.append(cuts[cuts < n], n).tolist()
+    for lo, hi in zip(cuts[:-1], cuts[1:]):
+        first[lo:hi] = first_rows(keys[lo:hi], bound)
+        first[lo:hi] += lo
+    return first
 
 
 def _slots(words: np.ndarray, bits: int, round_: int) -> np.ndarray:
@@ -425,7 +447,7 @@ def _scale_free(labels: np.ndarray, counts: np.ndarray, bound: int) -> tuple[np.
     if counts.size * bound >= 2**62:
         labels, bound = first_rows(labels, bound), labels.size
     # Distinct (segment, label) pairs, in element order -- so grouped by segment -- and their counts.
-    reps, inverse = representatives(first_rows(segment * bound + labels, counts.size * bound))
+    reps, inverse = representatives(first_rows_in_segments(segment * bound + labels, counts, counts.size * bound))
     multiplicity = np.bincount(inverse, minlength=reps.size)
     pair_segment = segment[reps]
     starts = np.flatnonzero(np.diff(pair_segment, prepend=-1))

@@ -209,3 +209,19 @@ def test_expand_segments_concatenates_the_ranges(ranges):
     got = grouping.expand_segments(starts, lengths)
     assert got.dtype == np.int64
     assert got.tolist() == [s + i for s, n in ranges for i in range(n)]
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 64, 1 << 18])
+def test_first_rows_in_segments_is_first_rows(monkeypatch, chunk):
+    """Keys equal only within a segment ((segment, label) pairs, as a mean's multisets make them)
+    grouped a run of whole segments at a time: the first-row form of all of them at once, with
+    runs of one segment, of a few, or of everything (empty segments among them)."""
+    from neurovec.compiler.grouping import first_rows_in_segments
+    rng = np.random.default_rng(chunk)
+    counts = rng.integers(0, 30, 400)
+    counts[-3:] = 0
+    segment = np.repeat(np.arange(counts.size), counts)
+    keys = segment * 25 + rng.integers(0, 25, segment.size)
+    expected = python_first(keys.tolist())
+    monkeypatch.setattr(grouping, "CHUNK", chunk)
+    assert first_rows_in_segments(keys, counts, counts.size * 25).tolist() == expected

@@ -142,9 +142,10 @@ def _decides(keys: np.ndarray, key_bound: int, other: np.ndarray) -> bool:
 # source (1/sqrt(deg) of it): rows with the same source label have the same weight label. Then
 # the source labels are exact labels of the pairs -- equal exactly when the pairs are -- and
 # small enough to index first_rows' table directly. Checking it is two passes of a table of one
-# label per key, made only where first_rows groups the pairs next (dedup_linear; the pairs inside a
-# multiset are hashed anyway). The labels differ from ``a * bound_b + b`` only in their values: which rows are
-# equal, and so every first-row form, every representative and the program, is the same.
+# label per key, made only where first_rows groups the pairs next (dedup_linear; the pairs inside
+# a multiset are hashed anyway). The labels differ from ``a * bound_b + b`` only in their values:
+# which rows are equal, and so every first-row form, every representative and the program, is
+# the same.
 
 
 # NOTE: [distinct rows] A labelling that merges more (iso_compression's: facts equal by value,

@@ -17,7 +17,9 @@ and its backward needs no sparse product at all::
 Folded are the computing ops (not pure row movements, which cost nothing to keep
 and could be large) that some non-constant op reads. Their values come from the
 program itself, run in float64 by the engine the compiler was given (``compiler/backend.py``),
-so they are exactly what the module would compute. Facts in ``Settings.dynamic_facts`` are never folded; a fact layer
+so they are exactly what the module would compute; a sum or mean over gathered facts (the
+largest such value) is computed here as the engine's kernels compute it, bit for bit
+(``sequential_sums``, NOTE: [sequential sums]). Facts in ``Settings.dynamic_facts`` are never folded; a fact layer
 that was folded into a constant is no longer replaceable at call time.
 """
 from __future__ import annotations
@@ -41,7 +43,7 @@ CHUNK_VALUES = 1 << 24
 # A folded sum over gathered facts is computed this many gathered values at a time (NOTE: [sequential
 # sums]); a run of at most SHORT entries per segment is added slice by slice, a longer one as running sums.
 SEQUENTIAL_CHUNK = 1 << 18
-SHORT = 8
+SHORT = 32
 
 # NOTE: [sequential sums] A folded sum or mean over gathered facts (GCN's, SAGE's and GIN's first
 # aggregation, once pull_linear_up has moved the weight after it) is the largest evaluation of a

@@ -129,9 +129,9 @@ def test_random_graphs_equal_reference(graph):
 @pytest.mark.parametrize("chunk_values", [300, 40_000])
 def test_folded_reduction_in_chunks_is_bit_identical(monkeypatch, tu_dir, chunk_values):
     """A folded reduction over gathered facts that is not a sum or mean is computed by the engine a
-    run of whole segments at a time (NOTE: [folding in chunks]; shown here on a sum): with pieces of a few hundred values (runs of 100 rows of 3
-    features) or of a few runs, every constant of the program is byte for byte the one of the
-    whole evaluation (PROTEINS GCN, its first aggregation over 17387 gathered rows)."""
+    run of whole segments at a time (NOTE: [folding in chunks]; shown here on a sum): with pieces
+    of a few hundred values (runs of 100 rows of 3 features) or of a few runs, every constant of
+    the program is byte for byte the one of the whole evaluation (PROTEINS GCN, its first aggregation over 17387 gathered rows)."""
     import numpy as np
 
     from neurovec import datasets
@@ -213,7 +213,8 @@ def test_folded_sums_equal_the_engines_evaluation(monkeypatch, tu_dir, chunk_val
     settings = Settings.preset("default", verify=False)
     calls = []
     ours = fc.sequential_sums
-    monkeypatch.setattr(fc, "sequential_sums", lambda *a, **k: calls.append(a[3].size) or ours(*a, chunk_values=chunk_values))
+    monkeypatch.setattr(fc, "sequential_sums",
+                        lambda *a, **k: calls.append(a[3].size) or ours(*a, chunk_values=chunk_values))
     folded = build_program(graph, settings)
     assert calls
     monkeypatch.setattr(fc, "_gathered_sum", lambda sub, name: None)
