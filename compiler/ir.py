@@ -31,7 +31,8 @@ Ops (``Node.attrs`` in brackets):
                 (a weight's columns, which a sparse sum over a constant fact matrix gathers)
 ==============  =====================================================================
 
-``Program.output`` names the node whose rows are the graph's outputs, in order.
+``Program.output`` names the node whose rows are the graph's outputs, in order. Nodes and programs
+are frozen dataclasses, and a node's ``attrs`` are read-only (:class:`Attrs`): a pass makes new ones.
 
 NOTE: [LINEAR broadcasting] A LINEAR node has ``count`` rows; each side has a
 layout. ``"full"``: the side has ``count`` rows, row e pairs with row e.
