@@ -2,8 +2,10 @@
 and zero-sign facts."""
 from __future__ import annotations
 
+import contextlib
 import heapq
 import itertools
+from contextvars import ContextVar
 from typing import Callable, Iterable, Iterator, Mapping
 
 import numpy as np
@@ -12,7 +14,7 @@ from .grouping import is_identity
 from .indexing import ROW_SELECTIONS, SideRows
 from .ir import IRError, Node, Op, Program, stored, users_of
 
-__all__ = ["PROCESS_NUMBERS", "eliminate_dead_code", "unique_name", "single_use",
+__all__ = ["COMPILE_NUMBERS", "numbering", "eliminate_dead_code", "unique_name", "single_use",
            "zero_sign_matters", "unit_reduction_is_identity", "Rewriter", "freeze_facts", "NodeEditor",
            "side_node"]
 
@@ -45,9 +47,10 @@ def unique_name(base: str, taken, numbers: Iterator[int] | None = None) -> str:
     return name
 
 
-#: The numbers that ``Rewriter(program, PROCESS_NUMBERS)`` appends, process-wide
-#: (benchmarks/program_digests.py starts them afresh for each program it digests).
+#: The count that ``Rewriter(program, COMPILE_NUMBERS)`` takes its numbers from: one for each compile
+#: (``numbering()``, which ``pipeline.build_program`` opens), else one for the process.
 _counter = itertools.count()
+_compile_count: ContextVar[Iterator[int] | None] = ContextVar("neurovec_compile_count", default=None)
 
 
 # NOTE: [numberings] A name already taken gets a number appended (``unique_name``, the one place
@@ -56,20 +59,30 @@ _counter = itertools.count()
 # * a walk (``Rewriter(program)``) numbers from 1 for the whole rewrite;
 # * an edit in place (``Rewriter(program, in_place=True)``: what NodeEditor and row_planner.Editor
 #   did) numbers from 2 for each name afresh (one shared count renames constants: measured);
-# * the passes that used the old ``fresh_const`` (``Rewriter(program, PROCESS_NUMBERS)``) take the
-#   next number of a process-wide count, as it did, so their names depend on what the process
-#   compiled before.
-class _ProcessNumbers:
-    """The process-wide count (``_counter``, which benchmarks/program_digests.py may restart)."""
+# * the passes that used the old ``fresh_const`` (``Rewriter(program, COMPILE_NUMBERS)``) share one
+#   count from 0 for the whole compile. (It was one count for the process: compiling relational
+#   Mutagenesis ``dims`` twice gave its constants other names the second time.)
+@contextlib.contextmanager
+def numbering():
+    """Start the count of ``COMPILE_NUMBERS`` afresh, for the passes run inside (one compile)."""
+    token = _compile_count.set(itertools.count())
+    try:
+        yield
+    finally:
+        _compile_count.reset(token)
+
+
+class _CompileNumbers:
+    """The count of the compile under way (``numbering()``), or else the process-wide one."""
 
     def __iter__(self):
         return self
 
     def __next__(self) -> int:
-        return next(_counter)
+        return next(_compile_count.get() or _counter)
 
 
-PROCESS_NUMBERS = _ProcessNumbers()
+COMPILE_NUMBERS = _CompileNumbers()
 
 
 def single_use(program: Program) -> set[str]:
