@@ -175,9 +175,6 @@ class Rewriter:
             name = self.aliases[name]
         return name
 
-    def by_name(self) -> dict[str, Node]:
-        return self.nodes
-
     def users(self) -> dict[str, list[str]]:
         """Readers of every live node (a reader reading twice is listed twice)."""
         if self._users is None:
