@@ -31,7 +31,8 @@ if __package__ in (None, ""):  # run as a script: import this checkout as the pa
     sys.path.insert(0, str(_ROOT.parent))
 
 import neurovec  # noqa: E402,F401  (registers the engine the passes ask)
-from neurovec.benchmarks.program_digests import PROGRAMS, _fresh_names_from_zero, code_digest, suite_graphs  # noqa: E402
+from neurovec.benchmarks.program_digests import PROGRAMS, code_digest, suite_graphs  # noqa: E402
+from neurovec.compiler.rewrite import numbering  # noqa: E402
 from neurovec.compiler.ir import Op, Program  # noqa: E402
 from neurovec.compiler.pipeline import PIPELINE, resolve_settings  # noqa: E402
 from neurovec.compiler.vectorizer import vectorize  # noqa: E402
@@ -86,11 +87,11 @@ def step_work(program: Program) -> int:
 
 
 def _compile(graph, settings, skip: str | None) -> Program:
-    _fresh_names_from_zero()
     program = vectorize(graph).replace(dynamic_facts=tuple(settings.dynamic_facts))
-    for name, enabled, run in PIPELINE:
-        if enabled(settings) and name != skip:
-            program = run(program, settings)
+    with numbering():  # names numbered as in one compile
+        for name, enabled, run in PIPELINE:
+            if enabled(settings) and name != skip:
+                program = run(program, settings)
     return program
 
 

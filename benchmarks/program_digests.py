@@ -34,6 +34,7 @@ if __package__ in (None, ""):  # run as a script: import this checkout as the pa
 
 from neurovec.compiler.ir import Program  # noqa: E402
 from neurovec.compiler.pipeline import PIPELINE, resolve_settings  # noqa: E402
+from neurovec.compiler.rewrite import numbering  # noqa: E402
 from neurovec.compiler.vectorizer import vectorize  # noqa: E402
 
 __all__ = ["PROGRAMS", "program_digest", "code_digest", "suite_graphs", "digests"]
@@ -96,25 +97,16 @@ def suite_graphs(data_dir: Path, programs=PROGRAMS):
         yield f"{dataset}/{model} {features}", task.graph
 
 
-def _fresh_names_from_zero() -> None:
-    """Names that ``rewrite.PROCESS_NUMBERS`` numbers take their suffix from a process-wide counter: a
-    program's names would depend on what the process compiled before. Start it afresh for each."""
-    import itertools
-    from neurovec.compiler import rewrite
-    if hasattr(rewrite, "_counter"):
-        rewrite._counter = itertools.count()
-
-
 def digests(graph, settings) -> tuple[list[tuple[str, str]], Program]:
     """Every step's ``(name, program digest)`` and the final program."""
     settings = resolve_settings(settings)
-    _fresh_names_from_zero()
     program = vectorize(graph).replace(dynamic_facts=tuple(settings.dynamic_facts))
     steps = [("vectorize", program_digest(program))]
-    for name, enabled, run in PIPELINE:
-        if enabled(settings):
-            program = run(program, settings)
-            steps.append((name, program_digest(program)))
+    with numbering():  # names numbered as in one compile (build_program)
+        for name, enabled, run in PIPELINE:
+            if enabled(settings):
+                program = run(program, settings)
+                steps.append((name, program_digest(program)))
     return steps, program
 
 

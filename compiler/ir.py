@@ -31,7 +31,8 @@ Ops (``Node.attrs`` in brackets):
                 (a weight's columns, which a sparse sum over a constant fact matrix gathers)
 ==============  =====================================================================
 
-``Program.output`` names the node whose rows are the graph's outputs, in order.
+``Program.output`` names the node whose rows are the graph's outputs, in order. Nodes and programs
+are frozen dataclasses, and a node's ``attrs`` are read-only (:class:`Attrs`): a pass makes new ones.
 
 NOTE: [LINEAR broadcasting] A LINEAR node has ``count`` rows; each side has a
 layout. ``"full"``: the side has ``count`` rows, row e pairs with row e.
@@ -91,6 +92,19 @@ class IRError(RuntimeError):
     """An internal inconsistency in a program (a compiler bug, not a user error)."""
 
 
+class Attrs(dict):
+    """A node's attributes: a dict that cannot be changed once made. A pass that needs other
+    attributes makes a new node: ``node.with_(attrs={**node.attrs, "kernel": "dense"})``."""
+
+    def _frozen(self, *args, **kwargs):
+        raise TypeError("a node's attrs cannot be changed: make a new node with node.with_(attrs=...)")
+
+    __setitem__ = __delitem__ = __ior__ = clear = pop = popitem = setdefault = update = _frozen
+
+    def __reduce__(self):  # pickle and copy build it whole, not key by key
+        return (Attrs, (dict(self),))
+
+
 @dataclass(frozen=True)
 class Node:
     name: str
@@ -98,9 +112,14 @@ class Node:
     srcs: tuple[str, ...]
     count: int
     shape: tuple[int, ...]
-    # Compared (two GATHERs with different indices are different nodes), not hashed (a dict).
-    attrs: dict = field(default_factory=dict, hash=False)
+    # Compared (two GATHERs with different indices are different nodes), not hashed (a dict);
+    # read-only (``Attrs``).
+    attrs: Mapping = field(default_factory=dict, hash=False)
     layer: str = ""  # the graph layer this node was built for (for messages and printing)
+
+    def __post_init__(self):
+        if type(self.attrs) is not Attrs:
+            object.__setattr__(self, "attrs", Attrs(self.attrs))
 
     def with_(self, **changes) -> "Node":
         return replace(self, **changes)

@@ -2,8 +2,10 @@
 and zero-sign facts."""
 from __future__ import annotations
 
+import contextlib
 import heapq
 import itertools
+from contextvars import ContextVar
 from typing import Callable, Iterable, Iterator, Mapping
 
 import numpy as np
@@ -12,7 +14,7 @@ from .grouping import is_identity
 from .indexing import ROW_SELECTIONS, SideRows
 from .ir import IRError, Node, Op, Program, stored, users_of
 
-__all__ = ["PROCESS_NUMBERS", "eliminate_dead_code", "unique_name", "single_use",
+__all__ = ["COMPILE_NUMBERS", "numbering", "eliminate_dead_code", "unique_name", "single_use",
            "zero_sign_matters", "unit_reduction_is_identity", "Rewriter", "freeze_facts", "NodeEditor",
            "side_node"]
 
@@ -24,7 +26,7 @@ def eliminate_dead_code(program: Program) -> Program:
     """
     live = _live(program.by_name(), {program.output})
     nodes = tuple(n for n in program.nodes if n.name in live)
-    used = {v for n in nodes for v in n.attrs.values() if isinstance(v, str) and v in program.constants}
+    used = _constant_keys(nodes, program.constants)
     if len(nodes) == len(program.nodes) and len(used) == len(program.constants):
         return program
     constants = {k: v for k, v in program.constants.items() if k in used}
@@ -45,27 +47,42 @@ def unique_name(base: str, taken, numbers: Iterator[int] | None = None) -> str:
     return name
 
 
-#: The numbers that ``Rewriter(program, PROCESS_NUMBERS)`` appends, process-wide
-#: (benchmarks/program_digests.py starts them afresh for each program it digests).
+#: The count that ``Rewriter(program, COMPILE_NUMBERS)`` takes its numbers from: one for each compile
+#: (``numbering()``, which ``pipeline.build_program`` opens), else one for the process.
 _counter = itertools.count()
+_compile_count: ContextVar[Iterator[int] | None] = ContextVar("neurovec_compile_count", default=None)
 
 
-# NOTE: [two numberings] A name already taken gets a number appended. Rewriters number from 1 for
-# each rewrite; the passes that used the old ``fresh_const`` before they used the Rewriter
-# (``Rewriter(program, PROCESS_NUMBERS)``) take the next number of a process-wide count, as it
-# did, so their names depend on what the process compiled before. One numbering for all would
-# rename constants on the benchmark programs (not byte-identical), so it is a step of its own.
-class _ProcessNumbers:
-    """The process-wide count (``_counter``, which benchmarks/program_digests.py may restart)."""
+# NOTE: [numberings] A name already taken gets a number appended (``unique_name``, the one place
+# that mints names), from one of three sequences, each kept because changing it renames nodes or
+# constants on the benchmark programs (not byte-identical; a step of its own):
+# * a walk (``Rewriter(program)``) numbers from 1 for the whole rewrite;
+# * an edit in place (``Rewriter(program, in_place=True)``: what NodeEditor and row_planner.Editor
+#   did) numbers from 2 for each name afresh (one shared count renames constants: measured);
+# * the passes that used the old ``fresh_const`` (``Rewriter(program, COMPILE_NUMBERS)``) share one
+#   count from 0 for the whole compile. (It was one count for the process: compiling relational
+#   Mutagenesis ``dims`` twice gave its constants other names the second time.)
+@contextlib.contextmanager
+def numbering():
+    """Start the count of ``COMPILE_NUMBERS`` afresh, for the passes run inside (one compile)."""
+    token = _compile_count.set(itertools.count())
+    try:
+        yield
+    finally:
+        _compile_count.reset(token)
+
+
+class _CompileNumbers:
+    """The count of the compile under way (``numbering()``), or else the process-wide one."""
 
     def __iter__(self):
         return self
 
     def __next__(self) -> int:
-        return next(_counter)
+        return next(_compile_count.get() or _counter)
 
 
-PROCESS_NUMBERS = _ProcessNumbers()
+COMPILE_NUMBERS = _CompileNumbers()
 
 
 def single_use(program: Program) -> set[str]:
@@ -146,8 +163,7 @@ class Rewriter:
         self._key: dict[str, tuple[int, int]] = {n: (i, 0) for i, n in enumerate(self.nodes)}
         self._position = itertools.count(len(self.nodes))
         self._tick = itertools.count(1)
-        # NOTE: [numberings] Walks number from 1 for the whole rewrite (or process-wide);
-        # in-place edits from 2 for each name afresh.
+        # NOTE: [numberings]
         self._numbers = numbers if numbers is not None or in_place else itertools.count(1)
         self._users: dict[str, list[str]] | None = None
         self.row_listeners: list[Callable[[str, np.ndarray], None]] = []  # told where rows move (``define``)
@@ -158,9 +174,6 @@ class Rewriter:
         while name in self.aliases:
             name = self.aliases[name]
         return name
-
-    def by_name(self) -> dict[str, Node]:
-        return self.nodes
 
     def users(self) -> dict[str, list[str]]:
         """Readers of every live node (a reader reading twice is listed twice)."""
@@ -286,19 +299,6 @@ class Rewriter:
         return Node(self.fresh(base), Op.GATHER, (source.name,), len(index), source.shape, {"index": key},
                     layer)
 
-    def drop_unused(self, names) -> None:
-        """Remove the nodes ``names`` (and the selections they read) that nothing reads any more."""
-        pending = list(names)
-        while pending:
-            users = self.all_users()
-            dead = {n for n in pending if n in users and not users[n] and n != self.output}
-            if not dead:
-                return
-            pending = [s for n in dead for s in self.nodes[n].srcs if self.nodes[s].op in ROW_SELECTIONS]
-            for n in dead:
-                del self.nodes[n]
-            self._edited()
-
     def _edited(self) -> None:
         self._users = None
         self.changed = True
@@ -421,7 +421,18 @@ class NodeEditor:
         self.rewriter.place(name, new_nodes)
 
     def drop_unused(self, names) -> None:
-        self.rewriter.drop_unused(names)
+        """Remove the nodes ``names`` (and the selections they read) that nothing reads any more
+        (``finish`` does that for every node the edit left unread: this is only sooner)."""
+        rw, pending = self.rewriter, list(names)
+        while pending:
+            users = rw.all_users()
+            dead = {n for n in pending if n in users and not users[n] and n != rw.output}
+            if not dead:
+                return
+            pending = [s for n in dead for s in rw.nodes[n].srcs if rw.nodes[s].op in ROW_SELECTIONS]
+            for n in dead:
+                del rw.nodes[n]
+            rw._edited()
 
     def build(self) -> Program:
         return self.rewriter.finish()

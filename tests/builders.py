@@ -24,7 +24,10 @@ class Builder:
 
     def _add(self, name, op, srcs, count, shape, **attrs):
         layer = "" if op in (Op.FACT, Op.WEIGHTS) else (self.layer or name)
-        self.nodes[name] = Node(name, op, tuple(srcs), int(count), tuple(shape), attrs, layer)
+        node = Node(name, op, tuple(srcs), int(count), tuple(shape), attrs, layer)
+        # A draft until build(): a test may still change its attrs (a built program's are read-only).
+        object.__setattr__(node, "attrs", dict(node.attrs))
+        self.nodes[name] = node
         return name
 
     def fact(self, name, values, layer="auto", unit=False):
@@ -67,7 +70,8 @@ class Builder:
         return self._add(name, Op.TRANSFORM, (x,), self.nodes[x].count, self.nodes[x].shape, fn=fn)
 
     def build(self, output) -> Program:
-        program = Program(tuple(self.nodes.values()), dict(self.constants), tuple(self.weight_list), output)
+        nodes = tuple(n.with_() for n in self.nodes.values())  # attrs read-only from here on
+        program = Program(nodes, dict(self.constants), tuple(self.weight_list), output)
         program.verify()
         return program
 

@@ -132,3 +132,16 @@ def test_a_pass_that_breaks_an_index_in_place_of_another_is_caught(monkeypatch):
     monkeypatch.setattr(pipeline, "PIPELINE", passes)
     with pytest.raises(IRError, match="after pass 'breaks_a_gather'.*GATHER index out of range"):
         build_program(fig41.fig41_graph(), "default")
+
+
+def test_compiling_twice_gives_the_same_names(mutagenesis_dir):
+    # Names numbered by a process-wide count gave relational Mutagenesis ("dims") other constant
+    # keys the second time it was compiled in a process (idx_output_6 -> idx_output_7): each compile
+    # numbers them afresh now (rewrite.numbering).
+    pytest.importorskip("sqlalchemy")
+    from neurovec.compiler.pipeline import build_program
+    data = neurovec.datasets.load_mutagenesis(mutagenesis_dir)
+    graph = neurovec.datasets.mutagenesis_dims(data, 3, 1, seed=0)
+    first, second = build_program(graph), build_program(graph)
+    assert list(first.constants) == list(second.constants)
+    assert [n.attrs for n in first.nodes] == [n.attrs for n in second.nodes]

@@ -134,3 +134,18 @@ def test_node_equality_includes_attrs():
     g = Node("g", Op.GATHER, ("x",), 2, (3,), {"index": "idx_a"})
     assert g != g.with_(attrs={"index": "idx_b"})
     assert g == g.with_(attrs={"index": "idx_a"}) and hash(g) == hash(g.with_(attrs={"index": "idx_b"}))
+
+
+def test_node_attrs_are_read_only():
+    # A pass that changed a node's attrs in place would change every program sharing the node.
+    import copy
+    import pickle
+    g = Node("g", Op.GATHER, ("x",), 2, (3,), {"index": "idx_a"})
+    for change in (lambda a: a.__setitem__("index", "idx_b"), lambda a: a.update(index="idx_b"),
+                   lambda a: a.pop("index"), lambda a: a.clear(), lambda a: a.setdefault("k", 1)):
+        with pytest.raises(TypeError, match="cannot be changed"):
+            change(g.attrs)
+    assert g.attrs == {"index": "idx_a"}
+    assert g.with_(attrs={**g.attrs, "index": "idx_b"}).attrs["index"] == "idx_b"  # a new node instead
+    for twin in (pickle.loads(pickle.dumps(g)), copy.deepcopy(g)):
+        assert twin == g and type(twin.attrs) is type(g.attrs)

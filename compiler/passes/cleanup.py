@@ -33,6 +33,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..gather_plans import chain_candidates
+from ..grouping import is_identity
 from ..ir import Node, Op, Program
 from ..rewrite import Rewriter, eliminate_dead_code, unit_reduction_is_identity, zero_sign_matters
 from ..settings import Settings
@@ -52,15 +53,11 @@ def remove_identity(program: Program, settings: Settings) -> Program:
         merged = _merge_chain(rw, node)
         if merged is None:
             rw.keep(node)
-        elif merged.op is Op.GATHER and _is_arange(rw.constants[merged.attrs["index"]], rw.nodes[merged.srcs[0]].count):
+        elif merged.op is Op.GATHER and is_identity(rw.constants[merged.attrs["index"]], rw.nodes[merged.srcs[0]].count):
             rw.alias(node.name, merged.srcs[0])
         else:
             rw.replace(merged)
     return rw.finish()
-
-
-def _is_arange(index: np.ndarray, n: int) -> bool:
-    return index.size == n and (n == 0 or (index[0] == 0 and bool(np.all(np.diff(index) == 1))))
 
 
 def _identity_source(rw: Rewriter, node: Node, program: Program, matters: set[str]) -> str | None:
@@ -77,7 +74,7 @@ def _identity_source(rw: Rewriter, node: Node, program: Program, matters: set[st
         return node.srcs[0]
     if op is Op.SLICE and a["start"] == 0 and a["step"] == 1 and node.count == rw.nodes[node.srcs[0]].count:
         return node.srcs[0]
-    if op is Op.GATHER and _is_arange(rw.constants[a["index"]], rw.nodes[node.srcs[0]].count):
+    if op is Op.GATHER and is_identity(rw.constants[a["index"]], rw.nodes[node.srcs[0]].count):
         return node.srcs[0]
     return None
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir import Node, Op, Program, is_sparse_sum
-from ..rewrite import PROCESS_NUMBERS, Rewriter, single_use
+from ..rewrite import COMPILE_NUMBERS, Rewriter, single_use
 from ..settings import Settings
 
 __all__ = ["join_sums"]
@@ -34,7 +34,7 @@ __all__ = ["join_sums"]
 def join_sums(program: Program, settings: Settings) -> Program:
     nodes = program.by_name()
     once = single_use(program)
-    rw = Rewriter(program, PROCESS_NUMBERS)
+    rw = Rewriter(program, COMPILE_NUMBERS)
     for node in program.nodes:
         terms = _terms(node, nodes, once, program) if node.op is Op.ADD else None
         if terms is None:

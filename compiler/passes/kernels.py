@@ -26,7 +26,7 @@ import numpy as np
 
 from .. import backend
 from ..ir import Op, Program, is_sparse_sum
-from ..rewrite import PROCESS_NUMBERS, Rewriter, single_use, zero_sign_matters
+from ..rewrite import COMPILE_NUMBERS, Rewriter, single_use, zero_sign_matters
 from ..settings import Settings
 
 __all__ = ["choose_kernels"]
@@ -41,7 +41,7 @@ def choose_kernels(program: Program, settings: Settings) -> Program:
     once = single_use(program)
     forced = settings.reduce_kernel
     engine = backend.current() if forced == "auto" else None
-    rw = Rewriter(program, PROCESS_NUMBERS)
+    rw = Rewriter(program, COMPILE_NUMBERS)
     for node in program.nodes:
         if node.op is not Op.REDUCE or node.attrs.get("kernel") == "strided" or is_sparse_sum(node):
             rw.keep(node)
@@ -91,7 +91,7 @@ def _gathers_as_sums(program: Program, engine) -> Program:
     grad = _needs_grad(program)
     keep_sign = zero_sign_matters(program)
     nodes = program.by_name()
-    rw = Rewriter(program, PROCESS_NUMBERS)
+    rw = Rewriter(program, COMPILE_NUMBERS)
     ones: dict[int, str] = {}
     for node in program.nodes:
         if (node.op is Op.GATHER and node.name not in keep_sign

@@ -85,7 +85,6 @@ def broadcast_linear(program: Program, settings: Settings) -> Program:
             runs = weight_runs(w.index)
             if runs is not None:
                 editor.place(linear.name, split_by_runs(editor, linear, w, x, runs))
-                editor.drop_unused(list(linear.srcs))
             continue
         new_nodes, srcs = [], list(linear.srcs)
         for k, (rows, side_layout, index) in enumerate(((w, layout.w_layout, layout.w_index),
@@ -97,5 +96,4 @@ def broadcast_linear(program: Program, settings: Settings) -> Program:
             srcs[k] = made[0].name if made else rows.source
         attrs = {**linear.attrs, "w_layout": layout.w_layout, "x_layout": layout.x_layout}
         editor.place(linear.name, new_nodes + [linear.with_(srcs=tuple(srcs), attrs=attrs)])
-        editor.drop_unused([s for s in linear.srcs if s not in srcs])
     return editor.finish()

@@ -265,7 +265,6 @@ def _apply(editor: Rewriter, linear: Node, w: SideRows, x: SideRows, plan: RowPl
         back = editor.new_gather(linear.name, padded, plan.position, linear.layer)
         new_nodes += [padded, back.with_(name=linear.name)]
     editor.place(linear.name, new_nodes)
-    editor.drop_unused([s for s in linear.srcs if s not in srcs])
 
 
 def reorder_and_pad(program: Program, settings: Settings) -> Program:
