@@ -3,17 +3,15 @@ assembled whole; the graph must be the one that grounding the rules one at a tim
 from __future__ import annotations
 
 import numpy as np
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from neurovec.sources.relational import Metadata, Query, R, Relation, Template, V, ground
-from neurovec.sources.relational.grounding import NumpyGrounder
 from neurovec.sources.relational.template import Aggregation, Transformation
 
-from .test_relational import assert_same_graph, brute_force, outputs
-
-KINDS = ["k0", "k1", "k2", "k3"]
+from .relational_cases import (KINDS, assert_families_give_one_rule_at_a_time, draw_family, relation,
+                               sqlite_database, weight)
+from .test_relational import assert_same_graph
 
 
 def _facts(rng, n_examples: int, n_nodes: int, repeated: bool) -> tuple[dict, dict]:
@@ -24,8 +22,8 @@ def _facts(rng, n_examples: int, n_nodes: int, repeated: bool) -> tuple[dict, di
         world = {}
         for x in range(n_nodes):
             world[("a", (x,))] = round(float(rng.normal()), 3)
-            a.append((e, x, world[("a", (x,))]))
-            for k in KINDS[:3]:   # k3 never occurs in the data
+            a.append((e, (x,), world[("a", (x,))]))
+            for k in KINDS[:3]:
                 if x == 0 or rng.random() < 0.45:
                     args = (x, x, k) if repeated else (x, k)
                     world[("t", args)] = 1.0
@@ -34,44 +32,28 @@ def _facts(rng, n_examples: int, n_nodes: int, repeated: bool) -> tuple[dict, di
                 world[("t", (x, x + 1, "k0"))] = 1.0
                 t.append((e, (x, x + 1, "k0")))
         worlds[e] = world
-    arity = 3 if repeated else 2
-    relations = {"a": Relation(np.array([r[1] for r in a]), values=[r[2] for r in a], example=[r[0] for r in a]),
-                 "t": Relation(tuple(np.array([r[1][c] for r in t]) for c in range(arity)),
-                               example=[r[0] for r in t])}
-    return relations, worlds
+    return {"a": relation(a, [r[2] for r in a]), "t": relation(t)}, worlds
 
 
 def _template(draw, repeated: bool) -> Template:
-    """A family over ``t`` and its variations (another rule of the head, weights, offsets, aggregations)."""
-    w = lambda: round(draw(st.floats(-1.5, 1.5)), 2)  # noqa: E731
-    # The first two differ (a family), the first occurs at node 0 of every example (q is derived); a repeat ends
-    # a family, k3 has no facts.
-    first = draw(st.sampled_from(KINDS[:3]))
-    kinds = [first, draw(st.sampled_from([k for k in KINDS if k != first]))]
-    kinds += draw(st.lists(st.sampled_from(KINDS), max_size=4))
-    head_weights = draw(st.booleans())
-    literal_weight = draw(st.sampled_from([None] + list(range(len(kinds)))))
-    offset = draw(st.sampled_from([None] + list(range(len(kinds)))))
-    aggregation = draw(st.sampled_from([Aggregation.AVG, Aggregation.SUM, Aggregation.MAX, Aggregation.COUNT]))
+    """A family over ``t`` and its variations (another rule of the head, weights, offsets, aggregations). The first
+    kind occurs at node 0 of every example (q is derived)."""
+    family = draw_family(draw)
     t = Template()
     if draw(st.booleans()):   # another rule of the head before the family
-        t += R.h(V.X)[w()] <= R.a(V.X)
-    for r, k in enumerate(kinds):
+        t += R.h(V.X)[weight(draw)] <= R.a(V.X)
+    for r, k in enumerate(family.kinds):
         literal = R.t(V.X, V.X, k) if repeated else R.t(V.X, k)
-        if r == literal_weight:
-            literal = literal[w()]
-        head = R.h(V.X)[w()] if head_weights else R.h(V.X)
-        body = (literal, w()) if r == offset else literal
-        t += (head <= body) | Metadata(aggregation=aggregation)
+        if r == family.literal_weight:
+            literal = literal[weight(draw)]
+        head = R.h(V.X)[weight(draw)] if family.head_weights else R.h(V.X)
+        body = (literal, weight(draw)) if r == family.offset else literal
+        t += (head <= body) | Metadata(aggregation=family.aggregation)
     if draw(st.booleans()):   # and one after it
-        t += R.h(V.X) <= R.a(V.X)[w()]
+        t += R.h(V.X) <= R.a(V.X)[weight(draw)]
     t += R.h / 1 | Metadata(transformation=draw(st.sampled_from([Transformation.TANH, Transformation.IDENTITY])))
     t += (R.q <= R.h(V.X)) | Metadata(aggregation=Aggregation.SUM)
     return t
-
-
-def _one_rule_at_a_time(monkeypatch):
-    monkeypatch.setattr(NumpyGrounder, "_families", lambda self, rules: [[r] for r in rules])
 
 
 @settings(max_examples=60, deadline=None)
@@ -80,20 +62,11 @@ def test_families_give_the_graph_of_one_rule_at_a_time(data, seed, n_examples, n
     template = _template(data.draw, repeated)
     relations, worlds = _facts(np.random.default_rng(seed), n_examples, n_nodes, repeated)
     examples = sorted({int(e) for e in relations["a"].example})
-    queries = [R.q, Query("q", example=examples[-1:])]
-    with pytest.MonkeyPatch.context() as patch:
-        _one_rule_at_a_time(patch)
-        expected = {(q_i, prune): ground(template, relations, q, prune=prune).graph
-                    for q_i, q in enumerate(queries) for prune in (True, False)}
-    for (q_i, prune), graph in expected.items():
-        found = ground(template, relations, queries[q_i], prune=prune)
-        assert_same_graph(found.graph, graph)
-        families = [g for stage in found.stages for g in stage.groundings if g.family]
-        assert families, "the family was not grounded as one"
-    # and the numbers are NeuraLogic's (the brute-force oracle of test_relational)
-    values = brute_force(template, worlds, [(e, "q", ()) for e in examples])
-    np.testing.assert_allclose(outputs(ground(template, relations, R.q).graph).reshape(-1), values, rtol=0,
-                               atol=1e-9)
+    found = assert_families_give_one_rule_at_a_time(template, relations, worlds,
+                                                    queries=(R.q, Query("q", example=examples[-1:])))
+    for grounding in found:
+        assert any(g.family for stage in grounding.stages for g in stage.groundings), \
+            "the family was not grounded as one"
 
 
 def test_an_embedding_family_is_one_atom_layer():
@@ -119,26 +92,8 @@ def test_an_embedding_family_is_one_atom_layer():
 def test_families_in_sql_give_the_arrays_graph(tmp_path):
     """The SQL grounder joins a family once too (its rows say whose they are): the same graph as from arrays, for a
     family kept whole, one taken apart (a literal weight), and without pruning."""
-    import sqlite3
-
-    from neurovec.sources.relational import Database, SQLRelation
-
-    rng = np.random.default_rng(7)
-    relations, _ = _facts(rng, 3, 5, repeated=False)
-    path = tmp_path / "kinds.db"
-    con = sqlite3.connect(path)
-    con.execute("CREATE TABLE a (x INTEGER, v REAL, ex INTEGER)")
-    con.executemany("INSERT INTO a VALUES (?, ?, ?)", zip(relations["a"].args[0].tolist(),
-                                                          relations["a"].values.tolist(),
-                                                          relations["a"].example.tolist()))
-    con.execute("CREATE TABLE t (x INTEGER, k TEXT, ex INTEGER)")
-    con.executemany("INSERT INTO t VALUES (?, ?, ?)", zip(relations["t"].args[0].tolist(),
-                                                          relations["t"].args[1].tolist(),
-                                                          relations["t"].example.tolist()))
-    con.commit()
-    con.close()
-    database = Database(path, {"a": SQLRelation("a", args="x", values="v", example="ex"),
-                               "t": SQLRelation("t", args=("x", "k"), example="ex")})
+    relations, _ = _facts(np.random.default_rng(7), 3, 5, repeated=False)
+    database = sqlite_database(tmp_path / "kinds.db", relations, {"a": ("x",), "t": ("x", "k")})
     for literal_weight in (False, True):
         t = Template()
         t += R.h(V.X)[0.5] <= R.a(V.X)

@@ -10,12 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from neurovec.sources.relational import Metadata, R, Relation, Template, V, ground
-from neurovec.sources.relational.grounding import NumpyGrounder
 from neurovec.sources.relational.template import Aggregation, Transformation
 
-from .test_relational import assert_same_graph, brute_force, outputs
-
-KINDS = ["k0", "k1", "k2", "k3"]
+from .relational_cases import (KINDS, assert_families_give_one_rule_at_a_time, draw_family, one_rule_at_a_time,
+                               relation, sqlite_database, weight)
+from .test_relational import assert_same_graph, outputs
 
 
 def _facts(rng, n_examples: int, n_nodes: int) -> tuple[dict, dict]:
@@ -40,11 +39,6 @@ def _facts(rng, n_examples: int, n_nodes: int) -> tuple[dict, dict]:
             e.append((ex, (0, "k0", n_nodes - 1)))
         worlds[ex] = world
 
-    def relation(rows, values=None):
-        arity = len(rows[0][1])
-        return Relation(tuple(np.array([r[1][c] for r in rows]) for c in range(arity)), values=values,
-                        example=[r[0] for r in rows])
-
     relations = {"a": relation(a, [r[2] for r in a]), "e": relation(e)}
     if b:
         relations["b"] = relation(b)
@@ -55,40 +49,29 @@ def _template(draw, with_b: bool) -> tuple[Template, int]:
     """A join family over ``e``'s kinds and its variations: repeated kinds (which end a family), head weights, a
     literal weight or an offset on one rule, the aggregation, the body order, a visible edge literal (two inputs),
     a comparison, a variable only in a hidden literal (duplicate groundings), other rules of the head around it."""
-    w = lambda: round(draw(st.floats(-1.5, 1.5)), 2)  # noqa: E731
-    first = draw(st.sampled_from(KINDS[:3]))
-    kinds = [first, draw(st.sampled_from([k for k in KINDS if k != first]))]
-    kinds += draw(st.lists(st.sampled_from(KINDS), max_size=4))
-    head_weights = draw(st.booleans())
-    literal_weight = draw(st.sampled_from([None] + list(range(len(kinds)))))
-    offset = draw(st.sampled_from([None] + list(range(len(kinds)))))
-    aggregation = draw(st.sampled_from([Aggregation.AVG, Aggregation.SUM, Aggregation.MAX, Aggregation.COUNT]))
+    family = draw_family(draw)
     edge_first, visible = draw(st.booleans()), draw(st.booleans())
     extra = draw(st.sampled_from(["none", "neq", "hidden"] + (["b"] if with_b else [])))
     t = Template()
     if draw(st.booleans()):   # another rule of the head before the family
-        t += R.h(V.Y)[w()] <= R.a(V.Y)
-    for r, k in enumerate(kinds):
-        source = R.a(V.X)[w()] if r == literal_weight else R.a(V.X)
+        t += R.h(V.Y)[weight(draw)] <= R.a(V.Y)
+    for r, k in enumerate(family.kinds):
+        source = R.a(V.X)[weight(draw)] if r == family.literal_weight else R.a(V.X)
         edge = R.e(V.X, k, V.Y) if visible else R.hidden.e(V.X, k, V.Y)
         body = [edge, source] if edge_first else [source, edge]
         if extra == "neq":
             body.append(R.special.neq(V.X, V.Y))
         elif extra == "b":   # Z occurs only here: several groundings with the same inputs are one
             body.append(R.hidden.b(V.Z, V.X))
-        if r == offset:
-            body.append(w())
-        head = R.h(V.Y)[w()] if head_weights else R.h(V.Y)
-        t += (head <= tuple(body)) | Metadata(aggregation=aggregation)
+        if r == family.offset:
+            body.append(weight(draw))
+        head = R.h(V.Y)[weight(draw)] if family.head_weights else R.h(V.Y)
+        t += (head <= tuple(body)) | Metadata(aggregation=family.aggregation)
     if draw(st.booleans()):   # and one after it
-        t += R.h(V.Y) <= R.a(V.Y)[w()]
+        t += R.h(V.Y) <= R.a(V.Y)[weight(draw)]
     t += R.h / 1 | Metadata(transformation=draw(st.sampled_from([Transformation.TANH, Transformation.IDENTITY])))
     t += (R.q <= R.h(V.X)) | Metadata(aggregation=Aggregation.SUM)
-    return t, len(kinds)
-
-
-def _one_rule_at_a_time(patch):
-    patch.setattr(NumpyGrounder, "_join_families", lambda self, rules: self._families(rules))
+    return t, len(family.kinds)
 
 
 @settings(max_examples=80, deadline=None)
@@ -96,22 +79,7 @@ def _one_rule_at_a_time(patch):
 def test_join_families_give_the_graph_of_one_rule_at_a_time(data, seed, n_examples, n_nodes):
     relations, worlds = _facts(np.random.default_rng(seed), n_examples, n_nodes)
     template, _ = _template(data.draw, "b" in relations)
-    examples = sorted({int(e) for e in relations["a"].example})
-    try:
-        with pytest.MonkeyPatch.context() as patch:
-            _one_rule_at_a_time(patch)
-            expected = {prune: ground(template, relations, R.q, prune=prune).graph for prune in (True, False)}
-    except Exception as error:   # e.g. no edge of these kinds: then the families must fail the same way
-        with pytest.raises(type(error), match="."):
-            ground(template, relations, R.q)
-        return
-    for prune, graph in expected.items():
-        found = ground(template, relations, R.q, prune=prune)
-        assert_same_graph(found.graph, graph)
-    # and the numbers are NeuraLogic's (the brute-force oracle of test_relational)
-    values = brute_force(template, worlds, [(e, "q", ()) for e in examples])
-    np.testing.assert_allclose(outputs(ground(template, relations, R.q).graph).reshape(-1), values, rtol=0,
-                               atol=1e-9)
+    assert_families_give_one_rule_at_a_time(template, relations, worlds, may_fail=True)
 
 
 def test_an_rgcn_layer_is_one_join_and_assembled_whole():
@@ -131,7 +99,7 @@ def test_an_rgcn_layer_is_one_join_and_assembled_whole():
     names = [layer.name for layer in grounding.graph.layers]
     assert names == ["a", "rule1:h:avg", "h", "q"]   # only type 0 has a head (1) with two groundings
     with pytest.MonkeyPatch.context() as patch:
-        _one_rule_at_a_time(patch)
+        one_rule_at_a_time(patch)
         assert_same_graph(grounding.graph, ground(t, relations, R.q).graph)
     # h(1) = 0.5 * 2 + 1 * mean(a(0), a(1)) + 2 * a(2); h(2) = 0.5 * 3 + 2 * a(0) + 3 * a(3); ...
     h = {0: 0.5, 1: 0.5 * 2 + 1 * 1.5 + 2 * 3, 2: 0.5 * 3 + 2 * 1 + 3 * 4, 3: 0.5 * 4 + 1 * 2}
@@ -140,24 +108,8 @@ def test_an_rgcn_layer_is_one_join_and_assembled_whole():
 
 def test_join_families_in_sql_give_the_arrays_graph(tmp_path):
     """The SQL grounder joins the rules one by one: the same graph as the arrays' join family, pruned or not."""
-    import sqlite3
-
-    from neurovec.sources.relational import Database, SQLRelation
-
     relations, _ = _facts(np.random.default_rng(3), 3, 5)
-    path = tmp_path / "edges.db"
-    con = sqlite3.connect(path)
-    con.execute("CREATE TABLE a (x INTEGER, v REAL, ex INTEGER)")
-    con.executemany("INSERT INTO a VALUES (?, ?, ?)", zip(relations["a"].args[0].tolist(),
-                                                          relations["a"].values.tolist(),
-                                                          relations["a"].example.tolist()))
-    con.execute("CREATE TABLE e (x INTEGER, k TEXT, y INTEGER, ex INTEGER)")
-    con.executemany("INSERT INTO e VALUES (?, ?, ?, ?)", zip(*(c.tolist() for c in relations["e"].args),
-                                                             relations["e"].example.tolist()))
-    con.commit()
-    con.close()
-    database = Database(path, {"a": SQLRelation("a", args="x", values="v", example="ex"),
-                               "e": SQLRelation("e", args=("x", "k", "y"), example="ex")})
+    database = sqlite_database(tmp_path / "edges.db", relations, {"a": ("x",), "e": ("x", "k", "y")})
     t = Template()
     t += R.h(V.Y)[0.5] <= R.a(V.Y)
     for k in ("k2", "k0", "k3", "k1"):
@@ -189,5 +141,5 @@ def test_a_join_family_joined_from_another_literal_is_sorted_by_rule(second_inpu
     (family,) = [g for stage in grounding.stages for g in stage.groundings if g.family]
     assert family.joined and family.size > 0
     with pytest.MonkeyPatch.context() as patch:
-        _one_rule_at_a_time(patch)
+        one_rule_at_a_time(patch)
         assert_same_graph(grounding.graph, ground(t, relations, R.q).graph)
