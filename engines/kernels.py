@@ -697,14 +697,16 @@ class GatherSum:
         if mean:
             per_edge = 1.0 / seg.counts.numpy().astype(np.float64)[seg_id]
             coefficients = per_edge if coefficients is None else coefficients * per_edge
-        # A^T in CSR: edges grouped by source; the stable sort keeps each source's
-        # segments ascending, t_perm says which edge (hence which coef) each entry is.
-        t_perm = np.argsort(idx, kind="stable")
-        t_ptr = np.zeros(n_sources + 1, dtype=np.int64)
-        np.cumsum(np.bincount(idx, minlength=n_sources), out=t_ptr[1:])
         # ptr / index / t_ptr / t_col only feed the sparse matmuls: int32 where it fits
         # (see _csr_index_dtype); seg_id / t_perm stay int64 for index_select.
         csr = np.int32 if _csr_index_dtype(max(idx.size, n_sources, 1)) == torch.int32 else np.int64
+        # A^T in CSR: edges grouped by source; the stable sort keeps each source's
+        # segments ascending, t_perm says which edge (hence which coef) each entry is.
+        # torch's stable sort of integers is a radix sort: 4.5x numpy's stable argsort
+        # (8M entries, 1 thread: 0.20 vs 0.90 s; a third of building a products-like module).
+        t_perm = torch.sort(torch.from_numpy(np.array(idx, dtype=csr)), stable=True).indices.numpy()
+        t_ptr = np.zeros(n_sources + 1, dtype=np.int64)
+        np.cumsum(np.bincount(idx, minlength=n_sources), out=t_ptr[1:])
         t = lambda a, dt=np.int64: torch.from_numpy(np.ascontiguousarray(a, dtype=dt)).to(device)  # noqa: E731
         vals = t_vals = None
         if coefficients is not None:

@@ -121,7 +121,10 @@ void for_segments(const I* ptr, int64_t n_rows, int64_t width, Body body) {
 // the single pass over wide rows below): 306k rows x 8M entries from a 306k-row value (products-like
 // at 1/8), width 128 1932 -> 642, 47 648 -> 282; a million entries into 247k rows (hetero-100's
 // transposed gather) width 16 20 -> 16, 32 60 -> 18-27. Rows narrower than a cache line are not
-// prefetched (width 4: 6.7 -> 8.0 with it).
+// prefetched (width 4: 6.7 -> 8.0 with it), nor those of a value that fits in kCachedBytes (about a
+// core's L2 here): MUTAG's 3371 x 16 floats took 11 -> 13 µs with it (at 3371 x 32, 50 -> 22 µs: a
+// gain given up with the cut-off, to keep the small 16-wide sums as they were).
+constexpr int64_t kCachedBytes = 2 << 20;
 constexpr int64_t kPrefetchAhead = 8;
 
 template <typename T>
@@ -133,16 +136,16 @@ inline void prefetch_row(const T* row, int64_t n) {
 // One chunk of C features (k0 .. k0 + C - 1) of row r, accumulated in registers: how the rows of
 // the widths with_width names go (one chunk each). Accumulating in the output row instead costs a
 // load and a store per feature and entry.
-template <int C, typename T, typename I, bool GATHER, bool WEIGHTED>
+template <int C, typename T, typename I, bool GATHER, bool WEIGHTED, bool PREFETCH>
 inline void sum_chunk(int64_t r, const I* __restrict__ ptr, const I* __restrict__ col, const T* __restrict__ val,
                       const T* __restrict__ x, int64_t w, int64_t k0, T* __restrict__ y,
-                      const T* __restrict__ divide, int64_t e_end) {
+                      const T* __restrict__ divide, int64_t prefetch_end) {
     T acc[C];
     for (int k = 0; k < C; ++k) acc[k] = T(0);
     const int64_t e1 = ptr[r + 1];
     for (int64_t e = ptr[r]; e < e1; ++e) {
-        if constexpr (GATHER && C * sizeof(T) >= 64) {
-            if (e + kPrefetchAhead < e_end) prefetch_row(x + (int64_t)col[e + kPrefetchAhead] * w + k0, C);
+        if constexpr (PREFETCH && GATHER && C * sizeof(T) >= 64) {
+            if (e + kPrefetchAhead < prefetch_end) prefetch_row(x + (int64_t)col[e + kPrefetchAhead] * w + k0, C);
         }
         const T* __restrict__ xr = x + (GATHER ? (int64_t)col[e] : e) * w + k0;
         if constexpr (WEIGHTED) {
@@ -166,24 +169,30 @@ inline void sum_chunk(int64_t r, const I* __restrict__ ptr, const I* __restrict_
 template <typename T, typename I, typename WT, bool GATHER, bool WEIGHTED>
 void sum_rows(int64_t r0, int64_t r1, const I* __restrict__ ptr, const I* __restrict__ col,
               const T* __restrict__ val, const T* __restrict__ x, int64_t w_any, T* __restrict__ y,
-              const T* __restrict__ divide) {
+              const T* __restrict__ divide, bool prefetch) {
     constexpr int kW = WT::value;
-    const int64_t e_end = ptr[r1];
+    const int64_t prefetch_end = prefetch ? (int64_t)ptr[r1] : 0;  // rows of entries before it are prefetched
     if constexpr (kW != 0) {  // a width with_width has a case for: the whole row is one chunk
-        for (int64_t r = r0; r < r1; ++r)
-            sum_chunk<kW, T, I, GATHER, WEIGHTED>(r, ptr, col, val, x, kW, 0, y, divide, e_end);
+        // Prefetching or not is a template argument here: an always-false test per entry cost
+        // MUTAG's sums (3371 x 16) a sixth of their time.
+        if (prefetch)
+            for (int64_t r = r0; r < r1; ++r)
+                sum_chunk<kW, T, I, GATHER, WEIGHTED, true>(r, ptr, col, val, x, kW, 0, y, divide, prefetch_end);
+        else
+            for (int64_t r = r0; r < r1; ++r)
+                sum_chunk<kW, T, I, GATHER, WEIGHTED, false>(r, ptr, col, val, x, kW, 0, y, divide, prefetch_end);
         return;
     }
     // Rows of any other width: accumulated in the output row (in L1 while it is summed), each entry's
     // row read once, whole (chunk by chunk in registers it was read once per chunk: 9 passes at 47).
     const int64_t w = w_any;
-    const bool prefetch = GATHER && w * (int64_t)sizeof(T) >= 64;
+    const bool wide = GATHER && w * (int64_t)sizeof(T) >= 64;
     for (int64_t r = r0; r < r1; ++r) {
         T* __restrict__ acc = y + r * w;
         for (int64_t k = 0; k < w; ++k) acc[k] = T(0);
         const int64_t e1 = ptr[r + 1];
         for (int64_t e = ptr[r]; e < e1; ++e) {
-            if (prefetch && e + kPrefetchAhead < e_end) prefetch_row(x + (int64_t)col[e + kPrefetchAhead] * w, w);
+            if (wide && e + kPrefetchAhead < prefetch_end) prefetch_row(x + (int64_t)col[e + kPrefetchAhead] * w, w);
             const T* __restrict__ xr = x + (GATHER ? (int64_t)col[e] : e) * w;
             if constexpr (WEIGHTED) {
                 const T v = val[e];
@@ -205,15 +214,15 @@ void sum_rows(int64_t r0, int64_t r1, const I* __restrict__ ptr, const I* __rest
 // template arguments: as run-time branches they cost 2-4x on short segments.
 template <typename T, typename I>
 void segment_sum(int64_t n_rows, const I* ptr, const I* col, const T* val, const T* x, int64_t w, T* y,
-                 const T* divide) {
+                 const T* divide, bool prefetch) {
     for_segments(ptr, n_rows, w, [&](int64_t r0, int64_t r1, auto width) {
         using WT = decltype(width);
         if (col) {
-            if (val) sum_rows<T, I, WT, true, true>(r0, r1, ptr, col, val, x, w, y, divide);
-            else sum_rows<T, I, WT, true, false>(r0, r1, ptr, col, val, x, w, y, divide);
+            if (val) sum_rows<T, I, WT, true, true>(r0, r1, ptr, col, val, x, w, y, divide, prefetch);
+            else sum_rows<T, I, WT, true, false>(r0, r1, ptr, col, val, x, w, y, divide, prefetch);
         } else {
-            if (val) sum_rows<T, I, WT, false, true>(r0, r1, ptr, col, val, x, w, y, divide);
-            else sum_rows<T, I, WT, false, false>(r0, r1, ptr, col, val, x, w, y, divide);
+            if (val) sum_rows<T, I, WT, false, true>(r0, r1, ptr, col, val, x, w, y, divide, prefetch);
+            else sum_rows<T, I, WT, false, false>(r0, r1, ptr, col, val, x, w, y, divide, prefetch);
         }
     });
 }
@@ -501,11 +510,12 @@ Tensor csr_sum(const Tensor& x_in, const Tensor& ptr_in, const Tensor& col_in, c
     const Tensor values = like(values_in, x), divide = like(divide_in, x);
     const int64_t n = ptr.size(0) - 1;
     Tensor y = at::empty(with_rows(x, n), x.options());
+    const bool prefetch = x.numel() * (int64_t)x.element_size() > kCachedBytes;  // NOTE: [prefetching gathered rows]
         AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "neurovec_cpu::csr_sum", [&] {
         AT_DISPATCH_INDEX_TYPES(ptr.scalar_type(), "neurovec_cpu::csr_sum", [&] {
             segment_sum<scalar_t, index_t>(n, ptr.data_ptr<index_t>(), data_or_null<index_t>(col),
                                            data_or_null<scalar_t>(values), x.data_ptr<scalar_t>(), row_width(x),
-                                           y.data_ptr<scalar_t>(), data_or_null<scalar_t>(divide));
+                                           y.data_ptr<scalar_t>(), data_or_null<scalar_t>(divide), prefetch);
         });
     });
     return y;
