@@ -269,7 +269,10 @@ def _words(values: np.ndarray) -> np.ndarray:
 
 def row_hashes(values: np.ndarray) -> np.ndarray:
     """A 64-bit hash of every row's bytes (position-dependent: ``[a, b]`` and ``[b, a]`` differ)."""
-    words = _words(values)
+    return _word_hashes(_words(values))
+
+
+def _word_hashes(words: np.ndarray) -> np.ndarray:
     salts = mix64(np.arange(1, words.shape[1] + 1, dtype=np.uint64))
     hashes = np.zeros(words.shape[0], np.uint64)
     with np.errstate(over="ignore"):
@@ -279,11 +282,31 @@ def row_hashes(values: np.ndarray) -> np.ndarray:
 
 
 def first_equal_rows(values: np.ndarray) -> np.ndarray:
-    """First-row form of the rows of ``values`` (axis 0) under bitwise equality."""
-    first = first_rows(row_hashes(values))
+    """First-row form of the rows of ``values`` (axis 0) under bitwise equality.
+
+    A row whose first 8 bytes no other row has equals no other row: only the rows that share their
+    first word with another are hashed whole (node features of real numbers: hardly any)."""
+    values = np.asarray(values)
+    n = values.shape[0] if values.ndim else 1
+    words = _words(values)
+    if n and words.shape[1] > 1:
+        by_first_word = first_rows(np.ascontiguousarray(words[:, 0]))
+        shared = by_first_word != _rows_like(by_first_word)
+        shared[by_first_word[shared]] = True  # and the first row of each such word
+        rows = np.flatnonzero(shared)
+        if rows.size < n // 2:
+            first = np.arange(n, dtype=row_dtype(n))
+            if rows.size:
+                first[rows] = rows[_first_equal_words(words[rows])]
+            return first
+    return _first_equal_words(words)
+
+
+def _first_equal_words(words: np.ndarray) -> np.ndarray:
+    """``first_equal_rows`` of rows given as ``(n, w)`` uint64 words (``_words``)."""
+    first = first_rows(_word_hashes(words))
     candidates = np.flatnonzero(first != _rows_like(first))
     if candidates.size:
-        words = _words(values)
         same = np.all(words[candidates] == words[first[candidates]], axis=1)
         wrong = candidates[~same]
         first[wrong] = wrong

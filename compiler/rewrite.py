@@ -1,14 +1,16 @@
-"""The program editor that passes share (`Rewriter`), fresh names, dead nodes, and zero-sign facts."""
+"""The one program editor (`Rewriter`), the one place that mints names (`unique_name`), dead nodes,
+and zero-sign facts."""
 from __future__ import annotations
 
+import heapq
 import itertools
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 
 from .grouping import is_identity
 from .indexing import ROW_SELECTIONS, SideRows
-from .ir import Node, Op, Program, compact_index, stored, users_of
+from .ir import IRError, Node, Op, Program, stored, users_of
 
 __all__ = ["PROCESS_NUMBERS", "eliminate_dead_code", "unique_name", "single_use",
            "zero_sign_matters", "unit_reduction_is_identity", "Rewriter", "freeze_facts", "NodeEditor",
@@ -20,10 +22,7 @@ def eliminate_dead_code(program: Program) -> Program:
 
     Before: ``%a = ...; %b = TRANSFORM(%a); return %a`` -- after: ``%a = ...; return %a``.
     """
-    live = {program.output}
-    for node in reversed(program.nodes):
-        if node.name in live:
-            live.update(node.srcs)
+    live = _live(program.by_name(), {program.output})
     nodes = tuple(n for n in program.nodes if n.name in live)
     used = {v for n in nodes for v in n.attrs.values() if isinstance(v, str) and v in program.constants}
     if len(nodes) == len(program.nodes) and len(used) == len(program.constants):
@@ -116,94 +115,247 @@ def _clears_sign(program: Program, node: Node) -> bool:
 
 
 class Rewriter:
-    """Builds a new program node by node, in the old program's order.
+    """The program editor every pass uses. It edits a program in one of two ways:
 
-    ``take`` resolves a node's inputs through the aliases made so far; ``keep`` copies
-    it; ``alias`` makes its readers read another node instead; ``emit`` adds new nodes.
-    ``finish`` drops the nodes this rewrite left without readers (never ones that were
-    already dead: dead-code elimination is ``remove_unused``'s switch) and the
-    constants only they read.
+    * a walk (``Rewriter(program)``): the new program is built node by node, in the old one's
+      order. ``take`` resolves a node's inputs through the aliases made so far; ``keep`` copies
+      it; ``alias`` makes its readers read another node instead; ``emit`` adds a new node after
+      everything so far; a node not kept is gone;
+    * in place (``Rewriter(program, in_place=True)``): every node stays unless changed.
+      ``define`` adds a node (after its inputs) or redefines one under its name, ``place`` puts
+      new nodes where an old one was, ``redirect`` makes every reader of a node read another.
+
+    ``fresh`` and ``const`` mint names (``unique_name``, NOTE: [numberings]). ``finish`` orders
+    the nodes topologically, as near their old places as it can, drops what the edit left without
+    readers (never what was dead already: that is ``remove_unused``'s switch) and the constants
+    only those read, and returns the old program itself if nothing changed.
     """
 
-    def __init__(self, program: Program, numbers: Iterator[int] | None = None):
+    def __init__(self, program: Program, numbers: Iterator[int] | None = None, *, in_place: bool = False,
+                 keep_inputs: bool = True):
         self.program = program
-        self.nodes: dict[str, Node] = {}
+        self.output = program.output
         self.constants = dict(program.constants)
         self.aliases: dict[str, str] = {}
         self.taken = {n.name for n in program.nodes} | set(program.constants)
         self.changed = False
-        # Fresh names' suffixes: one sequence for the whole rewrite, or (``numbers=PROCESS_NUMBERS``,
-        # NOTE: [two numberings]) the process-wide one.
-        self._numbers = itertools.count(1) if numbers is None else numbers
+        self.keep_inputs = keep_inputs  # unread input facts stay (``finish``)
         self._old = program.by_name()
+        # A node's place: (position, tick). Nodes of one position keep the order they came in.
+        self.nodes: dict[str, Node] = dict(self._old) if in_place else {}
+        self._key: dict[str, tuple[int, int]] = {n: (i, 0) for i, n in enumerate(self.nodes)}
+        self._position = itertools.count(len(self.nodes))
+        self._tick = itertools.count(1)
+        # NOTE: [numberings] Walks number from 1 for the whole rewrite (or process-wide);
+        # in-place edits from 2 for each name afresh.
+        self._numbers = numbers if numbers is not None or in_place else itertools.count(1)
+        self._users: dict[str, list[str]] | None = None
+        self.row_listeners: list[Callable[[str, np.ndarray], None]] = []  # told where rows move (``define``)
+        self.version = 0  # counts definitions: what was planned against an older version is stale
 
+    # -- queries
     def resolve(self, name: str) -> str:
         while name in self.aliases:
             name = self.aliases[name]
         return name
 
+    def by_name(self) -> dict[str, Node]:
+        return self.nodes
+
+    def users(self) -> dict[str, list[str]]:
+        """Readers of every live node (a reader reading twice is listed twice)."""
+        if self._users is None:
+            live = _live(self.nodes, {self.output})
+            users: dict[str, list[str]] = {name: [] for name in live}
+            for name in live:
+                for s in self.nodes[name].srcs:
+                    users[s].append(name)
+            self._users = users
+        return self._users
+
+    def all_users(self) -> dict[str, list[str]]:
+        """Readers of every node, live or not."""
+        return users_of(self.nodes.values())
+
+    def is_live(self, name: str) -> bool:
+        return name in self.users()
+
+    def readers(self, name: str) -> list[str]:
+        return list(dict.fromkeys(self.users().get(name, [])))
+
+    def shared(self, name: str, reader: str | None) -> bool:
+        """Whether ``name`` is read by anything but ``reader`` (once), or is the output."""
+        return name == self.output or self.users().get(name, []) != [reader]
+
+    def index(self, node: Node) -> np.ndarray:
+        return self.constants[node.attrs["index"]]
+
+    # -- names
+    def fresh(self, base: str) -> str:
+        return unique_name(base, self.taken, self._numbers)
+
+    def const(self, base: str, array: np.ndarray, owner: str | None = None) -> str:
+        """Store ``array`` under a fresh key; ``owner``: the node being (re)defined with it, which
+        may take over ``base`` itself if no other live node reads that constant."""
+        reuse = owner is not None and base in self.constants and base not in self.nodes and not any(
+            n != owner and base in self.nodes[n].attrs.values() for n in self.users())
+        key = base if reuse else self.fresh(base)
+        array = stored(array)
+        # A slice of another array is copied: a view would keep all of its base alive.
+        self.constants[key] = array.copy() if array.base is not None else array
+        return key
+
+    # -- a walk
     def take(self, node: Node) -> Node:
         srcs = tuple(self.resolve(s) for s in node.srcs)
         return node if srcs == node.srcs else node.with_(srcs=srcs)
 
     def keep(self, node: Node) -> Node:
         """Copy a node (as returned by ``take``: maybe with renamed inputs, or a new version of it)."""
+        if node.name not in self.nodes:
+            self._key[node.name] = (next(self._position), 0)
         self.nodes[node.name] = node
         if node is not self._old.get(node.name):
             self.taken.add(node.name)
-            self.changed = True
+            self._edited()
         return node
 
     def replace(self, node: Node) -> None:
         """Put a changed version of a node (same name) last: after anything just emitted for it."""
         self.nodes.pop(node.name, None)
-        self.nodes[node.name] = node
-        self.changed = True
+        self._key.pop(node.name, None)
+        self.keep(node)
+        self._edited()
 
     def alias(self, old: str, new: str) -> None:
         self.aliases[old] = self.resolve(new)
-        self.changed = True
-
-    def fresh(self, base: str) -> str:
-        return unique_name(base, self.taken, self._numbers)
-
-    def const(self, base: str, array: np.ndarray) -> str:
-        key = self.fresh(base)
-        self.constants[key] = stored(array)
-        return key
+        self._edited()
 
     def emit(self, name: str, op: Op, srcs, count: int, shape: tuple, layer: str = "", **attrs) -> Node:
         self.taken.add(name)
-        node = Node(name, op, tuple(srcs), int(count), tuple(shape), attrs, layer)
-        self.nodes[name] = node
-        self.changed = True
-        return node
+        return self.keep(Node(name, op, tuple(srcs), int(count), tuple(shape), attrs, layer))
 
-    def finish(self, keep_inputs: bool = True) -> Program:
+    # -- in place
+    def define(self, node: Node, rows: np.ndarray | None = None, near: str | None = None) -> str:
+        """Add ``node`` after its inputs (or after ``near``), or redefine the node of its name;
+        ``rows``: it now holds the old rows ``rows`` of that name (``row_listeners`` are told)."""
+        if node.name not in self._key:
+            anchors = [self._key[s] for s in node.srcs] or [self._key.get(near, (-1, 0))]
+            self._key[node.name] = (max(anchors)[0], next(self._tick))
+            self.taken.add(node.name)
+        self.nodes[node.name] = node
+        self._edited()
+        if rows is not None:
+            for listener in self.row_listeners:
+                listener(node.name, rows)
+        return node.name
+
+    def place(self, name: str, new_nodes: list[Node]) -> None:
+        """Put ``new_nodes``, in this order, where node ``name`` is (they may reuse the name)."""
+        position = self._key.pop(name)[0]
+        del self.nodes[name]
+        for node in new_nodes:
+            self._key[node.name] = (position, next(self._tick))
+            self.nodes[node.name] = node
+            self.taken.add(node.name)
+        self._edited()
+
+    def redirect(self, old: str, new: str) -> None:
+        """Every reader of ``old`` (and the output) reads ``new`` instead."""
+        if old == new:
+            return
+        for reader in self.readers(old):
+            node = self.nodes[reader]
+            self.define(node.with_(srcs=tuple(new if s == old else s for s in node.srcs)))
+        if self.output == old:
+            self.output = new
+            self._users = None
+
+    def gather(self, src: str, index: np.ndarray, name: str | None = None, layer: str | None = None,
+               rows: np.ndarray | None = None) -> str:
+        """Define ``GATHER(src, index)`` (under ``name`` if given, else a fresh name)."""
+        node = self.nodes[src]
+        name = name or self.fresh(f"{src}_rows")
+        key = self.const(f"idx_{name}", index, owner=name)
+        return self.define(Node(name, Op.GATHER, (src,), int(index.size), node.shape, {"index": key},
+                                node.layer if layer is None else layer), rows=rows)
+
+    def new_gather(self, base: str, source: Node, index: np.ndarray, layer: str) -> Node:
+        """A new GATHER node (not yet placed) of ``source`` rows ``index``."""
+        key = self.const(f"idx_{base}", index)
+        return Node(self.fresh(base), Op.GATHER, (source.name,), len(index), source.shape, {"index": key},
+                    layer)
+
+    def drop_unused(self, names) -> None:
+        """Remove the nodes ``names`` (and the selections they read) that nothing reads any more."""
+        pending = list(names)
+        while pending:
+            users = self.all_users()
+            dead = {n for n in pending if n in users and not users[n] and n != self.output}
+            if not dead:
+                return
+            pending = [s for n in dead for s in self.nodes[n].srcs if self.nodes[s].op in ROW_SELECTIONS]
+            for n in dead:
+                del self.nodes[n]
+            self._edited()
+
+    def _edited(self) -> None:
+        self._users = None
+        self.changed = True
+        self.version += 1
+
+    def finish(self, keep_inputs: bool | None = None) -> Program:
         if not self.changed:
             return self.program
-        output = self.resolve(self.program.output)
-        nodes = _drop_orphans(list(self.nodes.values()), output, self.program, keep_inputs)
+        keep_inputs = self.keep_inputs if keep_inputs is None else keep_inputs
+        output = self.resolve(self.output)
+        live = _live_names(self.nodes, output, self.program, keep_inputs)
+        nodes = self._in_order(live)
         return self.program.replace(nodes=tuple(nodes), constants=_kept_constants(self.program, nodes, self.constants),
                                     output=output)
 
+    def _in_order(self, names: set[str]) -> list[Node]:
+        """The nodes ``names`` in topological order, each as near its place (``_key``) as it can be."""
+        pending = {name: len(set(self.nodes[name].srcs)) for name in names}
+        readers: dict[str, set[str]] = {name: set() for name in names}
+        for name in names:
+            for s in self.nodes[name].srcs:
+                readers[s].add(name)
+        ready = [(self._key[name], name) for name, k in pending.items() if k == 0]
+        heapq.heapify(ready)
+        order = []
+        while ready:
+            _, name = heapq.heappop(ready)
+            order.append(self.nodes[name])
+            for reader in readers[name]:
+                pending[reader] -= 1
+                if pending[reader] == 0:
+                    heapq.heappush(ready, (self._key[reader], reader))
+        if len(order) != len(names):
+            raise IRError(f"a rewrite left a circle among {sorted(names - {n.name for n in order})[:5]}")
+        return order
 
-def _live(nodes: list[Node], roots: set[str]) -> set[str]:
-    live = set(roots)
-    for node in reversed(nodes):
-        if node.name in live:
-            live.update(node.srcs)
-    return live
 
-
-def _drop_orphans(nodes: list[Node], output: str, old: Program, keep_inputs: bool) -> list[Node]:
-    """Drop what this rewrite left without readers; keep what was dead before (and what it reads)."""
-    live_before = _live(list(old.nodes), {old.output})
+def _live_names(nodes: dict[str, Node], output: str, old: Program, keep_inputs: bool) -> set[str]:
+    """What the output reads; and what was dead before (and what it reads), and input facts if
+    ``keep_inputs``: drop only what this rewrite left without readers."""
+    live_before = _live(old.by_name(), {old.output})
     roots = {output} | {n.name for n in old.nodes if n.name not in live_before}
     if keep_inputs:
-        roots |= {n.name for n in nodes if n.op is Op.FACT and n.attrs.get("fact_layer")}
-    live = _live(nodes, roots)
-    return [n for n in nodes if n.name in live]
+        roots |= {n.name for n in nodes.values() if n.op is Op.FACT and n.attrs.get("fact_layer")}
+    return _live(nodes, roots)
+
+
+def _live(nodes: Mapping[str, Node], roots: set[str]) -> set[str]:
+    """The nodes ``roots`` (those of ``nodes``) and all they read, directly or not, in any order."""
+    live = {r for r in roots if r in nodes}
+    stack = list(live)
+    while stack:
+        for s in nodes[stack.pop()].srcs:
+            if s not in live:
+                live.add(s)
+                stack.append(s)
+    return live
 
 
 def _constant_keys(nodes: Iterable[Node], constants: dict) -> set[str]:
@@ -237,71 +389,48 @@ def freeze_facts(program: Program, names: set[str]) -> Program:
 
 
 
-# -- a second editor, for passes that replace nodes in place (folded into Rewriter next) -------------
-
 class NodeEditor:
-    """Nodes in order plus a constants copy, with fresh names and insertion; ``build()`` makes the Program."""
+    """The older in-place API on a :class:`Rewriter` (``compiler/passes/relation_products.py`` uses
+    it): ``nodes`` a list in order, ``replace(name, nodes)`` is ``place``, ``build`` is ``finish``."""
 
     def __init__(self, program: Program):
-        self.program = program
-        self.nodes: list[Node] = list(program.nodes)
-        self.constants = dict(program.constants)
-        self.changed = False
-        self._taken = {n.name for n in program.nodes} | set(program.constants)
+        self.rewriter = Rewriter(program, in_place=True)
+        self.program, self.constants = program, self.rewriter.constants
+
+    @property
+    def nodes(self) -> list[Node]:
+        rw = self.rewriter
+        return sorted(rw.nodes.values(), key=lambda n: rw._key[n.name])
 
     def by_name(self) -> dict[str, Node]:
-        return {n.name: n for n in self.nodes}
+        return self.rewriter.nodes
 
     def users(self) -> dict[str, list[str]]:
-        return users_of(self.nodes)
+        return self.rewriter.all_users()
 
     def fresh(self, base: str) -> str:
-        return unique_name(base, self._taken)
+        return self.rewriter.fresh(base)
 
     def const(self, base: str, array: np.ndarray) -> str:
-        key = self.fresh(base)
-        array = compact_index(array)
-        # A slice of another index (split_by_runs) is copied: a view would keep all of its base alive.
-        self.constants[key] = array.copy() if array.base is not None else array
-        return key
+        return self.rewriter.const(base, array)
 
     def gather(self, base: str, source: Node, index: np.ndarray, layer: str) -> Node:
-        """A new GATHER node (not yet placed) of ``source`` rows ``index``."""
-        key = self.const(f"idx_{base}", index)
-        return Node(self.fresh(base), Op.GATHER, (source.name,), len(index), source.shape, {"index": key},
-                    layer)
+        return self.rewriter.new_gather(base, source, index, layer)
 
     def replace(self, name: str, new_nodes: list[Node]) -> None:
-        """Put ``new_nodes`` where node ``name`` is (they may reuse the name)."""
-        position = next(k for k, n in enumerate(self.nodes) if n.name == name)
-        self.nodes[position:position + 1] = new_nodes
-        self.changed = True
+        self.rewriter.place(name, new_nodes)
 
     def drop_unused(self, names) -> None:
-        """Remove the nodes ``names`` (and the selections they read) that nothing reads any more."""
-        pending = list(names)
-        while pending:
-            users = self.users()
-            nodes = self.by_name()
-            dead = {n for n in pending if n in users and not users[n] and n != self.program.output}
-            if not dead:
-                return
-            pending = [s for n in dead for s in nodes[n].srcs if nodes[s].op in ROW_SELECTIONS]
-            self.nodes = [n for n in self.nodes if n.name not in dead]
+        self.rewriter.drop_unused(names)
 
     def build(self) -> Program:
-        if not self.changed:
-            return self.program
-        # Drop the constants that this rewrite left unread (old gather indices).
-        return self.program.replace(nodes=tuple(self.nodes),
-                                    constants=_kept_constants(self.program, self.nodes, self.constants))
+        return self.rewriter.finish()
 
 
-
-
-def side_node(editor: NodeEditor, rows: SideRows, index: np.ndarray, base: str, layer: str) -> list[Node]:
+def side_node(editor: Rewriter | NodeEditor, rows: SideRows, index: np.ndarray, base: str, layer: str) -> list[Node]:
     """Nodes that make the rows ``index`` of ``rows.source``: none if that is the whole source."""
     if is_identity(index, rows.source_count):
         return []
-    return [editor.gather(base, editor.by_name()[rows.source], index, layer)]
+    rw = editor.rewriter if isinstance(editor, NodeEditor) else editor
+    return [rw.new_gather(base, rw.nodes[rows.source], index, layer)]
 

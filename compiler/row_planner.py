@@ -6,12 +6,10 @@ to its sides, REDUCE takes whole segments (or reads equal-length segments elemen
 ``strided`` kernel: thesis 5.2.9), indexing ops compose, a CONCAT splits the rows into runs
 that each read one part, and static facts and weight stacks fold the rows in. The upward pass
 (``passes/upward.py``, the "upward" policy) and deduplication (``passes/dedup.py``, the "shrink"
-policy: never copy or grow anything) use :class:`RowPlanner` on an :class:`Editor`.
+policy: never copy or grow anything) use :class:`RowPlanner` on a :class:`~.rewrite.Rewriter` editing in place.
 """
 from __future__ import annotations
 
-import heapq
-import itertools
 from dataclasses import dataclass
 from typing import Callable
 
@@ -19,8 +17,8 @@ import numpy as np
 
 from .grouping import expand_segments, is_identity, row_dtype
 from .indexing import ROW_SELECTIONS, is_regular_index, k_major, layout_rows, source_rows
-from .ir import Node, Op, Program, stored
-from .rewrite import eliminate_dead_code, unique_name
+from .ir import Node, Op, Program
+from .rewrite import Rewriter
 from .settings import Settings
 
 __all__ = ["Editor", "RowPlanner", "UPWARD", "SHRINK", "MAX_CONCAT_RUNS"]
@@ -33,136 +31,9 @@ MAX_CONCAT_RUNS = 16
 _ARITHMETIC = (Op.TRANSFORM, Op.ADD, Op.LINEAR, Op.REDUCE)
 
 
-# -- a program under rewriting --------------------------------------------------------------------
-
-class _Either:
-    """``name in _Either(a, b)``: taken as a node name or as a constant key."""
-
-    def __init__(self, *spaces):
-        self.spaces = spaces
-
-    def __contains__(self, name) -> bool:
-        return any(name in space for space in self.spaces)
-
-
-class Editor:
-    """A program being rewritten: node definitions by name, constants, output.
-
-    Nodes are redefined in place (same name) when every reader is dealt with, or added under
-    fresh names. ``define(node, rows=index)`` says that the new definition holds the old rows
-    ``index``; listeners (row labellings kept by the dedup passes) follow such moves.
-    ``finish()`` drops dead nodes and orders the rest topologically, as close to the original
-    order as possible.
-    """
-
-    def __init__(self, program: Program):
-        self.program = program
-        self.nodes: dict[str, Node] = {n.name: n for n in program.nodes}
-        self._key: dict[str, tuple[int, int]] = {n.name: (i, 0) for i, n in enumerate(program.nodes)}
-        self.constants = dict(program.constants)
-        self.output = program.output
-        self.changed = False
-        self.row_listeners: list[Callable[[str, np.ndarray], None]] = []
-        self._tick = itertools.count(1)
-        self._users: dict[str, list[str]] | None = None
-        self.version = 0  # counts definitions: what was planned against an older version is stale
-
-    # -- queries
-    def users(self) -> dict[str, list[str]]:
-        """Readers of every live node (a reader reading twice is listed twice)."""
-        if self._users is None:
-            live, stack = {self.output}, [self.output]
-            while stack:
-                for s in self.nodes[stack.pop()].srcs:
-                    if s not in live:
-                        live.add(s)
-                        stack.append(s)
-            users: dict[str, list[str]] = {name: [] for name in live}
-            for name in live:
-                for s in self.nodes[name].srcs:
-                    users[s].append(name)
-            self._users = users
-        return self._users
-
-    def is_live(self, name: str) -> bool:
-        return name in self.users()
-
-    def readers(self, name: str) -> list[str]:
-        return list(dict.fromkeys(self.users().get(name, [])))
-
-    def shared(self, name: str, reader: str | None) -> bool:
-        """Whether ``name`` is read by anything but ``reader`` (once), or is the output."""
-        return name == self.output or self.users().get(name, []) != [reader]
-
-    def index(self, node: Node) -> np.ndarray:
-        return self.constants[node.attrs["index"]]
-
-    # -- edits
-    def fresh(self, base: str) -> str:
-        return unique_name(base, _Either(self.nodes, self.constants))
-
-    def const(self, base: str, array: np.ndarray, owner: str | None = None) -> str:
-        """Store ``array`` under a fresh key; ``owner``: the node being (re)defined with it, which
-        may take over ``base`` itself if no other live node reads that constant."""
-        key = base
-        if base in self.nodes or (base in self.constants and (owner is None or any(
-                n != owner and base in self.nodes[n].attrs.values() for n in self.users()))):
-            key = self.fresh(base)
-        self.constants[key] = stored(array)
-        return key
-
-    def define(self, node: Node, rows: np.ndarray | None = None, near: str | None = None) -> str:
-        """Add or redefine ``node``; ``rows``: it now holds the old rows ``rows`` of that name."""
-        if node.name not in self._key:
-            anchors = [self._key[s] for s in node.srcs] or [self._key.get(near, (-1, 0))]
-            self._key[node.name] = (max(anchors)[0], next(self._tick))
-        self.nodes[node.name] = node
-        self._users = None
-        self.changed = True
-        self.version += 1
-        if rows is not None:
-            for listener in self.row_listeners:
-                listener(node.name, rows)
-        return node.name
-
-    def redirect(self, old: str, new: str) -> None:
-        """Every reader of ``old`` (and the output) reads ``new`` instead."""
-        if old == new:
-            return
-        for reader in self.readers(old):
-            node = self.nodes[reader]
-            self.define(node.with_(srcs=tuple(new if s == old else s for s in node.srcs)))
-        if self.output == old:
-            self.output = new
-            self._users = None
-
-    def gather(self, src: str, index: np.ndarray, name: str | None = None, layer: str | None = None,
-               rows: np.ndarray | None = None) -> str:
-        """Define ``GATHER(src, index)`` (under ``name`` if given, else a fresh name)."""
-        node = self.nodes[src]
-        name = name or self.fresh(f"{src}_rows")
-        key = self.const(f"idx_{name}", index, owner=name)
-        return self.define(Node(name, Op.GATHER, (src,), int(index.size), node.shape, {"index": key},
-                                node.layer if layer is None else layer), rows=rows)
-
-    def finish(self) -> Program:
-        if not self.changed:
-            return self.program
-        users = self.users()
-        pending = {name: len(set(self.nodes[name].srcs)) for name in users}
-        readers = {name: set(rs) for name, rs in users.items()}
-        ready = [(self._key[name], name) for name, k in pending.items() if k == 0]
-        heapq.heapify(ready)
-        order = []
-        while ready:
-            _, name = heapq.heappop(ready)
-            order.append(self.nodes[name])
-            for reader in readers[name]:
-                pending[reader] -= 1
-                if pending[reader] == 0:
-                    heapq.heappush(ready, (self._key[reader], reader))
-        program = self.program.replace(nodes=tuple(order), constants=self.constants, output=self.output)
-        return eliminate_dead_code(program)
+def Editor(program: Program) -> Rewriter:
+    """A program edited in place, as the planner needs it (deduplication's entry point)."""
+    return Rewriter(program, in_place=True, keep_inputs=False)
 
 
 # -- planning "node at rows" ----------------------------------------------------------------------
@@ -211,7 +82,7 @@ class RowPlanner:
     compose with gathers, otherwise leave a gather; never copy or fold into leaves.
     """
 
-    def __init__(self, editor: Editor, settings: Settings, policy: str = SHRINK):
+    def __init__(self, editor: Rewriter, settings: Settings, policy: str = SHRINK):
         self.editor = editor
         self.policy = policy
         self.dynamic = set(settings.dynamic_facts)

@@ -209,6 +209,7 @@ def _register_fakes() -> None:
         "prod_backward": lambda grad, x, ptr: torch.empty_like(x),
         "pair_prod": lambda x, strided: rows(x, x.shape[0] // 2),
         "pair_prod_backward": lambda grad, x, strided: torch.empty_like(x),
+        "rows": lambda x, index: rows(x, index.shape[0]),
     }
     for name, fake in fakes.items():
         try:

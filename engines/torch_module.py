@@ -59,7 +59,7 @@ def _single_element(node: Node) -> bool:
 def _expression(node: Node, nodes: dict[str, Node], rows: dict[str, str] | None = None,
                 in_place: set[str] = frozenset(), biased: dict[str, str] | None = None,
                 stacked: dict[str, tuple[str, list[str], bool]] | None = None,
-                reductions: dict[str, str] | None = None) -> str:
+                reductions: dict[str, str] | None = None, copied: set[str] = frozenset()) -> str:
     rows = rows or {}
     srcs = [nodes[s] for s in node.srcs]
     if biased and node.name in biased:  # NOTE: [bias in the GEMM]
@@ -107,6 +107,8 @@ def _expression(node: Node, nodes: dict[str, Node], rows: dict[str, str] | None 
     if node.op is Op.GATHER:
         if _single_element(srcs[0]):
             return f"{names[0]}.expand({', '.join(map(str, (node.count,) + node.shape))})"
+        if node.name in copied:  # NOTE: [gathers from constants]
+            return f"gather_rows({names[0]}, self.{node.attrs['index']})"
         return f"{names[0]}.index_select(0, self.{node.attrs['index']})"
     if node.op is Op.SLICE:
         a = node.attrs
@@ -147,6 +149,11 @@ def _product(kind: str, w: str, w_shape: tuple, x: str, x_shape: tuple, lead: in
     if x_shape == () and w_shape != ():
         return f"{w} * {x}{_trailing(lead, len(w_shape))}"
     return f"{w} * {x}"
+
+
+#: From this many input values on, a chunked product is runtime.chunked_product (below, torch.bmm:
+#: autograd's own backward, one Python autograd Function fewer per step).
+_CHUNKED_FROM = 1 << 20
 
 
 def _trailing(lead: int, extra: int) -> str:
@@ -204,6 +211,8 @@ def _linear(node: Node, w: Node, x: Node) -> str:
             and len(x.shape) == 1:
         # Chunks of rows, one weight per chunk (compiler/passes/relation_products.py): one batched GEMM.
         (o, i), c = w.shape, w.count
+        if out * i >= _CHUNKED_FROM:  # NOTE: [chunked product's weight gradient]
+            return f"chunked_product({x.name}, {w.name}, {c})"
         return f"torch.bmm({x.name}.view({c}, {out // c}, {i}), {w.name}.transpose(1, 2)).view({out}, {o})"
     if kind == "matmul" and w_layout == "tile" and x_layout == "interleave" and len(w.shape) == 2 \
             and len(x.shape) == 1:
@@ -615,6 +624,7 @@ def generate_source(program: Program, standard_ops: bool = False, chosen: dict[s
     in_place = _in_place(program, nodes, rows)
     biased = {**_biased_products(program, nodes, rows), **_biased_sums(program, nodes, rows, chosen)}
     stacked = _stacked_row_products(program, nodes, rows)
+    copied = _copied_gathers(program, nodes, chosen)
     inline = {name for name, expression in rows.items() if expression != name}
     # A weight used in place (NOTE: [row-stored values]) needs no statement, nor does a value
     # (a stack) that only such weights, or other values left out this way, read.
@@ -646,7 +656,7 @@ def generate_source(program: Program, standard_ops: bool = False, chosen: dict[s
         if node.name in inputs:
             code = f"    {node.name} = inputs[{node.attrs['fact_layer']!r}]"
         else:
-            code = f"    {node.name} = {_expression(node, nodes, rows, in_place, biased, stacked, reductions)}"
+            code = f"    {node.name} = {_expression(node, nodes, rows, in_place, biased, stacked, reductions, copied)}"
         shape = ", ".join(map(str, node.shape if node.name in rows else (node.count,) + node.shape))
         if node.name in stacked and stacked[node.name][2]:  # stored as its one row
             shape += f") as (1, {node.count * node.shape[-1]}"
@@ -658,6 +668,24 @@ def generate_source(program: Program, standard_ops: bool = False, chosen: dict[s
     lines += _freeing_dead_values(statements, program.output)
     lines.append(f"    return {program.output}")
     return "\n".join(lines) + "\n"
+
+
+# NOTE: [gathers from constants] A large gather from a constant (a fact no call replaces, such as
+# the folded inputs of a first layer), whose source has no gradient, is ``gather_rows``, a
+# plain copy of the rows in C++ where the kernels run (runtime.gather_rows): hetero-100's first
+# layer gathers a million rows of 16 floats from its folded inputs every step, 9 ms against
+# index_select's 19 (1 thread, loaded, CPU time). Below _COPIED_FROM values index_select stays (one
+# Python call fewer, and the small programs' code as it was).
+
+_COPIED_FROM = 1 << 20
+
+
+def _copied_gathers(program: Program, nodes: dict[str, Node], chosen: dict[str, str]) -> set[str]:
+    """The GATHERs written as ``gather_rows`` (NOTE: [gathers from constants])."""
+    with_backward = _backward_indices(program, chosen)
+    return {node.name for node in program.nodes
+            if node.op is Op.GATHER and node.attrs["index"] not in with_backward
+            and node.count * _feature_size(node.shape) >= _COPIED_FROM and not _single_element(nodes[node.srcs[0]])}
 
 
 # NOTE: [dead values deleted] A local variable keeps its tensor alive until ``forward`` returns,
@@ -1012,6 +1040,7 @@ def _load(source: str):
     namespace = {"torch": torch, "T": TRANSFORM_FUNCTIONS, "segment_reduce": kernels.segment_reduce,
                  "scatter_reduce": kernels.scatter_reduce_native, "dense_reduce": kernels.dense_reduce,
                  "strided_reduce": runtime.strided_reduce, "gather_sum": runtime.gather_sum,
+                 "gather_rows": runtime.gather_rows, "chunked_product": runtime.chunked_product,
                  "preferred_zeros": preferred_zeros, "order_signed_zeros": order_signed_zeros}
     exec(compile(source, filename, "exec"), namespace)
     return namespace["forward"]

@@ -71,11 +71,32 @@ def test_first_equal_multisets_equals_python():
 def test_colliding_hashes_never_merge(monkeypatch):
     # Every row hashes alike: only the exact comparison with the group's first row decides.
     monkeypatch.setattr(grouping, "_multiset_hashes", lambda labels, counts: np.zeros(counts.size, np.uint64))
-    monkeypatch.setattr(grouping, "row_hashes", lambda values: np.zeros(len(values), np.uint64))
+    monkeypatch.setattr(grouping, "_word_hashes", lambda words: np.zeros(len(words), np.uint64))
     counts = np.array([2, 2, 2, 1])
     labels = np.array([0, 1, 1, 0, 0, 2, 0])
     assert first_equal_multisets(labels, counts).tolist() == [0, 0, 2, 3]
     assert first_equal_rows(np.array([[1.0], [-0.0], [1.0], [0.0]])).tolist() == [0, 1, 0, 3]
+    rows = np.array([[1.0, 2.0, 3.0], [4.0, 2.0, 3.0], [1.0, 2.0, -0.0], [1.0, 2.0, 3.0], [5.0, 0.0, 0.0]])
+    assert first_equal_rows(rows).tolist() == [0, 1, 2, 0, 4]  # rows sharing a first word: by bytes
+
+
+@pytest.mark.parametrize("shared", [0, 3, 40, 5000])
+def test_first_equal_rows_hashes_only_rows_that_share_a_first_word(monkeypatch, shared):
+    """Rows whose first 8 bytes are their own are distinct without hashing them; the rows that
+    share their first word with another (``shared`` of 5000, some equal, some differing only in
+    a later column, -0.0 against 0.0 among them) are compared whole."""
+    rng = np.random.default_rng(shared)
+    values = rng.standard_normal((5000, 4))
+    pick = rng.choice(5000, shared, replace=False)
+    values[pick, 0] = 1.5
+    values[pick[::3], 1:] = 0.0
+    values[pick[1::6], 3] = -0.0
+    expected = python_first([row.tobytes() for row in values])
+    hashed = []
+    words = grouping._word_hashes
+    monkeypatch.setattr(grouping, "_word_hashes", lambda w: hashed.append(len(w)) or words(w))
+    assert first_equal_rows(values).tolist() == expected
+    assert hashed == ([] if shared == 0 else [shared] if shared < 2500 else [5000])
 
 
 def test_multisets_up_to_scale():

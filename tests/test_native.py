@@ -212,7 +212,7 @@ def test_two_row_product_is_bitwise_the_multiplication(backend, strided, width, 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(counts=st.lists(st.integers(1, 5), min_size=1, max_size=10), n_sources=st.integers(1, 6),
-       width=st.sampled_from([(), (3,), (16,), (2, 3)]), with_values=st.booleans(), traced=st.booleans(),
+       width=st.sampled_from([(), (3,), (16,), (2, 3), (47,)]), with_values=st.booleans(), traced=st.booleans(),
        seed=st.integers(0, 2**16), data=st.data())
 def test_gather_sum_matches_reference(backend, counts, n_sources, width, with_values, traced, seed, data):
     """Repeated sources (also within a segment), unread sources, single-edge segments."""
@@ -240,16 +240,18 @@ def test_gather_sum_double_backward(backend):
     assert torch.autograd.gradgradcheck(gs, (x,))
 
 
+@pytest.mark.parametrize("width", [16, 47, 128])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_native_equals_fallback_at_scale(dtype):
-    """A PROTEINS-sized random layer: the C++ kernels give the torch fallback's numbers."""
+def test_native_equals_fallback_at_scale(dtype, width):
+    """A PROTEINS-sized random layer: the C++ kernels give the torch fallback's numbers (rows of every
+    width: one register chunk, and accumulated in the output row with prefetching)."""
     if not native.available():
         pytest.skip("C++ kernels not built")
     rng = np.random.default_rng(0)
     counts = rng.integers(1, 9, 5000)
     index = rng.integers(0, 3000, int(counts.sum()))
     gs = K.GatherSum.from_index(index, counts, 3000, rng.normal(size=index.size), dtype=dtype)
-    x = torch.randn(3000, 16, dtype=dtype)
+    x = torch.randn(3000, width, dtype=dtype)
     tol = 1e-5 if dtype == torch.float32 else 1e-12
     rows = rng.multinomial(3000 - 500, np.full(500, 1 / 500)) + 1  # 500 segments over the 3000 rows of x
     seg = K.Segments.from_counts(rows, dtype=dtype)

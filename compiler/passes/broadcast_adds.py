@@ -19,7 +19,7 @@ same numbers summed in another order; a sum of zeros keeps its sign in either.
 from __future__ import annotations
 
 from ..ir import Op, Program
-from ..rewrite import Rewriter, single_use, unique_name
+from ..rewrite import Rewriter, single_use
 from ..settings import Settings
 
 __all__ = ["broadcast_adds", "merge_row_adds"]
@@ -61,7 +61,7 @@ def merge_row_adds(program: Program, settings: Settings) -> Program:
         if a.count != 1 or b.count != 1 or a.shape != b.shape or a.name == node.srcs[0]:
             rw.keep(node)
             continue
-        row = rw.emit(unique_name(f"{node.name}_row", rw.taken), Op.ADD, (a.name, b.name), 1, a.shape, node.layer)
+        row = rw.emit(rw.fresh(f"{node.name}_row"), Op.ADD, (a.name, b.name), 1, a.shape, node.layer)
         rw.keep(node.with_(srcs=(inner.srcs[0], row.name)))
         merged.add(node.name)  # its new first operand is not an addition of a row any more
     return rw.finish()

@@ -93,13 +93,26 @@ __all__ = ["deduplicate", "dedup_facts", "iso_compress", "dedup_linear", "dedup_
 
 _TRANSIENT = (Op.GATHER, Op.SLICE, Op.TILE, Op.INTERLEAVE, Op.LINEAR)  # edge-sized: not kept once read
 _PAIR_LIMIT = 2**62
+_TABLE_KEYS = 1 << 10  # as grouping's: keys below max(4n, this) index first_rows' table
 
 
 def _pair(a: np.ndarray, a_bound: int, b: np.ndarray, b_bound: int,
-          a_rows: np.ndarray | None = None, b_rows: np.ndarray | None = None) -> tuple[np.ndarray, int]:
+          a_rows: np.ndarray | None = None, b_rows: np.ndarray | None = None, decide: bool = False
+          ) -> tuple[np.ndarray, int]:
     """Exact labels of the pairs ``(a[i], b[i])``: ``a * b_bound + b`` (compacted first if that
     could overflow). With ``a_rows`` (``b_rows``), side ``a`` (``b``) is read as ``a[a_rows]``: a
-    gathered side is read a chunk of rows at a time (NOTE: [chunks]), never made whole."""
+    gathered side is read a chunk of rows at a time (NOTE: [chunks]), never made whole.
+
+    With ``decide`` (first_rows groups the pairs next), where one side's label decides the other's,
+    that side's labels are the pairs' labels (NOTE: [decided pairs])."""
+    n = (a if a_rows is None else a_rows).size
+    if decide and a_bound * b_bound > max(4 * n, _TABLE_KEYS):  # the pairs would not index first_rows' table
+        for key, key_bound, key_rows, other, other_rows in ((b, b_bound, b_rows, a, a_rows),
+                                                             (a, a_bound, a_rows, b, b_rows)):
+            if key_bound <= max(4 * n, _TABLE_KEYS):
+                keys = key if key_rows is None else key[key_rows]
+                if _decides(keys, key_bound, other if other_rows is None else other[other_rows]):
+                    return keys.astype(row_dtype(key_bound), copy=False), max(key_bound, 1)
     if a_bound * b_bound >= _PAIR_LIMIT:
         a, a_bound = first_rows(a if a_rows is None else a[a_rows], a_bound), (a if a_rows is None else a_rows).size
         b, b_bound = first_rows(b if b_rows is None else b[b_rows], b_bound), (b if b_rows is None else b_rows).size
@@ -112,6 +125,26 @@ def _pair(a: np.ndarray, a_bound: int, b: np.ndarray, b_bound: int,
         np.multiply(a[lo:hi] if a_rows is None else a[a_rows[lo:hi]], b_bound, out=pairs[lo:hi], dtype=pairs.dtype)
         pairs[lo:hi] += b[lo:hi] if b_rows is None else b[b_rows[lo:hi]]
     return pairs, bound
+
+
+def _decides(keys: np.ndarray, key_bound: int, other: np.ndarray) -> bool:
+    """Whether rows with equal labels ``keys`` have equal labels ``other`` too: one ``other`` per
+    key in a table, then every row compared with its key's."""
+    table = np.zeros(key_bound, dtype=other.dtype)
+    table[keys] = other
+    return np.array_equal(table[keys], other)
+
+
+# NOTE: [decided pairs] The pairs of a LINEAR or ADD are labelled ``a * bound_b + b``; with many
+# rows of large bounds (GCN's per-edge products of a normalisation coefficient, 804 labels at
+# products-like x 1/8, and a source row, 306k labels: 246M possible pairs over 8M edges),
+# first_rows must hash them (0.27 s a layer there). But the edge's coefficient is decided by its
+# source (1/sqrt(deg) of it): rows with the same source label have the same weight label. Then
+# the source labels are exact labels of the pairs -- equal exactly when the pairs are -- and
+# small enough to index first_rows' table directly. Checking it is two passes of a table of one
+# label per key, made only where first_rows groups the pairs next (dedup_linear; the pairs inside a
+# multiset are hashed anyway). The labels differ from ``a * bound_b + b`` only in their values: which rows are
+# equal, and so every first-row form, every representative and the program, is the same.
 
 
 # NOTE: [distinct rows] A labelling that merges more (iso_compression's: facts equal by value,
@@ -173,7 +206,8 @@ class RowIds:
             self.memo[name] = (ids[rows], bound)
         self.firsts.pop(name, None)
 
-    def labels(self, name: str) -> tuple[np.ndarray, int]:
+    def labels(self, name: str, grouped: bool = False) -> tuple[np.ndarray, int]:
+        """Node ``name``'s ``(ids, bound)``; ``grouped``: first_rows is about to group them (NOTE: [decided pairs])."""
         if name not in self.memo:
             node = self.editor.nodes[name]
             if self.distinct.get(name) is node:
@@ -181,7 +215,7 @@ class RowIds:
                 self.memo[name] = every_row_its_own, max(node.count, 1)
                 self.firsts[name] = every_row_its_own
             else:
-                self.memo[name] = self._compute(node)
+                self.memo[name] = self._compute(node, grouped)
             for s in set(node.srcs):
                 if self.editor.nodes[s].op in _TRANSIENT:
                     self.memo.pop(s, None)
@@ -250,11 +284,11 @@ class RowIds:
     def first(self, name: str) -> np.ndarray:
         """The first-row form of node ``name``'s rows (see ``compiler/grouping.py``)."""
         if name not in self.firsts:
-            ids, bound = self.labels(name)
+            ids, bound = self.labels(name, grouped=True)
             self.firsts[name] = ids if _is_first_form(ids) else first_rows(ids, bound)
         return self.firsts[name]
 
-    def _compute(self, node: Node) -> tuple[np.ndarray, int]:
+    def _compute(self, node: Node, grouped: bool = False) -> tuple[np.ndarray, int]:
         e = self.editor
         self.computed += 1
         if node.op in (Op.GATHER, Op.SLICE, Op.TILE, Op.INTERLEAVE):
@@ -271,7 +305,7 @@ class RowIds:
         if node.op is Op.TRANSFORM:
             return self.labels(node.srcs[0])
         if node.op is Op.ADD:
-            return _pair(*self.labels(node.srcs[0]), *self.labels(node.srcs[1]))
+            return _pair(*self.labels(node.srcs[0]), *self.labels(node.srcs[1]), decide=grouped)
         if node.op is Op.LINEAR:
             w, x = (e.nodes[s] for s in node.srcs)
             sides = []  # (labels, rows of them or None, bound) of w, then of x
@@ -283,7 +317,7 @@ class RowIds:
                     sides.append((ids[layout_rows(layout, side.count, node.count, np.arange(node.count))], None,
                                   bound))
             (w_ids, w_rows, w_bound), (x_ids, x_rows, x_bound) = sides
-            return _pair(w_ids, w_bound, x_ids, x_bound, w_rows, x_rows)
+            return _pair(w_ids, w_bound, x_ids, x_bound, w_rows, x_rows, decide=grouped)
         if node.op is Op.REDUCE:
             counts = e.constants[node.attrs["counts"]]
             inputs, bound = self.labels(node.srcs[0])

@@ -28,7 +28,7 @@ import numpy as np
 
 from ..indexing import SideRows, best_layout, resolve_rows
 from ..ir import Node, Op, Program
-from ..rewrite import NodeEditor, side_node
+from ..rewrite import Rewriter, side_node
 from ..settings import Settings
 
 __all__ = ["broadcast_linear", "weight_runs", "split_by_runs"]
@@ -50,7 +50,7 @@ def weight_runs(index: np.ndarray) -> np.ndarray | None:
     return starts
 
 
-def split_by_runs(editor: NodeEditor, linear: Node, w: SideRows, x: SideRows, starts: np.ndarray) -> list[Node]:
+def split_by_runs(editor: Rewriter, linear: Node, w: SideRows, x: SideRows, starts: np.ndarray) -> list[Node]:
     """One shared-weight LINEAR per run of rows, concatenated back under the LINEAR's name::
 
         %lin = LINEAR(GATHER(%w; [1,1,1,0,0,...]), %x)   ->   %lin_run = LINEAR(%w[1], %x[0:3]; w_layout='tile')
@@ -72,9 +72,9 @@ def split_by_runs(editor: NodeEditor, linear: Node, w: SideRows, x: SideRows, st
 
 def broadcast_linear(program: Program, settings: Settings) -> Program:
     """Give every LINEAR node with repeating sides the cheapest broadcast layout (thesis 5.2.3)."""
-    editor = NodeEditor(program)
+    editor = Rewriter(program, in_place=True)
     for name in [n.name for n in program.nodes if n.op is Op.LINEAR]:
-        nodes = editor.by_name()
+        nodes = editor.nodes
         linear = nodes[name]
         if linear.attrs.get("w_layout", "full") != "full" or linear.attrs.get("x_layout", "full") != "full":
             continue  # already broadcast
@@ -84,7 +84,7 @@ def broadcast_linear(program: Program, settings: Settings) -> Program:
         if layout.w_layout == "full" and layout.x_layout == "full":
             runs = weight_runs(w.index)
             if runs is not None:
-                editor.replace(linear.name, split_by_runs(editor, linear, w, x, runs))
+                editor.place(linear.name, split_by_runs(editor, linear, w, x, runs))
                 editor.drop_unused(list(linear.srcs))
             continue
         new_nodes, srcs = [], list(linear.srcs)
@@ -96,6 +96,6 @@ def broadcast_linear(program: Program, settings: Settings) -> Program:
             new_nodes += made
             srcs[k] = made[0].name if made else rows.source
         attrs = {**linear.attrs, "w_layout": layout.w_layout, "x_layout": layout.x_layout}
-        editor.replace(linear.name, new_nodes + [linear.with_(srcs=tuple(srcs), attrs=attrs)])
+        editor.place(linear.name, new_nodes + [linear.with_(srcs=tuple(srcs), attrs=attrs)])
         editor.drop_unused([s for s in linear.srcs if s not in srcs])
-    return editor.build()
+    return editor.finish()

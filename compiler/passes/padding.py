@@ -42,7 +42,7 @@ import numpy as np
 from ..grouping import is_identity, row_dtype, stable_order
 from ..indexing import SideRows, best_layout, full_layout, resolve_rows
 from ..ir import Node, Op, Program
-from ..rewrite import NodeEditor, side_node
+from ..rewrite import Rewriter, side_node
 from ..settings import Settings
 
 __all__ = ["reorder_and_pad", "plan_rows", "iter_plans", "RowPlan"]
@@ -208,11 +208,11 @@ _STRATEGIES = {
 }
 
 
-def _readers(editor: NodeEditor, name: str) -> list[Node] | None:
+def _readers(editor: Rewriter, name: str) -> list[Node] | None:
     """The GATHERs (direct, or through one CONCAT) to reindex; None if some reader is anything else."""
     if name == editor.program.output:
         return None
-    users, nodes = editor.users(), editor.by_name()
+    users, nodes = editor.all_users(), editor.nodes
     readers = []
     for user_name in dict.fromkeys(users[name]):
         user = nodes[user_name]
@@ -226,13 +226,13 @@ def _readers(editor: NodeEditor, name: str) -> list[Node] | None:
     return readers
 
 
-def _reindex_readers(editor: NodeEditor, linear: Node, plan: RowPlan, readers: list[Node]) -> None:
-    users, nodes = editor.users(), editor.by_name()
+def _reindex_readers(editor: Rewriter, linear: Node, plan: RowPlan, readers: list[Node]) -> None:
+    users, nodes = editor.all_users(), editor.nodes
     for reader in readers:
         if reader.op is Op.GATHER:
             index = plan.position[editor.constants[reader.attrs["index"]]]
             key = editor.const(f"idx_{reader.name}", index)
-            editor.replace(reader.name, [reader.with_(attrs={**reader.attrs, "index": key})])
+            editor.place(reader.name, [reader.with_(attrs={**reader.attrs, "index": key})])
             continue
         # CONCAT: the LINEAR's part moves to new positions, the parts after it shift by the padding.
         offset = sum(nodes[s].count for s in reader.srcs[:reader.srcs.index(linear.name)])
@@ -241,14 +241,14 @@ def _reindex_readers(editor: NodeEditor, linear: Node, plan: RowPlan, readers: l
         new_position[offset:offset + n] = plan.position
         new_position[offset:offset + n] += offset
         new_position[offset + n:] += grown
-        editor.replace(reader.name, [reader.with_(count=reader.count + grown)])
+        editor.place(reader.name, [reader.with_(count=reader.count + grown)])
         for gather_name in dict.fromkeys(users[reader.name]):
             gather = nodes[gather_name]
             key = editor.const(f"idx_{gather.name}", new_position[editor.constants[gather.attrs["index"]]])
-            editor.replace(gather.name, [gather.with_(attrs={**gather.attrs, "index": key})])
+            editor.place(gather.name, [gather.with_(attrs={**gather.attrs, "index": key})])
 
 
-def _apply(editor: NodeEditor, linear: Node, w: SideRows, x: SideRows, plan: RowPlan,
+def _apply(editor: Rewriter, linear: Node, w: SideRows, x: SideRows, plan: RowPlan,
            readers: list[Node] | None) -> None:
     new_nodes, srcs = [], []
     for k, (rows, index) in enumerate(((w, plan.w_index), (x, plan.x_index))):
@@ -262,9 +262,9 @@ def _apply(editor: NodeEditor, linear: Node, w: SideRows, x: SideRows, plan: Row
         # Nobody to reindex: the padded product gets a new name, and a gather back into the old
         # row order takes over the old one, so every reader (and the output) stays as it was.
         padded = linear.with_(name=editor.fresh(f"{linear.name}_padded"), srcs=tuple(srcs), count=plan.rows)
-        back = editor.gather(linear.name, padded, plan.position, linear.layer)
+        back = editor.new_gather(linear.name, padded, plan.position, linear.layer)
         new_nodes += [padded, back.with_(name=linear.name)]
-    editor.replace(linear.name, new_nodes)
+    editor.place(linear.name, new_nodes)
     editor.drop_unused([s for s in linear.srcs if s not in srcs])
 
 
@@ -273,9 +273,9 @@ def reorder_and_pad(program: Program, settings: Settings) -> Program:
     mode = settings.linear_padding
     if mode in ("off", "none"):
         return program
-    editor = NodeEditor(program)
+    editor = Rewriter(program, in_place=True)
     for name in [n.name for n in program.nodes if n.op is Op.LINEAR]:
-        nodes = editor.by_name()
+        nodes = editor.nodes
         linear = nodes[name]
         if linear.count <= 1 or linear.attrs.get("w_layout", "full") != "full" \
                 or linear.attrs.get("x_layout", "full") != "full":
@@ -315,4 +315,4 @@ def reorder_and_pad(program: Program, settings: Settings) -> Program:
         if best.is_identity() and np.array_equal(best.w_index, w.index) and np.array_equal(best.x_index, x.index):
             continue
         _apply(editor, linear, w, x, best, readers)
-    return editor.build()
+    return editor.finish()

@@ -275,9 +275,9 @@ def test_labelling_is_linear_in_depth():
         counted = []
         original = dedup.RowIds._compute
 
-        def counting(self, node):
+        def counting(self, node, *args):
             counted.append(node.name)
-            return original(self, node)
+            return original(self, node, *args)
 
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(dedup.RowIds, "_compute", counting)
@@ -331,6 +331,41 @@ def test_pair_of_gathered_sides_reads_them_a_chunk_at_a_time(data):
     assert bound == a_bound * b_bound and pairs.size == n
     assert pairs.tolist() == [int(a[i]) * b_bound + int(b[j]) for i, j in zip(a_rows, b_rows)]
     assert _pair(a[a_rows], a_bound, b[b_rows], b_bound)[0].tolist() == pairs.tolist()
+    # NOTE: [decided pairs]: where one side decides the other, its labels label the pairs, exactly.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(grouping, "CHUNK", chunk)
+        decided, decided_bound = _pair(a, a_bound, b, b_bound, a_rows, b_rows, decide=True)
+    assert decided.size == n and (n == 0 or 0 <= decided.min() <= decided.max() < decided_bound)
+    assert grouping.first_rows(decided, decided_bound).tolist() == grouping.first_rows(pairs).tolist()
+
+
+def test_decided_pairs_label_gcn_products_by_their_source(monkeypatch):
+    """GCN's per-edge products of a coefficient decided by the edge's source (NOTE: [decided pairs])
+    are grouped by the source's labels, a table of one slot per source row, not hashed as pairs;
+    where the coefficient is not decided by the source, as pairs. The programs are those of the
+    pairs either way."""
+    from neurovec.compiler import grouping
+    from neurovec.compiler.passes import dedup
+    rng = np.random.default_rng(3)
+    src = rng.integers(0, 2000, 3000)  # 30 x 2000 possible pairs: above the 4 x 3000 of a table
+    for decided in (True, False):
+        coef = src % 30 if decided else rng.integers(0, 30, src.size)
+        b = Builder()
+        b.fact("x", rng.standard_normal((2000, 2)))
+        b.weights("w", (), k=30, learnable=False, values=[np.array(v + 1.0) for v in range(30)])
+        b.gather("xs", "x", src)
+        b.gather("ws", "w", coef)
+        b.linear("l", "ws", "xs", kind="mul")
+        b.reduce("s", "l", [3] * 1000)
+        program = b.build("s")
+        bounds = []
+        first_rows = grouping.first_rows
+        monkeypatch.setattr(dedup, "first_rows", lambda k, bound=None: bounds.append(bound) or first_rows(k, bound))
+        result = dedup.dedup_linear(program, SETTINGS)
+        monkeypatch.setattr(dedup, "_decides", lambda *args: False)
+        assert _same_program(dedup.dedup_linear(program, SETTINGS), result)
+        monkeypatch.undo()
+        assert result.node("l").count < 3000 and (2000 in bounds) == decided
 
 
 def test_labels_in_chunks_merge_as_whole_labels(monkeypatch, tu_dir):

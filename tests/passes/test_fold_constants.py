@@ -128,8 +128,8 @@ def test_random_graphs_equal_reference(graph):
 
 @pytest.mark.parametrize("chunk_values", [300, 40_000])
 def test_folded_reduction_in_chunks_is_bit_identical(monkeypatch, tu_dir, chunk_values):
-    """A folded reduction over gathered facts is computed a run of whole segments at a time
-    (NOTE: [folding in chunks]): with pieces of a few hundred values (runs of 100 rows of 3
+    """A folded reduction over gathered facts that is not a sum or mean is computed by the engine a
+    run of whole segments at a time (NOTE: [folding in chunks]; shown here on a sum): with pieces of a few hundred values (runs of 100 rows of 3
     features) or of a few runs, every constant of the program is byte for byte the one of the
     whole evaluation (PROTEINS GCN, its first aggregation over 17387 gathered rows)."""
     import numpy as np
@@ -140,6 +140,7 @@ def test_folded_reduction_in_chunks_is_bit_identical(monkeypatch, tu_dir, chunk_
     data = datasets.load_tu("PROTEINS", tu_dir, download=False)
     graph = datasets.gcn(data, samples=np.arange(200))
     settings = Settings.preset("default", verify=False)
+    monkeypatch.setattr(fc, "_gathered_sum", lambda sub, name: None)  # the engine's evaluation, as for a max
     whole = build_program(graph, settings)
     calls = []
     chunked = fc._in_chunks
@@ -154,5 +155,69 @@ def test_folded_reduction_in_chunks_is_bit_identical(monkeypatch, tu_dir, chunk_
     assert {shape for _, shape in pieces} == {(3,)}  # whole rows
     assert sum(rows for rows, _ in pieces) == 17387 and len(pieces) == (2 if chunk_values == 40_000 else 174)
     assert folded.constants.keys() == whole.constants.keys()
+    for key, array in whole.constants.items():
+        assert folded.constants[key].dtype == array.dtype and folded.constants[key].tobytes() == array.tobytes(), key
+
+
+def _engine_sums(facts, index, coef, counts):
+    """What the engine's kernels give for a sum over gathered facts: the C++ segment sum (where
+    every segment is non-empty) and torch's scatter_reduce, on the products the module makes."""
+    from neurovec.engines import kernels
+    x = torch.from_numpy(facts[index])
+    if coef is not None:
+        x = x * torch.from_numpy(coef).reshape((-1,) + (1,) * (x.dim() - 1))
+    seg = torch.from_numpy(np.repeat(np.arange(counts.size), counts))
+    sums = [kernels.scatter_reduce_native(x, seg, counts.size, "sum").numpy()]
+    if counts.all():
+        ptr = torch.from_numpy(np.concatenate([[0], np.cumsum(counts)]))
+        sums.append(kernels.segment_reduce(x, ptr, seg, None, "sum").numpy())
+    return sums
+
+
+@pytest.mark.parametrize("trial", range(12))
+def test_sequential_sums_are_the_engines_bit_for_bit(trial):
+    """NOTE: [sequential sums]: the folded sum of gathered facts is, bit for bit, what the engine's
+    kernels compute -- with -0.0 products (a segment of them sums to 0.0), infinities, values of
+    very different sizes (the order of the additions shows), segments longer than a piece, and
+    pieces of a few values or of everything."""
+    from neurovec.compiler.passes.fold_constants import sequential_sums
+    rng = np.random.default_rng(trial)
+    counts = rng.choice([0, 1, 2, 3, 9, 40, 300], size=30)
+    if trial % 2:
+        counts[counts == 0] = 1
+    width = (1, 3, 20)[trial % 3]
+    facts = rng.standard_normal((50, width)) * rng.choice([1.0, 1e12, 1e-12], size=(50, 1))
+    facts[rng.random(facts.shape) < 0.1] = -0.0
+    if trial % 4 == 0:
+        facts[0, 0], facts[1, 0] = np.inf, -np.inf
+    index = rng.integers(0, 50, counts.sum()).astype(np.int32)
+    coef = rng.standard_normal(index.size) if trial % 3 else None
+    if coef is not None:
+        coef[rng.random(coef.size) < 0.1] = -0.0
+    facts.setflags(write=False)  # as the program's constants are
+    for chunk_values in (5, 100, 1 << 20):
+        ours = sequential_sums(facts, index, coef, counts, chunk_values=chunk_values)
+        for theirs in _engine_sums(facts, index, coef, counts):
+            assert ours.dtype == theirs.dtype and ours.tobytes() == theirs.tobytes(), chunk_values
+
+
+@pytest.mark.parametrize("chunk_values", [7, 1 << 18])
+def test_folded_sums_equal_the_engines_evaluation(monkeypatch, tu_dir, chunk_values):
+    """PROTEINS GCN's first aggregation folded by ``sequential_sums`` (pieces of 7 values: every
+    segment in pieces of a few entries) gives every constant of the program byte for byte as the
+    engine's whole evaluation does."""
+    from neurovec import datasets
+    from neurovec.compiler.passes import fold_constants as fc
+    data = datasets.load_tu("PROTEINS", tu_dir, download=False)
+    graph = datasets.gcn(data, samples=np.arange(200))
+    settings = Settings.preset("default", verify=False)
+    calls = []
+    ours = fc.sequential_sums
+    monkeypatch.setattr(fc, "sequential_sums", lambda *a, **k: calls.append(a[3].size) or ours(*a, chunk_values=chunk_values))
+    folded = build_program(graph, settings)
+    assert calls
+    monkeypatch.setattr(fc, "_gathered_sum", lambda sub, name: None)
+    whole = build_program(graph, settings)
+    assert str(folded) == str(whole) and folded.constants.keys() == whole.constants.keys()
     for key, array in whole.constants.items():
         assert folded.constants[key].dtype == array.dtype and folded.constants[key].tobytes() == array.tobytes(), key
