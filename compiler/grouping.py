@@ -34,6 +34,8 @@ import math
 
 import numpy as np
 
+from ..sources.relational import joins
+
 __all__ = ["row_dtype", "equal_arrays", "first_rows", "first_rows_in_segments", "first_equal_rows",
            "first_equal_multisets", "representatives", "all_distinct",
            "mix64", "row_hashes", "expand_segments", "dense_ranks", "stable_order", "is_identity", "run_block"]
@@ -259,21 +261,9 @@ def dense_ranks(keys: np.ndarray, bound: int) -> tuple[np.ndarray, np.ndarray, n
 
 def stable_order(keys: np.ndarray, bound: int) -> np.ndarray:
     """``np.argsort(keys, kind="stable")`` for non-negative integer keys below ``bound``, as an LSD
-    radix sort on 16-bit digits (numpy sorts 16-bit keys stably in linear time)."""
+    radix sort on 16-bit digits (``sources/relational/joins.stable_order``), in the rows' dtype."""
     keys = np.asarray(keys)
-    order = None
-    shift = 0
-    while True:
-        digit = np.right_shift(keys, shift).astype(np.uint16)  # the low 16 bits of what is left
-        if order is None:
-            order = np.argsort(digit, kind="stable")
-        else:
-            order = order[np.argsort(digit[order], kind="stable")]
-        del digit
-        order = order.astype(row_dtype(keys.size), copy=False)
-        shift += 16
-        if bound <= 1 << shift:
-            return order
+    return joins.stable_order(keys, bound, row_dtype(keys.size))
 
 
 # -- rows of bytes ------------------------------------------------------------------------------------

@@ -39,21 +39,29 @@ def row_keys(*tables: list) -> list[np.ndarray]:
     return keys
 
 
-def stable_order(key: np.ndarray) -> np.ndarray:
-    """``np.argsort(key, kind="stable")`` for int64 keys. Non-negative keys below 2**48 (row keys, ids) are sorted by
-    an LSD radix sort, 16 bits a pass, each pass numpy's stable argsort of uint16 values (a counting sort): a few
-    times faster than a merge sort of the int64 keys. Other keys, and small arrays, go to numpy's merge sort."""
-    if key.size < 256:
-        return np.argsort(key, kind="stable")
-    low, high = int(key.min()), int(key.max())
-    if low < 0 or high >= 1 << 48:
-        return np.argsort(key, kind="stable")
-    order = np.argsort((key & 0xFFFF).astype(np.uint16), kind="stable")   # by the lowest 16 bits
-    shift = 16
-    while high >> shift:   # then stably by the next 16: ties keep the order of the bits below
-        order = order[np.argsort(((key[order] >> shift) & 0xFFFF).astype(np.uint16), kind="stable")]
+def stable_order(key: np.ndarray, bound: int | None = None, dtype=np.int64) -> np.ndarray:
+    """``np.argsort(key, kind="stable")`` for integer keys, as ``dtype``. Non-negative keys below ``bound`` (below
+    2**48 when no bound is given: row keys, ids) are sorted by an LSD radix sort, 16 bits a pass, each pass numpy's
+    stable argsort of uint16 values (a counting sort): a few times faster than a merge sort of the int64 keys.
+    Without a bound, other keys and small arrays go to numpy's merge sort. (Also ``compiler/grouping``'s sort.)"""
+    key = np.asarray(key)
+    if bound is None:
+        if key.size < 256:
+            return np.argsort(key, kind="stable").astype(dtype, copy=False)
+        low, high = int(key.min()), int(key.max())
+        if low < 0 or high >= 1 << 48:
+            return np.argsort(key, kind="stable").astype(dtype, copy=False)
+        bound = high + 1
+    order = None
+    shift = 0
+    while True:   # by the lowest 16 bits, then stably by the next 16: ties keep the order of the bits below
+        digit = np.right_shift(key, shift).astype(np.uint16)
+        order = np.argsort(digit, kind="stable") if order is None else order[np.argsort(digit[order], kind="stable")]
+        del digit
+        order = order.astype(dtype, copy=False)
         shift += 16
-    return order
+        if bound <= 1 << shift:
+            return order
 
 
 def _bound(columns: list) -> int:
