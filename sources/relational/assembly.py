@@ -446,16 +446,16 @@ class _Assembler:
             if g.joined:  # sorted by rule, then head: per run its rule's head weight and template position
                 run_rule = g.member[g.head_starts]
                 owner.append(np.searchsorted(atoms, heads))
-                weight.append(np.asarray([self.weight(plan.rule_weights[(r.index, "head")]) for r in g.family],
-                                         np.int64)[run_rule])
-                rank.append(np.asarray([r.index for r in g.family], np.int64)[run_rule])
+                head_weight, rule_index = self.family_weights(g.family)
+                weight.append(head_weight[run_rule])
+                rank.append(rule_index[run_rule])
             elif g.family:  # sorted by head, then rule: per grounding its rule's head weight and template position
                 # (alone, it derives every atom here: as many heads as atoms is one grounding per atom, in order)
                 owner.append(np.arange(atoms.size) if len(rules) == 1 and heads.size == atoms.size else
                              np.searchsorted(atoms, heads))
-                weight.append(np.asarray([self.weight(plan.rule_weights[(r.index, "head")]) for r in g.family],
-                                         np.int64)[g.member])
-                rank.append(np.asarray([r.index for r in g.family], np.int64)[g.member])
+                head_weight, rule_index = self.family_weights(g.family)
+                weight.append(head_weight[g.member])
+                rank.append(rule_index[g.member])
             else:
                 owner.append(np.arange(atoms.size) if heads.size == atoms.size else np.searchsorted(atoms, heads))
                 weight.append(np.full(heads.size, self.weight(plan.rule_weights[(g.rule.index, "head")])))
@@ -499,6 +499,16 @@ class _Assembler:
                                  weight[members], offset[build], plan.atom_combination(predicate), transformation,
                                  plan.shape[predicate])
             ref_layer[atoms[build]], ref_ordinal[atoms[build]] = index, np.arange(int(build.sum()))
+
+    def family_weights(self, family: tuple) -> tuple[np.ndarray, np.ndarray]:
+        """The head weight (an index into the weights) and the template position of each rule of a family, made once
+        per plan: the plan's weights come first in every grounding's weights, in the same order."""
+        memo_key = ("family weights",) + tuple(rule.index for rule in family)
+        if memo_key not in self.plan.memo:
+            self.plan.memo[memo_key] = (
+                np.asarray([self.weight(self.plan.rule_weights[(r.index, "head")]) for r in family], np.int64),
+                np.asarray([r.index for r in family], np.int64))
+        return self.plan.memo[memo_key]
 
     # -- the graph -------------------------------------------------------------------------------------------------
     def graph(self, targets: dict) -> Graph:
