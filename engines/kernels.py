@@ -94,14 +94,13 @@ REDUCTIONS = ("sum", "mean", "max", "min", "prod")
 
 #: Forward kernels ``impl=`` accepts. ``"auto"`` picks per device and size (see the
 #: module docstring), ``"native"`` is ``"auto"`` restricted to plain torch.
-IMPLS = ("auto", "native", "torch_scatter", "spmm", "segment_reduce", "scatter_reduce", "index_add", "cpp")
+IMPLS = ("auto", "native", "torch_scatter", "spmm", "segment_reduce", "scatter_reduce", "cpp")
 
 # Which reductions each forward kernel computes ("mean" is always sum / counts).
 _IMPL_REDUCTIONS = {
     "cpp": {"sum", "max", "min", "prod"},
     "torch_scatter": {"sum", "max", "min"},
     "spmm": {"sum"},
-    "index_add": {"sum"},
     "segment_reduce": {"sum", "max", "min", "prod"},
     "scatter_reduce": {"sum", "max", "min", "prod"},
 }
@@ -229,8 +228,6 @@ def segment_forward(x: torch.Tensor, ptr: torch.Tensor, seg_id: torch.Tensor, re
         index_dtype = _csr_index_dtype(e)
         a = _csr(ptr.to(index_dtype), _iota(e, x.device, index_dtype), _ones(e, x.dtype, x.device), (n, e))
         return _spmm(a, x)
-    if impl == "index_add":
-        return x.new_zeros(out_shape).index_add_(0, seg_id, x)
     if impl == "segment_reduce":
         # unsafe=True skips re-validating offsets on every call (validated at build).
         return torch.segment_reduce(x, reduce, offsets=ptr, axis=0, unsafe=True)
@@ -564,48 +561,28 @@ class Segments:
 # --------------------------------------------------------------------------- gather + sum
 
 class _GatherSumCSR(torch.autograd.Function):
-    """``y = A @ x`` with ``A[j, index[e]] += c[e]`` for the edges ``e`` of segment ``j``.
-
-    ``c`` is ``values`` (constant per-edge coefficients, e.g. GCN's normalisation),
-    else ``coef`` (a tensor that may need a gradient), else 1. Backward:
-    ``grad_x = A^T @ grad_y`` with ``A^T``'s structure (and, for constant values,
-    its values ``t_values``) prebuilt, and, if ``coef`` needs a gradient,
-    ``grad_coef[e] = <grad_y[seg_id[e]], x[index[e]]>``.
-    """
+    """``y = A @ x`` with ``A[j, index[e]] += c[e]`` for the edges ``e`` of segment ``j``; ``c`` is
+    ``values`` (constant per-edge coefficients, e.g. GCN's normalisation), else 1. Backward:
+    ``grad_x = A^T @ grad_y`` with ``A^T``'s structure and values (``t_values``) prebuilt."""
 
     @staticmethod
-    def forward(ctx, x, coef, ptr, index, seg_id, t_ptr, t_col, t_perm, values, t_values):
+    def forward(ctx, x, ptr, index, t_ptr, t_col, values, t_values):
         e, n_src = index.numel(), x.shape[0]
-        c = values if values is not None else coef
-        c = _ones(e, x.dtype, x.device) if c is None else c.to(x.dtype)
-        ctx.save_for_backward(x if coef is not None and coef.requires_grad else None,
-                              coef, index, seg_id, t_ptr, t_col, t_perm, values, t_values)
+        c = _ones(e, x.dtype, x.device) if values is None else values.to(x.dtype)
+        ctx.save_for_backward(t_ptr, t_col, t_values)
         ctx.n_src = n_src
         return _spmm(_csr(ptr, index, c, (ptr.numel() - 1, n_src)), x)
 
     @staticmethod
     def backward(ctx, grad):
-        x, coef, index, seg_id, t_ptr, t_col, t_perm, values, t_values = ctx.saved_tensors
-        grad_x = grad_coef = None
-        if ctx.needs_input_grad[0]:
-            if t_values is not None:
-                t_c = t_values.to(grad.dtype)
-            elif values is not None:
-                t_c = values.to(grad.dtype)[t_perm]
-            elif coef is not None:
-                t_c = coef.to(grad.dtype)[t_perm]
-            else:
-                t_c = _ones(index.numel(), grad.dtype, grad.device)
-            grad_x = _spmm(_csr(t_ptr, t_col, t_c, (ctx.n_src, grad.shape[0])), grad)
-        if ctx.needs_input_grad[1]:
-            prod = grad.index_select(0, seg_id) * x.index_select(0, index)
-            grad_coef = prod.reshape(prod.shape[0], -1).sum(1).to(coef.dtype)
-        return grad_x, grad_coef, None, None, None, None, None, None, None, None
+        t_ptr, t_col, t_values = ctx.saved_tensors
+        t_c = _ones(t_col.numel(), grad.dtype, grad.device) if t_values is None else t_values.to(grad.dtype)
+        return _spmm(_csr(t_ptr, t_col, t_c, (ctx.n_src, grad.shape[0])), grad), None, None, None, None, None, None
 
 
 def gather_segment_sum(x: torch.Tensor, ptr: torch.Tensor, index: torch.Tensor, seg_id: torch.Tensor,
                        t_ptr: torch.Tensor, t_col: torch.Tensor, t_perm: torch.Tensor,
-                       coef: torch.Tensor | None = None, *, values: torch.Tensor | None = None,
+                       *, values: torch.Tensor | None = None,
                        t_values: torch.Tensor | None = None) -> torch.Tensor:
     """``y[j] = sum_{e in ptr[j]:ptr[j+1]} c[e] * x[index[e]]`` as one sparse CSR matmul.
 
@@ -619,20 +596,17 @@ def gather_segment_sum(x: torch.Tensor, ptr: torch.Tensor, index: torch.Tensor, 
         t_ptr, t_col, t_perm: ``(N + 1,)``, ``(E,)``, ``(E,)`` -- the CSR of ``A^T`` (same
             dtype as ``ptr``) and which edge each of its entries is (see
             :meth:`GatherSum.from_index`).
-        coef: optional ``(E,)`` per-edge scalars that may require grad.
         values: optional ``(E,)`` constant per-edge scalars (no gradient), the CSR values
             of ``A``; ``t_values = values[t_perm]`` are those of ``A^T`` (computed here
-            if not given). At most one of ``coef`` and ``values``; neither means 1.
+            if not given). Without them every coefficient is 1.
     Returns:
         ``(S, *shape)``.
     """
-    if coef is not None and values is not None:
-        raise ValueError("gather_segment_sum takes coef (learnable) or values (constant), not both")
     if values is not None and values.requires_grad:
-        raise ValueError("values are constant per-edge coefficients; pass a coef that needs a gradient as coef=")
-    if coef is None and ops.native_ok(x):  # the C++ operator
-        if values is not None and t_values is None:
-            t_values = values[t_perm]
+        raise ValueError("values are constant per-edge coefficients (no gradient)")
+    if values is not None and t_values is None:
+        t_values = values[t_perm]
+    if ops.native_ok(x):  # the C++ operator
         return ops.gather_sum(x, ptr, index, values, t_ptr, t_col, t_values)
     if (torch.compiler.is_compiling() or (x.device.type == "cpu" and x.dtype not in _MKL_DTYPES)
             or (x.device.type == "cuda" and index.numel() > (ptr.numel() - 1) * x.shape[0])):
@@ -640,11 +614,10 @@ def gather_segment_sum(x: torch.Tensor, ptr: torch.Tensor, index: torch.Tensor, 
         # matmul cannot compute in half precision, and cuSPARSE refuses where a CSR
         # holds more entries than its matrix has cells (repeated columns in a row).
         rows = x.index_select(0, index.long())
-        c = values if values is not None else coef
-        if c is not None:
-            rows = rows * c.to(x.dtype).view((-1,) + (1,) * (x.dim() - 1))
+        if values is not None:
+            rows = rows * values.to(x.dtype).view((-1,) + (1,) * (x.dim() - 1))
         return segment_reduce(rows, ptr.long(), seg_id, None, "sum")
-    return _GatherSumCSR.apply(x, coef, ptr, index, seg_id, t_ptr, t_col, t_perm, values, t_values)
+    return _GatherSumCSR.apply(x, ptr, index, t_ptr, t_col, values, t_values)
 
 
 class GatherSum:
@@ -734,10 +707,9 @@ class GatherSum:
         """Every tensor by name; ``values`` / ``t_values`` are None without coefficients."""
         return {k: getattr(self, k) for k in self._TENSORS}
 
-    def __call__(self, x: torch.Tensor, coef: torch.Tensor | None = None) -> torch.Tensor:
-        """:func:`gather_segment_sum` with these indices (and constant values, if any);
-        ``coef`` is a learnable per-edge factor, only without constant values."""
-        return gather_segment_sum(x, self.ptr, self.index, self.seg_id, self.t_ptr, self.t_col, self.t_perm, coef,
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """:func:`gather_segment_sum` with these indices (and constant values, if any)."""
+        return gather_segment_sum(x, self.ptr, self.index, self.seg_id, self.t_ptr, self.t_col, self.t_perm,
                                   values=self.values, t_values=self.t_values)
 
     def __repr__(self) -> str:
