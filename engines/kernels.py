@@ -518,14 +518,6 @@ class Segments:
         return cls(torch.from_numpy(ptr).to(device), torch.from_numpy(seg_id).to(device),
                    torch.from_numpy(c).to(device=device, dtype=dtype))
 
-    @classmethod
-    def from_ptr(cls, ptr: np.ndarray | torch.Tensor | Sequence[int], **kwargs) -> "Segments":
-        """Segments from CSR bounds ``ptr`` (``ptr[0] = 0``, strictly increasing)."""
-        p = _as_numpy_int(ptr, "ptr")
-        if p.size == 0 or p[0] != 0:
-            raise ValueError("ptr must start with 0")
-        return cls.from_counts(np.diff(p), **kwargs)
-
     @property
     def n_segments(self) -> int:
         return self.ptr.numel() - 1
@@ -533,14 +525,6 @@ class Segments:
     @property
     def n_edges(self) -> int:
         return self.seg_id.numel()
-
-    def equal_count(self) -> int | None:
-        """The common segment size if all segments have the same one, else None
-        (then a reshape + dense reduce does the job, see :func:`dense_reduce`)."""
-        if self.n_segments == 0 or self.n_edges % self.n_segments:
-            return None
-        k = self.n_edges // self.n_segments
-        return k if bool((self.ptr.diff() == k).all()) else None
 
     def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> "Segments":
         """A copy on ``device``; ``dtype`` (floating) applies to ``counts`` only."""
