@@ -334,8 +334,8 @@ class SegmentMin(torch.autograd.Function):
 
 
 # torch.segment_reduce's own backward kernel: one fused pass, zero-exact for prod
-# (checked against torch.prod in the tests) and ~2x faster on CPU than the formula
-# below, which stays as the fallback should this private op go away. (Not used for
+# (checked against torch.prod in the tests); should this private op go away, or lack a
+# dtype, the backward is torch.prod's own over the padded segments (slower, as exact). (Not used for
 # max/min: it does not split *negative* gradients among ties -- torch 2.13.)
 try:
     _fused_prod_backward = torch.ops.aten._segment_reduce_backward
@@ -375,21 +375,12 @@ class SegmentProd(torch.autograd.Function):
         if _fused_prod_backward is not None:
             try:
                 return _fused_prod_backward(grad.contiguous(), out, x, "prod", offsets=ptr, axis=0), None, None, None
-            except RuntimeError:  # e.g. a dtype or device the private op lacks: use the formula
+            except RuntimeError:  # e.g. a dtype or device the private op lacks
                 pass
-        g = grad.index_select(0, seg_id)
-        # A zero row makes its segment's product 0 (or NaN next to an inf), so the
-        # (S, F) output tells cheaply whether the zero-aware terms are needed at all.
-        if not bool(((out == 0) | out.isnan()).any()):
-            return g.mul_(out.index_select(0, seg_id).div_(x)), None, None, None
-        zero = x == 0
-        grad_x = g * (out.index_select(0, seg_id) / x)
-        n_zero = segment_forward(zero.to(x.dtype), ptr, seg_id, "sum", _same_family(ctx.impl, "sum"))
-        others = segment_forward(torch.where(zero, torch.ones_like(x), x), ptr, seg_id, "prod", ctx.impl)
-        lone = (n_zero == 1).index_select(0, seg_id)
-        grad_x = torch.where(zero, torch.where(lone, g * others.index_select(0, seg_id), torch.zeros_like(x)),
-                             grad_x)
-        return grad_x, None, None, None
+        # Without torch's fused op (or for a dtype it lacks): the padded product's own gradient.
+        with torch.enable_grad():
+            grad_x = _prod_backward_differentiable(grad, x.detach().requires_grad_(), ptr, seg_id)
+        return grad_x.detach(), None, None, None
 
 
 # NOTE: [C++ segment products] Where the C++ kernels run, a segment product's forward and

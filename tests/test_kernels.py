@@ -105,7 +105,7 @@ def test_extremum_backward_equals_scatter_reduce(reduce, impl):
 
 @pytest.fixture(params=["fused", "formula"])
 def prod_backward(request, monkeypatch):
-    """Run a test with torch's fused prod backward and with the fallback formula."""
+    """Run a test with torch's fused prod backward and with the fallback (torch.prod over padded segments)."""
     if request.param == "formula":
         monkeypatch.setattr(K, "_fused_prod_backward", None)
     elif K._fused_prod_backward is None:
