@@ -49,10 +49,10 @@ namespace {
 // page fault: on this VM about 4 µs each, more than the sum itself costs per page. So an output of
 // at least kHugeOutputBytes asks for transparent huge pages before it is written (madvise, where
 // the system has THP in "madvise" or "always" mode; elsewhere the call is a harmless no-op): one
-// fault per 2 MiB. arxiv-like's 128-wide sparse sum (169k rows from 1.3M entries, 1 thread, loaded,
-// CPU ms, benchmarks/kernels_hugepages.py): forward 96 -> 50, forward and backward 250 -> 106 (10.9k
-// -> 0.7k page faults a forward). torch's own ops do the same only with THP_MEM_ALLOC_ENABLE=1 set
-// before torch starts. Values are unchanged: only where the memory comes from.
+// fault per 2 MiB. arxiv-like's 128-wide sparse sum (benchmarks/kernels_hugepages.py: 87k rows from
+// 1.17M entries, 1 thread, loaded, CPU ms, medians of 6): forward 66.2 -> 41.4 (10.9k -> 0.7k page
+// faults), forward and backward 157 -> 94.5 (32.1k -> 0.9k). torch's own ops do the same only with
+// THP_MEM_ALLOC_ENABLE=1 set before torch starts. Values are unchanged: only where the memory comes from.
 constexpr int64_t kHugePageBytes = int64_t(2) << 20;
 constexpr int64_t kHugeOutputBytes = int64_t(8) << 20;
 
