@@ -113,7 +113,7 @@ def segment_methods(reduce: str, seg: K.Segments) -> dict:
     m = {"neurovec segment (auto)": lambda x: K.segment_reduce(x, ptr, seg_id, counts, reduce),
          "neurovec segment, C++ off": torch_only(lambda x: K.segment_reduce(x, ptr, seg_id, counts, reduce))}
     base = "sum" if reduce == "mean" else reduce
-    for impl in ("spmm", "segment_reduce", "scatter_reduce", "index_add", "torch_scatter"):
+    for impl in ("spmm", "segment_reduce", "scatter_reduce", "torch_scatter"):
         if base in K._IMPL_REDUCTIONS[impl] and (impl != "torch_scatter" or K.HAS_TORCH_SCATTER):
             m[f"  neurovec fwd={impl}"] = (
                 lambda x, impl=impl: K.segment_reduce(x, ptr, seg_id, counts, reduce, impl=impl))
@@ -203,7 +203,7 @@ def run_sweep(args):
     rng = np.random.default_rng(0)
     print(f"forward-kernel sweep, median µs, {args.dtype}, {torch.get_num_threads()} threads "
           f"(counts drawn from PROTEINS in-degrees + 1)")
-    impls = ["spmm", "segment_reduce", "scatter_reduce", "index_add"] + (["torch_scatter"] if K.HAS_TORCH_SCATTER
+    impls = ["spmm", "segment_reduce", "scatter_reduce"] + (["torch_scatter"] if K.HAS_TORCH_SCATTER
                                                                          else [])
     for reduce in ("sum", "max", "prod"):
         cols = [i for i in impls if reduce in K._IMPL_REDUCTIONS[i]]

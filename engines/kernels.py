@@ -94,14 +94,13 @@ REDUCTIONS = ("sum", "mean", "max", "min", "prod")
 
 #: Forward kernels ``impl=`` accepts. ``"auto"`` picks per device and size (see the
 #: module docstring), ``"native"`` is ``"auto"`` restricted to plain torch.
-IMPLS = ("auto", "native", "torch_scatter", "spmm", "segment_reduce", "scatter_reduce", "index_add", "cpp")
+IMPLS = ("auto", "native", "torch_scatter", "spmm", "segment_reduce", "scatter_reduce", "cpp")
 
 # Which reductions each forward kernel computes ("mean" is always sum / counts).
 _IMPL_REDUCTIONS = {
     "cpp": {"sum", "max", "min", "prod"},
     "torch_scatter": {"sum", "max", "min"},
     "spmm": {"sum"},
-    "index_add": {"sum"},
     "segment_reduce": {"sum", "max", "min", "prod"},
     "scatter_reduce": {"sum", "max", "min", "prod"},
 }
@@ -229,8 +228,6 @@ def segment_forward(x: torch.Tensor, ptr: torch.Tensor, seg_id: torch.Tensor, re
         index_dtype = _csr_index_dtype(e)
         a = _csr(ptr.to(index_dtype), _iota(e, x.device, index_dtype), _ones(e, x.dtype, x.device), (n, e))
         return _spmm(a, x)
-    if impl == "index_add":
-        return x.new_zeros(out_shape).index_add_(0, seg_id, x)
     if impl == "segment_reduce":
         # unsafe=True skips re-validating offsets on every call (validated at build).
         return torch.segment_reduce(x, reduce, offsets=ptr, axis=0, unsafe=True)
@@ -337,8 +334,8 @@ class SegmentMin(torch.autograd.Function):
 
 
 # torch.segment_reduce's own backward kernel: one fused pass, zero-exact for prod
-# (checked against torch.prod in the tests) and ~2x faster on CPU than the formula
-# below, which stays as the fallback should this private op go away. (Not used for
+# (checked against torch.prod in the tests); should this private op go away, or lack a
+# dtype, the backward is torch.prod's own over the padded segments (slower, as exact). (Not used for
 # max/min: it does not split *negative* gradients among ties -- torch 2.13.)
 try:
     _fused_prod_backward = torch.ops.aten._segment_reduce_backward
@@ -378,21 +375,12 @@ class SegmentProd(torch.autograd.Function):
         if _fused_prod_backward is not None:
             try:
                 return _fused_prod_backward(grad.contiguous(), out, x, "prod", offsets=ptr, axis=0), None, None, None
-            except RuntimeError:  # e.g. a dtype or device the private op lacks: use the formula
+            except RuntimeError:  # e.g. a dtype or device the private op lacks
                 pass
-        g = grad.index_select(0, seg_id)
-        # A zero row makes its segment's product 0 (or NaN next to an inf), so the
-        # (S, F) output tells cheaply whether the zero-aware terms are needed at all.
-        if not bool(((out == 0) | out.isnan()).any()):
-            return g.mul_(out.index_select(0, seg_id).div_(x)), None, None, None
-        zero = x == 0
-        grad_x = g * (out.index_select(0, seg_id) / x)
-        n_zero = segment_forward(zero.to(x.dtype), ptr, seg_id, "sum", _same_family(ctx.impl, "sum"))
-        others = segment_forward(torch.where(zero, torch.ones_like(x), x), ptr, seg_id, "prod", ctx.impl)
-        lone = (n_zero == 1).index_select(0, seg_id)
-        grad_x = torch.where(zero, torch.where(lone, g * others.index_select(0, seg_id), torch.zeros_like(x)),
-                             grad_x)
-        return grad_x, None, None, None
+        # Without torch's fused op (or for a dtype it lacks): the padded product's own gradient.
+        with torch.enable_grad():
+            grad_x = _prod_backward_differentiable(grad, x.detach().requires_grad_(), ptr, seg_id)
+        return grad_x.detach(), None, None, None
 
 
 # NOTE: [C++ segment products] Where the C++ kernels run, a segment product's forward and
@@ -521,14 +509,6 @@ class Segments:
         return cls(torch.from_numpy(ptr).to(device), torch.from_numpy(seg_id).to(device),
                    torch.from_numpy(c).to(device=device, dtype=dtype))
 
-    @classmethod
-    def from_ptr(cls, ptr: np.ndarray | torch.Tensor | Sequence[int], **kwargs) -> "Segments":
-        """Segments from CSR bounds ``ptr`` (``ptr[0] = 0``, strictly increasing)."""
-        p = _as_numpy_int(ptr, "ptr")
-        if p.size == 0 or p[0] != 0:
-            raise ValueError("ptr must start with 0")
-        return cls.from_counts(np.diff(p), **kwargs)
-
     @property
     def n_segments(self) -> int:
         return self.ptr.numel() - 1
@@ -536,14 +516,6 @@ class Segments:
     @property
     def n_edges(self) -> int:
         return self.seg_id.numel()
-
-    def equal_count(self) -> int | None:
-        """The common segment size if all segments have the same one, else None
-        (then a reshape + dense reduce does the job, see :func:`dense_reduce`)."""
-        if self.n_segments == 0 or self.n_edges % self.n_segments:
-            return None
-        k = self.n_edges // self.n_segments
-        return k if bool((self.ptr.diff() == k).all()) else None
 
     def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> "Segments":
         """A copy on ``device``; ``dtype`` (floating) applies to ``counts`` only."""
@@ -564,48 +536,28 @@ class Segments:
 # --------------------------------------------------------------------------- gather + sum
 
 class _GatherSumCSR(torch.autograd.Function):
-    """``y = A @ x`` with ``A[j, index[e]] += c[e]`` for the edges ``e`` of segment ``j``.
-
-    ``c`` is ``values`` (constant per-edge coefficients, e.g. GCN's normalisation),
-    else ``coef`` (a tensor that may need a gradient), else 1. Backward:
-    ``grad_x = A^T @ grad_y`` with ``A^T``'s structure (and, for constant values,
-    its values ``t_values``) prebuilt, and, if ``coef`` needs a gradient,
-    ``grad_coef[e] = <grad_y[seg_id[e]], x[index[e]]>``.
-    """
+    """``y = A @ x`` with ``A[j, index[e]] += c[e]`` for the edges ``e`` of segment ``j``; ``c`` is
+    ``values`` (constant per-edge coefficients, e.g. GCN's normalisation), else 1. Backward:
+    ``grad_x = A^T @ grad_y`` with ``A^T``'s structure and values (``t_values``) prebuilt."""
 
     @staticmethod
-    def forward(ctx, x, coef, ptr, index, seg_id, t_ptr, t_col, t_perm, values, t_values):
+    def forward(ctx, x, ptr, index, t_ptr, t_col, values, t_values):
         e, n_src = index.numel(), x.shape[0]
-        c = values if values is not None else coef
-        c = _ones(e, x.dtype, x.device) if c is None else c.to(x.dtype)
-        ctx.save_for_backward(x if coef is not None and coef.requires_grad else None,
-                              coef, index, seg_id, t_ptr, t_col, t_perm, values, t_values)
+        c = _ones(e, x.dtype, x.device) if values is None else values.to(x.dtype)
+        ctx.save_for_backward(t_ptr, t_col, t_values)
         ctx.n_src = n_src
         return _spmm(_csr(ptr, index, c, (ptr.numel() - 1, n_src)), x)
 
     @staticmethod
     def backward(ctx, grad):
-        x, coef, index, seg_id, t_ptr, t_col, t_perm, values, t_values = ctx.saved_tensors
-        grad_x = grad_coef = None
-        if ctx.needs_input_grad[0]:
-            if t_values is not None:
-                t_c = t_values.to(grad.dtype)
-            elif values is not None:
-                t_c = values.to(grad.dtype)[t_perm]
-            elif coef is not None:
-                t_c = coef.to(grad.dtype)[t_perm]
-            else:
-                t_c = _ones(index.numel(), grad.dtype, grad.device)
-            grad_x = _spmm(_csr(t_ptr, t_col, t_c, (ctx.n_src, grad.shape[0])), grad)
-        if ctx.needs_input_grad[1]:
-            prod = grad.index_select(0, seg_id) * x.index_select(0, index)
-            grad_coef = prod.reshape(prod.shape[0], -1).sum(1).to(coef.dtype)
-        return grad_x, grad_coef, None, None, None, None, None, None, None, None
+        t_ptr, t_col, t_values = ctx.saved_tensors
+        t_c = _ones(t_col.numel(), grad.dtype, grad.device) if t_values is None else t_values.to(grad.dtype)
+        return _spmm(_csr(t_ptr, t_col, t_c, (ctx.n_src, grad.shape[0])), grad), None, None, None, None, None, None
 
 
 def gather_segment_sum(x: torch.Tensor, ptr: torch.Tensor, index: torch.Tensor, seg_id: torch.Tensor,
                        t_ptr: torch.Tensor, t_col: torch.Tensor, t_perm: torch.Tensor,
-                       coef: torch.Tensor | None = None, *, values: torch.Tensor | None = None,
+                       *, values: torch.Tensor | None = None,
                        t_values: torch.Tensor | None = None) -> torch.Tensor:
     """``y[j] = sum_{e in ptr[j]:ptr[j+1]} c[e] * x[index[e]]`` as one sparse CSR matmul.
 
@@ -619,20 +571,17 @@ def gather_segment_sum(x: torch.Tensor, ptr: torch.Tensor, index: torch.Tensor, 
         t_ptr, t_col, t_perm: ``(N + 1,)``, ``(E,)``, ``(E,)`` -- the CSR of ``A^T`` (same
             dtype as ``ptr``) and which edge each of its entries is (see
             :meth:`GatherSum.from_index`).
-        coef: optional ``(E,)`` per-edge scalars that may require grad.
         values: optional ``(E,)`` constant per-edge scalars (no gradient), the CSR values
             of ``A``; ``t_values = values[t_perm]`` are those of ``A^T`` (computed here
-            if not given). At most one of ``coef`` and ``values``; neither means 1.
+            if not given). Without them every coefficient is 1.
     Returns:
         ``(S, *shape)``.
     """
-    if coef is not None and values is not None:
-        raise ValueError("gather_segment_sum takes coef (learnable) or values (constant), not both")
     if values is not None and values.requires_grad:
-        raise ValueError("values are constant per-edge coefficients; pass a coef that needs a gradient as coef=")
-    if coef is None and ops.native_ok(x):  # the C++ operator
-        if values is not None and t_values is None:
-            t_values = values[t_perm]
+        raise ValueError("values are constant per-edge coefficients (no gradient)")
+    if values is not None and t_values is None:
+        t_values = values[t_perm]
+    if ops.native_ok(x):  # the C++ operator
         return ops.gather_sum(x, ptr, index, values, t_ptr, t_col, t_values)
     if (torch.compiler.is_compiling() or (x.device.type == "cpu" and x.dtype not in _MKL_DTYPES)
             or (x.device.type == "cuda" and index.numel() > (ptr.numel() - 1) * x.shape[0])):
@@ -640,11 +589,10 @@ def gather_segment_sum(x: torch.Tensor, ptr: torch.Tensor, index: torch.Tensor, 
         # matmul cannot compute in half precision, and cuSPARSE refuses where a CSR
         # holds more entries than its matrix has cells (repeated columns in a row).
         rows = x.index_select(0, index.long())
-        c = values if values is not None else coef
-        if c is not None:
-            rows = rows * c.to(x.dtype).view((-1,) + (1,) * (x.dim() - 1))
+        if values is not None:
+            rows = rows * values.to(x.dtype).view((-1,) + (1,) * (x.dim() - 1))
         return segment_reduce(rows, ptr.long(), seg_id, None, "sum")
-    return _GatherSumCSR.apply(x, coef, ptr, index, seg_id, t_ptr, t_col, t_perm, values, t_values)
+    return _GatherSumCSR.apply(x, ptr, index, t_ptr, t_col, values, t_values)
 
 
 class GatherSum:
@@ -734,10 +682,9 @@ class GatherSum:
         """Every tensor by name; ``values`` / ``t_values`` are None without coefficients."""
         return {k: getattr(self, k) for k in self._TENSORS}
 
-    def __call__(self, x: torch.Tensor, coef: torch.Tensor | None = None) -> torch.Tensor:
-        """:func:`gather_segment_sum` with these indices (and constant values, if any);
-        ``coef`` is a learnable per-edge factor, only without constant values."""
-        return gather_segment_sum(x, self.ptr, self.index, self.seg_id, self.t_ptr, self.t_col, self.t_perm, coef,
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """:func:`gather_segment_sum` with these indices (and constant values, if any)."""
+        return gather_segment_sum(x, self.ptr, self.index, self.seg_id, self.t_ptr, self.t_col, self.t_perm,
                                   values=self.values, t_values=self.t_values)
 
     def __repr__(self) -> str:

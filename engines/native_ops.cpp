@@ -38,8 +38,40 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 namespace {
+
+// NOTE: [huge pages for large outputs] A large output is a fresh block of memory (glibc maps blocks
+// over 32 MiB anew on every allocation), and the kernel's first write to each 4 KiB page of it is a
+// page fault: on this VM about 4 µs each, more than the sum itself costs per page. So an output of
+// at least kHugeOutputBytes asks for transparent huge pages before it is written (madvise, where
+// the system has THP in "madvise" or "always" mode; elsewhere the call is a harmless no-op): one
+// fault per 2 MiB. arxiv-like's 128-wide sparse sum (benchmarks/kernels_hugepages.py: 87k rows from
+// 1.17M entries, 1 thread, loaded, CPU ms, medians of 6): forward 66.2 -> 41.4 (10.9k -> 0.7k page
+// faults), forward and backward 157 -> 94.5 (32.1k -> 0.9k). torch's own ops do the same only with
+// THP_MEM_ALLOC_ENABLE=1 set before torch starts. Values are unchanged: only where the memory comes from.
+constexpr int64_t kHugePageBytes = int64_t(2) << 20;
+constexpr int64_t kHugeOutputBytes = int64_t(8) << 20;
+
+// at::empty(sizes, options), on huge pages where it is large (NOTE: [huge pages for large outputs]).
+at::Tensor empty_output(at::IntArrayRef sizes, const at::TensorOptions& options) {
+    at::Tensor y = at::empty(sizes, options);
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    const int64_t bytes = y.numel() * (int64_t)y.element_size();
+    if (bytes >= kHugeOutputBytes) {
+        const uintptr_t start = reinterpret_cast<uintptr_t>(y.data_ptr());
+        const uintptr_t begin = (start + kHugePageBytes - 1) & ~uintptr_t(kHugePageBytes - 1);
+        const uintptr_t end = (start + bytes) & ~uintptr_t(kHugePageBytes - 1);
+        if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
+    }
+#endif
+    return y;
+}
+
+at::Tensor empty_output_like(const at::Tensor& x) { return empty_output(x.sizes(), x.options()); }
 
 
 // Below this many multiply-adds a kernel runs on the calling thread: waking other
@@ -174,13 +206,18 @@ void sum_rows(int64_t r0, int64_t r1, const I* __restrict__ ptr, const I* __rest
     const int64_t prefetch_end = prefetch ? (int64_t)ptr[r1] : 0;  // rows of entries before it are prefetched
     if constexpr (kW != 0) {  // a width with_width has a case for: the whole row is one chunk
         // Prefetching or not is a template argument here: an always-false test per entry cost
-        // MUTAG's sums (3371 x 16) a sixth of their time.
-        if (prefetch)
-            for (int64_t r = r0; r < r1; ++r)
-                sum_chunk<kW, T, I, GATHER, WEIGHTED, true>(r, ptr, col, val, x, kW, 0, y, divide, prefetch_end);
-        else
-            for (int64_t r = r0; r < r1; ++r)
-                sum_chunk<kW, T, I, GATHER, WEIGHTED, false>(r, ptr, col, val, x, kW, 0, y, divide, prefetch_end);
+        // MUTAG's sums (3371 x 16) a sixth of their time. Rows narrower than a cache line are never
+        // prefetched, and have one loop only: a second, identical copy of it beside the first made
+        // PROTEINS' 1-wide sums (GCN with labels) slower (NOTE: [prefetching gathered rows]).
+        if constexpr (GATHER && kW * sizeof(T) >= 64) {
+            if (prefetch) {
+                for (int64_t r = r0; r < r1; ++r)
+                    sum_chunk<kW, T, I, GATHER, WEIGHTED, true>(r, ptr, col, val, x, kW, 0, y, divide, prefetch_end);
+                return;
+            }
+        }
+        for (int64_t r = r0; r < r1; ++r)
+            sum_chunk<kW, T, I, GATHER, WEIGHTED, false>(r, ptr, col, val, x, kW, 0, y, divide, prefetch_end);
         return;
     }
     // Rows of any other width: accumulated in the output row (in L1 while it is summed), each entry's
@@ -509,7 +546,7 @@ Tensor csr_sum(const Tensor& x_in, const Tensor& ptr_in, const Tensor& col_in, c
     const Tensor col = col_in.defined() ? as(col_in, ptr.scalar_type()) : Tensor();
     const Tensor values = like(values_in, x), divide = like(divide_in, x);
     const int64_t n = ptr.size(0) - 1;
-    Tensor y = at::empty(with_rows(x, n), x.options());
+    Tensor y = empty_output(with_rows(x, n), x.options());
     const bool prefetch = x.numel() * (int64_t)x.element_size() > kCachedBytes;  // NOTE: [prefetching gathered rows]
         AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "neurovec_cpu::csr_sum", [&] {
         AT_DISPATCH_INDEX_TYPES(ptr.scalar_type(), "neurovec_cpu::csr_sum", [&] {
@@ -553,7 +590,7 @@ Tensor broadcast(const Tensor& g_in, const Tensor& ptr_in, const OptionalTensor&
     check_values(g_in, "segment_broadcast");
     const Tensor g = g_in.contiguous(), ptr = ptr_in.contiguous();
     const Tensor values = like(values_in, g), divide = like(divide_in, g);
-    Tensor out = at::empty(with_rows(g, n_entries), g.options());
+    Tensor out = empty_output(with_rows(g, n_entries), g.options());
         AT_DISPATCH_FLOATING_TYPES(g.scalar_type(), "neurovec_cpu::segment_broadcast", [&] {
         AT_DISPATCH_INDEX_TYPES(ptr.scalar_type(), "neurovec_cpu::segment_broadcast", [&] {
             segment_broadcast<scalar_t, index_t>(ptr.size(0) - 1, ptr.data_ptr<index_t>(),
@@ -569,7 +606,7 @@ Tensor extremum(const Tensor& x_in, const Tensor& ptr_in, bool max) {
     check_values(x_in, max ? "segment_max" : "segment_min");
     const Tensor x = x_in.contiguous(), ptr = ptr_in.contiguous();
     const int64_t n = ptr.size(0) - 1;
-    Tensor y = at::empty(with_rows(x, n), x.options());
+    Tensor y = empty_output(with_rows(x, n), x.options());
         AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "neurovec_cpu::segment_extremum", [&] {
         AT_DISPATCH_INDEX_TYPES(ptr.scalar_type(), "neurovec_cpu::segment_extremum", [&] {
             const index_t* p = ptr.data_ptr<index_t>();
@@ -587,7 +624,7 @@ Tensor prod(const Tensor& x_in, const Tensor& ptr_in) {
     check_values(x_in, "segment_prod");
     const Tensor x = x_in.contiguous(), ptr = ptr_in.contiguous();
     const int64_t n = ptr.size(0) - 1;
-    Tensor y = at::empty(with_rows(x, n), x.options());
+    Tensor y = empty_output(with_rows(x, n), x.options());
     AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "neurovec_cpu::segment_prod", [&] {
         AT_DISPATCH_INDEX_TYPES(ptr.scalar_type(), "neurovec_cpu::segment_prod", [&] {
             segment_prod<scalar_t, index_t>(n, ptr.data_ptr<index_t>(), x.data_ptr<scalar_t>(), row_width(x),
@@ -604,7 +641,7 @@ Tensor prod_backward(const Tensor& grad_in, const Tensor& x_in, const Tensor& pt
     const Tensor grad = as(grad_in, x.scalar_type());
     TORCH_CHECK(grad.size(0) == ptr.size(0) - 1 && row_width(grad) == row_width(x),
                 "neurovec_cpu::prod_backward: grad must have one row per segment, of x's row shape");
-    Tensor out = at::empty_like(x);  // every row is written
+    Tensor out = empty_output_like(x);  // every row is written
     AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "neurovec_cpu::segment_prod_backward", [&] {
         AT_DISPATCH_INDEX_TYPES(ptr.scalar_type(), "neurovec_cpu::segment_prod_backward", [&] {
             segment_prod_backward<scalar_t, index_t>(ptr.size(0) - 1, ptr.data_ptr<index_t>(), x.data_ptr<scalar_t>(),
@@ -663,7 +700,7 @@ Tensor pair_prod(const Tensor& x_in, bool strided) {
     TORCH_CHECK(x_in.dim() >= 1 && x_in.size(0) % 2 == 0, "neurovec_cpu::pair_prod: x needs an even number of rows");
     const Tensor x = x_in.contiguous();
     const int64_t n = x.size(0) / 2, w = row_width(x);
-    Tensor y = at::empty(with_rows(x, n), x.options());
+    Tensor y = empty_output(with_rows(x, n), x.options());
     const PairLayout at_ = pair_layout(n, w, strided);
     AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "neurovec_cpu::pair_prod", [&] {
         const scalar_t* xp = x.data_ptr<scalar_t>();
@@ -682,7 +719,7 @@ Tensor pair_prod_backward(const Tensor& grad_in, const Tensor& x_in, bool stride
     const int64_t n = x.size(0) / 2, w = row_width(x);
     TORCH_CHECK(grad.size(0) == n && row_width(grad) == w,
                 "neurovec_cpu::pair_prod_backward: grad must have half of x's rows, of x's row shape");
-    Tensor out = at::empty_like(x);  // every element is written
+    Tensor out = empty_output_like(x);  // every element is written
     const PairLayout at_ = pair_layout(n, w, strided);
     AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "neurovec_cpu::pair_prod_backward", [&] {
         const scalar_t* xp = x.data_ptr<scalar_t>();
@@ -717,7 +754,7 @@ Tensor rows(const Tensor& x_in, const Tensor& index_in) {
     TORCH_CHECK(index_in.dim() == 1, "neurovec_cpu::rows: index must be one-dimensional");
     const Tensor x = x_in.contiguous(), index = index_in.contiguous();
     const int64_t n = index.size(0), w = row_width(x);
-    Tensor y = at::empty(with_rows(x, n), x.options());
+    Tensor y = empty_output(with_rows(x, n), x.options());
     AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "neurovec_cpu::rows", [&] {
         AT_DISPATCH_INDEX_TYPES(index.scalar_type(), "neurovec_cpu::rows", [&] {
             const index_t* ip = index.data_ptr<index_t>();
@@ -736,7 +773,7 @@ Tensor extremum_backward(const Tensor& grad_in, const Tensor& x_in, const Tensor
     check_values(x_in, "segment_extremum_backward");
     const Tensor x = x_in.contiguous(), y = y_in.contiguous(), ptr = ptr_in.contiguous();
     const Tensor grad = as(grad_in, x.scalar_type());
-    Tensor out = at::empty_like(x), ties = at::empty_like(y);  // ties: scratch for widths without registers
+    Tensor out = empty_output_like(x), ties = at::empty_like(y);  // ties: scratch for widths without registers
         AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "neurovec_cpu::segment_extremum_backward", [&] {
         AT_DISPATCH_INDEX_TYPES(ptr.scalar_type(), "neurovec_cpu::segment_extremum_backward", [&] {
             segment_extremum_backward<scalar_t, index_t>(ptr.size(0) - 1, ptr.data_ptr<index_t>(),

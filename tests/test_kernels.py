@@ -105,7 +105,7 @@ def test_extremum_backward_equals_scatter_reduce(reduce, impl):
 
 @pytest.fixture(params=["fused", "formula"])
 def prod_backward(request, monkeypatch):
-    """Run a test with torch's fused prod backward and with the fallback formula."""
+    """Run a test with torch's fused prod backward and with the fallback (torch.prod over padded segments)."""
     if request.param == "formula":
         monkeypatch.setattr(K, "_fused_prod_backward", None)
     elif K._fused_prod_backward is None:
@@ -195,14 +195,12 @@ def test_gradgradcheck(reduce):
 
 # --------------------------------------------------------------------------- Segments
 
-def test_segments_from_counts_and_ptr():
+def test_segments_from_counts():
     seg = K.Segments.from_counts(np.array([2, 1, 3]))
     assert seg.ptr.tolist() == [0, 2, 3, 6]
     assert seg.seg_id.tolist() == [0, 0, 1, 2, 2, 2]
     assert seg.counts.dtype == torch.get_default_dtype() and seg.counts.tolist() == [2, 1, 3]
     assert (seg.n_segments, seg.n_edges) == (3, 6)
-    again = K.Segments.from_ptr(torch.tensor([0, 2, 3, 6]), dtype=F64)
-    assert torch.equal(again.seg_id, seg.seg_id) and again.counts.dtype == F64
     assert set(seg.buffers()) == {"ptr", "seg_id", "counts"}
 
 
@@ -213,12 +211,10 @@ def test_segments_rejects_empty_segment():
         K.Segments.from_counts([[1, 2]])
 
 
-def test_segments_to_and_equal_count():
+def test_segments_to():
     seg = K.Segments.from_counts(torch.tensor([3, 3, 3]))
     moved = seg.to(dtype=F64)
     assert moved.counts.dtype == F64 and moved.ptr.dtype == torch.long
-    assert seg.equal_count() == 3
-    assert K.Segments.from_counts([3, 2]).equal_count() is None
 
 
 def test_mean_casts_counts_to_values_dtype():
@@ -288,70 +284,63 @@ def test_cuda_matches_cpu(reduce):
 
 # --------------------------------------------------------------------------- gather + sum
 
-def _gather_case(seed=5, n_sources=7, counts=(2, 4, 1, 3), shape=(3,)):
+def _gather_case(seed=5, n_sources=7, counts=(2, 4, 1, 3), shape=(3,), with_values=False):
     gen = torch.Generator().manual_seed(seed)
     e = sum(counts)
     index = torch.randint(0, n_sources - 1, (e,), generator=gen)  # last source never read
     index[1] = index[0]                                              # a source read twice by one segment
     x = torch.randn((n_sources,) + shape, dtype=F64, generator=gen)
-    coef = torch.rand(e, dtype=F64, generator=gen) + 0.1
-    return K.GatherSum.from_index(index, counts, n_sources), x, coef, list(counts)
+    values = torch.rand(e, dtype=F64, generator=gen) + 0.1 if with_values else None
+    return K.GatherSum.from_index(index, counts, n_sources, values, dtype=F64), x, values, list(counts)
 
 
 @pytest.mark.parametrize("shape", [(), (3,), (2, 2)])
-@pytest.mark.parametrize("with_coef", [False, True])
-def test_gather_sum_matches_index_select_segment_sum(shape, with_coef):
-    gs, x, coef, counts = _gather_case(shape=shape)
+@pytest.mark.parametrize("with_values", [False, True])
+def test_gather_sum_matches_index_select_segment_sum(shape, with_values):
+    gs, x, values, counts = _gather_case(shape=shape, with_values=with_values)
     seg = K.Segments.from_counts(counts, dtype=F64)
-
-    def fused(t):
-        return gs(t, coef if with_coef else None)
+    c = values.view((-1,) + (1,) * len(shape)) if with_values else 1
 
     def unfused(t):
-        rows = t.index_select(0, gs.index)
-        if with_coef:
-            rows = rows * coef.view((-1,) + (1,) * len(shape))
-        return reference(rows, counts, "sum")
+        return reference(t.index_select(0, gs.index) * c, counts, "sum")
 
-    y, gx, g = forward_backward(fused, x)
+    y, gx, g = forward_backward(gs, x)
     y_ref, gx_ref, _ = forward_backward(unfused, x, g)
     torch.testing.assert_close(y, y_ref, atol=1e-12, rtol=1e-12)
     torch.testing.assert_close(gx, gx_ref, atol=1e-12, rtol=1e-12)
     assert gx[-1].abs().max() == 0  # the unread source gets no gradient
-    y2, _, _ = forward_backward(lambda t: seg.reduce(t.index_select(0, gs.index) * (
-        coef.view((-1,) + (1,) * len(shape)) if with_coef else 1), "sum"), x, g)
+    y2, _, _ = forward_backward(lambda t: seg.reduce(t.index_select(0, gs.index) * c, "sum"), x, g)
     torch.testing.assert_close(y, y2, atol=1e-12, rtol=1e-12)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
-@pytest.mark.parametrize("with_coef", [False, True])
+@pytest.mark.parametrize("with_values", [False, True])
 @pytest.mark.parametrize("index, counts, n_sources", [
     ([0, 0, 1, 0, 0], [3, 2], 2),           # more entries than cells: cuSPARSE refuses this CSR
     ([0, 0, 1, 2, 2, 3, 1], [3, 4], 5),     # repeated columns in a row, fewer entries than cells
 ])
-def test_gather_sum_cuda_matches_cpu_with_repeated_sources(index, counts, n_sources, with_coef):
-    gs = K.GatherSum.from_index(index, counts, n_sources, dtype=F64)
+def test_gather_sum_cuda_matches_cpu_with_repeated_sources(index, counts, n_sources, with_values):
     gen = torch.Generator().manual_seed(3)
     x = torch.randn(n_sources, 4, dtype=F64, generator=gen)
-    coef = torch.rand(len(index), dtype=F64, generator=gen) + 0.1 if with_coef else None
-    y, gx, g = forward_backward(lambda t: gs(t, coef), x)
-    gsc = gs.to("cuda")
-    yc, gxc, _ = forward_backward(lambda t: gsc(t, None if coef is None else coef.cuda()), x.cuda(), g.cuda())
+    values = torch.rand(len(index), dtype=F64, generator=gen) + 0.1 if with_values else None
+    gs = K.GatherSum.from_index(index, counts, n_sources, values, dtype=F64)
+    y, gx, g = forward_backward(gs, x)
+    yc, gxc, _ = forward_backward(gs.to("cuda"), x.cuda(), g.cuda())
     torch.testing.assert_close(yc.cpu(), y, atol=1e-12, rtol=1e-12)
     torch.testing.assert_close(gxc.cpu(), gx, atol=1e-12, rtol=1e-12)
 
 
-def test_gather_sum_gradcheck_with_learnable_coef():
-    gs, x, coef, _ = _gather_case(shape=(2,))
-    assert torch.autograd.gradcheck(gs, (x.requires_grad_(), coef.requires_grad_()))
-    assert torch.autograd.gradcheck(lambda t: gs(t), (x,))
+@pytest.mark.parametrize("with_values", [False, True])
+def test_gather_sum_gradcheck(with_values):
+    gs, x, _, _ = _gather_case(shape=(2,), with_values=with_values)
+    assert torch.autograd.gradcheck(gs, (x.requires_grad_(),))
 
 
-def test_gather_sum_float32_coef_float64():
-    gs, x, coef, counts = _gather_case()
-    y = gs(x.float(), coef)  # coef is cast to the values' dtype
+def test_gather_sum_float32_values_float64():
+    gs, x, values, counts = _gather_case(with_values=True)
+    y = K.GatherSum.from_index(gs.index, counts, x.shape[0], values, dtype=torch.float32)(x.float())
     assert y.dtype == torch.float32
-    torch.testing.assert_close(y.double(), gs(x, coef), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(y.double(), gs(x), atol=1e-5, rtol=1e-5)
 
 
 def test_gather_sum_validation():
@@ -414,8 +403,6 @@ def test_gather_sum_values_follow_dtype_exactly():
     assert csr.float().values.dtype == torch.float32
     with pytest.raises(ValueError, match="per-edge"):
         K.GatherSum.from_index([0, 1], [2], 2, [1.0])
-    with pytest.raises(ValueError, match="not both"):
-        gs(x.float(), torch.ones(3))
 
 
 # --------------------------------------------------------------------------- other kernels
@@ -573,15 +560,6 @@ def test_second_derivatives_of_the_fused_gather(mode, with_values):
 
             assert_second_derivatives(fn, reference_fn, x0)
             assert torch.autograd.gradgradcheck(lambda t: fn(t.tanh()), (x0.clone().requires_grad_(),))
-
-
-def test_second_derivatives_of_a_learnable_edge_coefficient():
-    gs = K.GatherSum.from_index([0, 2, 2, 1, 0, 3, 3, 1, 0, 2], _COUNTS, 4, dtype=F64)
-    x = torch.rand(4, 3, generator=torch.Generator().manual_seed(5), dtype=F64)
-    coef = torch.rand(10, generator=torch.Generator().manual_seed(6), dtype=F64)
-    assert_second_derivatives(lambda c: gs(x, c), lambda c: reference(x[gs.index.long()] * c.view(-1, 1), _COUNTS, "sum"),
-                              coef)
-    assert torch.autograd.gradgradcheck(lambda t, c: gs(t.tanh(), c), (x.requires_grad_(), coef.requires_grad_()))
 
 
 def _layer_graph(aggregation: str) -> neurovec.Graph:

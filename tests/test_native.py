@@ -467,3 +467,37 @@ def test_operators_record_one_cpp_node(reduce, index_dtype):
         assert fn(x).grad_fn is None and torch.equal(fn(x), y.detach())
     assert torch.autograd.gradcheck(fn, (x,))
     assert torch.autograd.gradgradcheck(fn, (x,))
+
+
+def _vm_flags(address: int) -> list[str] | None:
+    """The VmFlags of this process's mapping that holds ``address`` (/proc/self/smaps), None if none does."""
+    inside = False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split(" ", 1)[0]
+        if "-" in head and ":" not in head:
+            start, end = (int(part, 16) for part in head.split("-"))
+            inside = start <= address < end
+        elif inside and line.startswith("VmFlags:"):
+            return line.split()[1:]
+    return None
+
+
+THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+
+
+@needs_native
+@pytest.mark.skipif(not THP.exists() or "[never]" in THP.read_text(), reason="no transparent huge pages here")
+def test_large_outputs_ask_for_huge_pages():
+    """A large output of the C++ kernels (here a 1-entry-per-segment sum, 10 MiB, and its backward's gradient)
+    is madvised for transparent huge pages before it is written (NOTE: [huge pages for large outputs] in
+    native_ops.cpp): its mapping carries VmFlags ``hg``; the values are those of the small-page sum."""
+    rows, width = 40_000, 64
+    x = torch.randn(rows, width, dtype=torch.float32, requires_grad=True)
+    ptr = torch.arange(rows + 1, dtype=torch.int64)
+    col = torch.arange(rows, dtype=torch.int64)
+    y = ops.gather_sum(x, ptr, col, None, ptr, col, None)
+    y.backward(torch.ones_like(y))
+    for tensor in (y, x.grad):
+        assert "hg" in _vm_flags(tensor.data_ptr() + tensor.numel() * tensor.element_size() // 2)
+    assert torch.equal(y.detach(), x.detach())
+    assert torch.equal(x.grad, torch.ones_like(x))
