@@ -63,7 +63,7 @@ from typing import Mapping
 import numpy as np
 
 __all__ = ["Op", "Node", "Program", "IRError", "INDEXING", "REDUCE_KERNELS", "LAYOUTS", "linear_grid",
-           "users_of", "compact_index", "stored", "is_sparse_sum", "shared_product"]
+           "users_of", "compact_index", "stored", "read_only", "is_sparse_sum", "shared_product"]
 
 REDUCE_KERNELS = ("scatter", "segment", "dense", "strided", "sparse_mm", "auto")
 LAYOUTS = ("full", "tile", "interleave")
@@ -135,6 +135,16 @@ class Program:
     # replaceable at call time: a dynamic layer may be dead code and still be passed.
     fact_shapes: dict = field(default_factory=dict, compare=False)
     dynamic_facts: tuple = ()
+
+    def __post_init__(self):
+        # Stored arrays are read-only (``read_only``): whoever made a writable one, and a program
+        # unpickled or deep-copied (``__setstate__``), gets read-only views of it here.
+        if any(a.flags.writeable for a in self.constants.values()):
+            object.__setattr__(self, "constants", {k: read_only(a) for k, a in self.constants.items()})
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self.__post_init__()
 
     def replace(self, **changes) -> "Program":
         return replace(self, **changes)
@@ -273,9 +283,20 @@ def compact_index(array) -> np.ndarray:
 
 
 def stored(array) -> np.ndarray:
-    """A constant as a program stores it: integer arrays compacted (``compact_index``), others as given."""
+    """A constant as a program stores it: integer arrays compacted (``compact_index``), others as
+    given; read-only (``read_only``)."""
     array = np.asarray(array)
-    return compact_index(array) if np.issubdtype(array.dtype, np.integer) else array
+    return read_only(compact_index(array) if np.issubdtype(array.dtype, np.integer) else array)
+
+
+def read_only(array: np.ndarray) -> np.ndarray:
+    """``array`` itself if it is read-only, else a read-only view of it (its owner is left as it
+    is: an engine may make a writable view again for a tensor it never writes)."""
+    if not array.flags.writeable:
+        return array
+    view = array.view()
+    view.flags.writeable = False
+    return view
 
 
 def linear_grid(node: Node, w: Node, x: Node) -> tuple[int, int]:

@@ -12,7 +12,7 @@ import numpy as np
 
 from .grouping import is_identity
 from .indexing import ROW_SELECTIONS, SideRows
-from .ir import IRError, Node, Op, Program, stored, users_of
+from .ir import IRError, Node, Op, Program, read_only, stored, users_of
 
 __all__ = ["COMPILE_NUMBERS", "numbering", "eliminate_dead_code", "unique_name", "single_use",
            "zero_sign_matters", "unit_reduction_is_identity", "Rewriter", "freeze_facts", "NodeEditor",
@@ -215,7 +215,9 @@ class Rewriter:
         key = base if reuse else self.fresh(base)
         array = stored(array)
         # A slice of another array is copied: a view would keep all of its base alive.
-        self.constants[key] = array.copy() if array.base is not None else array
+        if array.base is not None and getattr(array.base, "nbytes", None) != array.nbytes:
+            array = read_only(array.copy())
+        self.constants[key] = array
         return key
 
     # -- a walk

@@ -149,3 +149,30 @@ def test_node_attrs_are_read_only():
     assert g.with_(attrs={**g.attrs, "index": "idx_b"}).attrs["index"] == "idx_b"  # a new node instead
     for twin in (pickle.loads(pickle.dumps(g)), copy.deepcopy(g)):
         assert twin == g and type(twin.attrs) is type(g.attrs)
+
+
+def test_stored_arrays_are_read_only(tu_dir):
+    # A pass that wrote a constant in place would change every program (and module) sharing it.
+    import copy
+    import pickle
+    import warnings
+
+    import neurovec
+    from neurovec import datasets
+    from neurovec.compiler.rewrite import Rewriter
+    x = np.arange(6.0).reshape(3, 2)
+    program = Program((fact("x", x),), {"c_x": x}, (), "x")
+    assert x.flags.writeable  # the caller's array is left as it is; the program's is a read-only view
+    graph = datasets.gcn(datasets.load_tu("MUTAG", tu_dir, download=False))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", "The given NumPy array is not writable")  # torch's warning
+        module = neurovec.compile(graph, "default")
+    for constants in (program.constants, module.program.constants, pickle.loads(pickle.dumps(program)).constants,
+                      copy.deepcopy(module.program).constants):
+        for array in constants.values():
+            with pytest.raises(ValueError, match="read-only"):
+                array[...] = 0
+    rw = Rewriter(program)
+    with pytest.raises(ValueError, match="read-only"):
+        rw.constants[rw.const("idx", np.array([2, 0]))][0] = 1
+    np.testing.assert_array_equal(program.constants["c_x"], np.arange(6.0).reshape(3, 2))
