@@ -211,7 +211,7 @@ class Rewriter:
         """Store ``array`` under a fresh key; ``owner``: the node being (re)defined with it, which
         may take over ``base`` itself if no other live node reads that constant."""
         reuse = owner is not None and base in self.constants and base not in self.nodes and not any(
-            n != owner and base in self.nodes[n].attrs.values() for n in self.users())
+            n != owner and base in self.nodes[n].consts for n in self.users())
         key = base if reuse else self.fresh(base)
         array = stored(array)
         # A slice of another array is copied: a view would keep all of its base alive.
@@ -361,7 +361,7 @@ def _live(nodes: Mapping[str, Node], roots: set[str]) -> set[str]:
 
 
 def _constant_keys(nodes: Iterable[Node], constants: dict) -> set[str]:
-    return {v for n in nodes for v in n.attrs.values() if isinstance(v, str) and v in constants}
+    return {k for n in nodes for k in n.consts if k in constants}
 
 
 def _kept_constants(old: Program, nodes: Iterable[Node], constants: dict) -> dict:

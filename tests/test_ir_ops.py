@@ -176,3 +176,18 @@ def test_stored_arrays_are_read_only(tu_dir):
     with pytest.raises(ValueError, match="read-only"):
         rw.constants[rw.const("idx", np.array([2, 0]))][0] = 1
     np.testing.assert_array_equal(program.constants["c_x"], np.arange(6.0).reshape(3, 2))
+
+
+def test_constant_references_are_typed():
+    # A node's constants are its CONST_ATTRS, never a string that happens to name a constant.
+    from neurovec.compiler.ir import CONST_ATTRS
+    from neurovec.compiler.rewrite import eliminate_dead_code
+    x = np.arange(6.0).reshape(3, 2)
+    nodes = (fact("x", x), Node("g", Op.GATHER, ("x",), 2, (2,), {"index": "i"}),
+             Node("t", Op.TRANSFORM, ("g",), 2, (2,), {"fn": "sigmoid"}))
+    program = Program(nodes, {"c_x": x, "i": np.array([2, 0]), "sigmoid": np.zeros(1)}, (), "t")
+    assert [n.consts for n in nodes] == [("c_x",), ("i",), ()] and Op.TRANSFORM not in CONST_ATTRS
+    assert set(eliminate_dead_code(program).constants) == {"c_x", "i"}  # "sigmoid" is read by no node
+    assert "fn='sigmoid'" in str(program) and "index=i=[2, 0]" in str(program)
+    with pytest.raises(IRError, match="%g GATHER reads constant 'j', which the program lacks"):
+        program.replace(nodes=(nodes[0], nodes[1].with_(attrs={"index": "j"}), nodes[2])).verify()
