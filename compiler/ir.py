@@ -95,6 +95,7 @@ INDEXING = frozenset({Op.GATHER, Op.SLICE, Op.TILE, Op.INTERLEAVE, Op.CONCAT})
 #: ``hcat``: the side-by-side fact matrix that ``fuse_fact_products`` records on an ADD.
 CONST_ATTRS = {Op.FACT: ("const",), Op.GATHER: ("index",), Op.REDUCE: ("counts", "index", "coef"),
                Op.ADD: ("hcat",)}
+_CONST_ATTRS = {op.name: attrs for op, attrs in CONST_ATTRS.items()}  # by name: no Python-level Enum hash
 
 
 class IRError(RuntimeError):
@@ -129,14 +130,16 @@ class Node:
     def __post_init__(self):
         if type(self.attrs) is not Attrs:
             object.__setattr__(self, "attrs", Attrs(self.attrs))
+        # The keys of the constants this node reads (``CONST_ATTRS``), in attribute order: made once
+        # (passes ask for them per node and per constant made), in a loop (no generator calls).
+        consts = ()
+        for a in _CONST_ATTRS.get(self.op._name_, ()):
+            if a in self.attrs:
+                consts += (self.attrs[a],)
+        object.__setattr__(self, "consts", consts)
 
     def with_(self, **changes) -> "Node":
         return replace(self, **changes)
-
-    @property
-    def consts(self) -> tuple[str, ...]:
-        """The keys of the constants this node reads (``CONST_ATTRS``), in attribute order."""
-        return tuple(self.attrs[a] for a in CONST_ATTRS.get(self.op, ()) if a in self.attrs)
 
 
 @dataclass(frozen=True)
@@ -153,8 +156,10 @@ class Program:
     def __post_init__(self):
         # Stored arrays are read-only (``read_only``): whoever made a writable one, and a program
         # unpickled or deep-copied (``__setstate__``), gets read-only views of it here.
-        if any(a.flags.writeable for a in self.constants.values()):
-            object.__setattr__(self, "constants", {k: read_only(a) for k, a in self.constants.items()})
+        for array in self.constants.values():  # (a loop, not a generator: a program is made per pass)
+            if array.flags.writeable:
+                object.__setattr__(self, "constants", {k: read_only(a) for k, a in self.constants.items()})
+                break
 
     def __setstate__(self, state):
         self.__dict__.update(state)
