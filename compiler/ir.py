@@ -31,6 +31,9 @@ Ops (``Node.attrs`` in brackets):
                 (a weight's columns, which a sparse sum over a constant fact matrix gathers)
 ==============  =====================================================================
 
+The attributes that name a constant, by op, are ``CONST_ATTRS`` (a node's ``consts``): the one way
+to find what constants a node reads (never a guess from which string values are constant keys).
+
 ``Program.output`` names the node whose rows are the graph's outputs, in order. Nodes and programs
 are frozen dataclasses, and a node's ``attrs`` are read-only (:class:`Attrs`): a pass makes new ones.
 
@@ -62,8 +65,8 @@ from typing import Mapping
 
 import numpy as np
 
-__all__ = ["Op", "Node", "Program", "IRError", "INDEXING", "REDUCE_KERNELS", "LAYOUTS", "linear_grid",
-           "users_of", "compact_index", "stored", "is_sparse_sum", "shared_product"]
+__all__ = ["Op", "Node", "Program", "IRError", "INDEXING", "REDUCE_KERNELS", "LAYOUTS", "CONST_ATTRS", "linear_grid",
+           "users_of", "compact_index", "stored", "read_only", "is_sparse_sum", "shared_product"]
 
 REDUCE_KERNELS = ("scatter", "segment", "dense", "strided", "sparse_mm", "auto")
 LAYOUTS = ("full", "tile", "interleave")
@@ -86,6 +89,13 @@ class Op(enum.Enum):
 
 # Ops that only move rows around (no arithmetic).
 INDEXING = frozenset({Op.GATHER, Op.SLICE, Op.TILE, Op.INTERLEAVE, Op.CONCAT})
+
+
+#: The attributes that name a constant (a key of ``Program.constants``), by op (``Node.consts``).
+#: ``hcat``: the side-by-side fact matrix that ``fuse_fact_products`` records on an ADD.
+CONST_ATTRS = {Op.FACT: ("const",), Op.GATHER: ("index",), Op.REDUCE: ("counts", "index", "coef"),
+               Op.ADD: ("hcat",)}
+_CONST_ATTRS = {op.name: attrs for op, attrs in CONST_ATTRS.items()}  # by name: no Python-level Enum hash
 
 
 class IRError(RuntimeError):
@@ -120,6 +130,13 @@ class Node:
     def __post_init__(self):
         if type(self.attrs) is not Attrs:
             object.__setattr__(self, "attrs", Attrs(self.attrs))
+        # The keys of the constants this node reads (``CONST_ATTRS``), in attribute order: made once
+        # (passes ask for them per node and per constant made), in a loop (no generator calls).
+        consts = ()
+        for a in _CONST_ATTRS.get(self.op._name_, ()):
+            if a in self.attrs:
+                consts += (self.attrs[a],)
+        object.__setattr__(self, "consts", consts)
 
     def with_(self, **changes) -> "Node":
         return replace(self, **changes)
@@ -135,6 +152,18 @@ class Program:
     # replaceable at call time: a dynamic layer may be dead code and still be passed.
     fact_shapes: dict = field(default_factory=dict, compare=False)
     dynamic_facts: tuple = ()
+
+    def __post_init__(self):
+        # Stored arrays are read-only (``read_only``): whoever made a writable one, and a program
+        # unpickled or deep-copied (``__setstate__``), gets read-only views of it here.
+        for array in self.constants.values():  # (a loop, not a generator: a program is made per pass)
+            if array.flags.writeable:
+                object.__setattr__(self, "constants", {k: read_only(a) for k, a in self.constants.items()})
+                break
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self.__post_init__()
 
     def replace(self, **changes) -> "Program":
         return replace(self, **changes)
@@ -157,7 +186,9 @@ class Program:
     def __str__(self) -> str:
         lines = []
         for n in self.nodes:
-            attrs = ", ".join(f"{k}={_short(v, self.constants)}" for k, v in n.attrs.items())
+            consts = CONST_ATTRS.get(n.op, ())
+            attrs = ", ".join(f"{k}={_short(v, self.constants.get(v) if k in consts else None)}"
+                              for k, v in n.attrs.items())
             srcs = ", ".join(n.srcs)
             lines.append(f"%{n.name} = {n.op.name}({srcs}{'; ' if srcs and attrs else ''}{attrs})"
                          f" : ({n.count}, {', '.join(map(str, n.shape))})")
@@ -191,10 +222,13 @@ class Program:
     def _reads_as_before(self, n: Node, srcs: list[Node], before: dict[str, Node], earlier: "Program") -> bool:
         """Does ``n`` read the same node objects and constant arrays here as in ``earlier``?"""
         return all(before.get(s.name) is s for s in srcs) and all(
-            self.constants.get(v) is earlier.constants.get(v) for v in n.attrs.values() if isinstance(v, str))
+            self.constants.get(k) is earlier.constants.get(k) for k in n.consts)
 
     def _check_node(self, n: Node, srcs: list[Node]) -> None:
         """One node's checks (its inputs ``srcs`` are defined before it)."""
+        missing = [k for k in n.consts if k not in self.constants]
+        if missing:
+            raise IRError(f"%{n.name} {n.op.name} reads constant {missing[0]!r}, which the program lacks")
         if n.op is Op.CONCAT:
             if any(s.shape != n.shape for s in srcs) or sum(s.count for s in srcs) != n.count:
                 raise IRError(f"%{n.name} CONCAT of mismatched inputs")
@@ -273,9 +307,20 @@ def compact_index(array) -> np.ndarray:
 
 
 def stored(array) -> np.ndarray:
-    """A constant as a program stores it: integer arrays compacted (``compact_index``), others as given."""
+    """A constant as a program stores it: integer arrays compacted (``compact_index``), others as
+    given; read-only (``read_only``)."""
     array = np.asarray(array)
-    return compact_index(array) if np.issubdtype(array.dtype, np.integer) else array
+    return read_only(compact_index(array) if np.issubdtype(array.dtype, np.integer) else array)
+
+
+def read_only(array: np.ndarray) -> np.ndarray:
+    """``array`` itself if it is read-only, else a read-only view of it (its owner is left as it
+    is: an engine may make a writable view again for a tensor it never writes)."""
+    if not array.flags.writeable:
+        return array
+    view = array.view()
+    view.flags.writeable = False
+    return view
 
 
 def linear_grid(node: Node, w: Node, x: Node) -> tuple[int, int]:
@@ -303,9 +348,9 @@ def linear_grid(node: Node, w: Node, x: Node) -> tuple[int, int]:
     return g1, g2
 
 
-def _short(value, constants) -> str:
-    if isinstance(value, str) and value in constants:
-        array = constants[value]
+def _short(value, array: np.ndarray | None) -> str:
+    """An attribute's value for printing (``array``: the constant it names, if any)."""
+    if array is not None:
         if array.size <= 8:
             return f"{value}={array.tolist()}"
         return f"{value}[{array.size}]"

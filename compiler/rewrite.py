@@ -12,7 +12,7 @@ import numpy as np
 
 from .grouping import is_identity
 from .indexing import ROW_SELECTIONS, SideRows
-from .ir import IRError, Node, Op, Program, stored, users_of
+from .ir import IRError, Node, Op, Program, read_only, stored, users_of
 
 __all__ = ["COMPILE_NUMBERS", "numbering", "eliminate_dead_code", "unique_name", "single_use",
            "zero_sign_matters", "unit_reduction_is_identity", "Rewriter", "freeze_facts", "NodeEditor",
@@ -211,11 +211,13 @@ class Rewriter:
         """Store ``array`` under a fresh key; ``owner``: the node being (re)defined with it, which
         may take over ``base`` itself if no other live node reads that constant."""
         reuse = owner is not None and base in self.constants and base not in self.nodes and not any(
-            n != owner and base in self.nodes[n].attrs.values() for n in self.users())
+            n != owner and base in self.nodes[n].consts for n in self.users())
         key = base if reuse else self.fresh(base)
         array = stored(array)
         # A slice of another array is copied: a view would keep all of its base alive.
-        self.constants[key] = array.copy() if array.base is not None else array
+        if array.base is not None and getattr(array.base, "nbytes", None) != array.nbytes:
+            array = read_only(array.copy())
+        self.constants[key] = array
         return key
 
     # -- a walk
@@ -359,7 +361,7 @@ def _live(nodes: Mapping[str, Node], roots: set[str]) -> set[str]:
 
 
 def _constant_keys(nodes: Iterable[Node], constants: dict) -> set[str]:
-    return {v for n in nodes for v in n.attrs.values() if isinstance(v, str) and v in constants}
+    return {k for n in nodes for k in n.consts if k in constants}
 
 
 def _kept_constants(old: Program, nodes: Iterable[Node], constants: dict) -> dict:

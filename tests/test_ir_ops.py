@@ -149,3 +149,45 @@ def test_node_attrs_are_read_only():
     assert g.with_(attrs={**g.attrs, "index": "idx_b"}).attrs["index"] == "idx_b"  # a new node instead
     for twin in (pickle.loads(pickle.dumps(g)), copy.deepcopy(g)):
         assert twin == g and type(twin.attrs) is type(g.attrs)
+
+
+def test_stored_arrays_are_read_only(tu_dir):
+    # A pass that wrote a constant in place would change every program (and module) sharing it.
+    import copy
+    import pickle
+    import warnings
+
+    import neurovec
+    from neurovec import datasets
+    from neurovec.compiler.rewrite import Rewriter
+    x = np.arange(6.0).reshape(3, 2)
+    program = Program((fact("x", x),), {"c_x": x}, (), "x")
+    assert x.flags.writeable  # the caller's array is left as it is; the program's is a read-only view
+    graph = datasets.gcn(datasets.load_tu("MUTAG", tu_dir, download=False))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", "The given NumPy array is not writable")  # torch's warning
+        module = neurovec.compile(graph, "default")
+    for constants in (program.constants, module.program.constants, pickle.loads(pickle.dumps(program)).constants,
+                      copy.deepcopy(module.program).constants):
+        for array in constants.values():
+            with pytest.raises(ValueError, match="read-only"):
+                array[...] = 0
+    rw = Rewriter(program)
+    with pytest.raises(ValueError, match="read-only"):
+        rw.constants[rw.const("idx", np.array([2, 0]))][0] = 1
+    np.testing.assert_array_equal(program.constants["c_x"], np.arange(6.0).reshape(3, 2))
+
+
+def test_constant_references_are_typed():
+    # A node's constants are its CONST_ATTRS, never a string that happens to name a constant.
+    from neurovec.compiler.ir import CONST_ATTRS
+    from neurovec.compiler.rewrite import eliminate_dead_code
+    x = np.arange(6.0).reshape(3, 2)
+    nodes = (fact("x", x), Node("g", Op.GATHER, ("x",), 2, (2,), {"index": "i"}),
+             Node("t", Op.TRANSFORM, ("g",), 2, (2,), {"fn": "sigmoid"}))
+    program = Program(nodes, {"c_x": x, "i": np.array([2, 0]), "sigmoid": np.zeros(1)}, (), "t")
+    assert [n.consts for n in nodes] == [("c_x",), ("i",), ()] and Op.TRANSFORM not in CONST_ATTRS
+    assert set(eliminate_dead_code(program).constants) == {"c_x", "i"}  # "sigmoid" is read by no node
+    assert "fn='sigmoid'" in str(program) and "index=i=[2, 0]" in str(program)
+    with pytest.raises(IRError, match="%g GATHER reads constant 'j', which the program lacks"):
+        program.replace(nodes=(nodes[0], nodes[1].with_(attrs={"index": "j"}), nodes[2])).verify()
