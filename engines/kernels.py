@@ -507,7 +507,7 @@ class Segments:
         seg_id = np.repeat(np.arange(c.size, dtype=np.int64), c)
         dtype = dtype or torch.get_default_dtype()
         return cls(torch.from_numpy(ptr).to(device), torch.from_numpy(seg_id).to(device),
-                   torch.from_numpy(c).to(device=device, dtype=dtype))
+                   torch.from_numpy(np.require(c, requirements='W')).to(device=device, dtype=dtype))  # counts may be read-only
 
     @property
     def n_segments(self) -> int:
@@ -655,7 +655,8 @@ class GatherSum:
         t_perm = torch.sort(torch.from_numpy(np.array(idx, dtype=csr)), stable=True).indices.numpy()
         t_ptr = np.zeros(n_sources + 1, dtype=np.int64)
         np.cumsum(np.bincount(idx, minlength=n_sources), out=t_ptr[1:])
-        t = lambda a, dt=np.int64: torch.from_numpy(np.ascontiguousarray(a, dtype=dt)).to(device)  # noqa: E731
+        # np.require copies only an array that is read-only (a program's constant) or of another dtype.
+        t = lambda a, dt=np.int64: torch.from_numpy(np.require(a, dt, ['C', 'W'])).to(device)  # noqa: E731
         vals = t_vals = None
         if coefficients is not None:
             dtype = dtype or torch.get_default_dtype()
