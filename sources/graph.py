@@ -178,11 +178,22 @@ class Weight:
     learnable: bool = True
 
     def __post_init__(self):
-        object.__setattr__(self, "value", real_array(self.value, f"weight {self.name!r}", "value"))
+        value = real_array(self.value, f"weight {self.name!r}", "value")
+        object.__setattr__(self, "value", value)
+        # Whether every value is finite, found once: the value is private and read-only, and a template's weights are
+        # shared by every graph grounded from it, each of which checks them (Graph._validate).
+        object.__setattr__(self, "_finite", bool(np.isfinite(value).all()) if value.size <= _SMALL_WEIGHT else None)
 
     @property
     def shape(self) -> tuple[int, ...]:
         return tuple(self.value.shape)
+
+    @property
+    def finite(self) -> bool:
+        """No NaN or inf among the values."""
+        if self._finite is None:   # a large value: checked when asked, then kept
+            object.__setattr__(self, "_finite", bool(np.isfinite(self.value).all()))
+        return self._finite
 
 
 @dataclass(frozen=True, eq=False)
@@ -364,19 +375,12 @@ class Graph:
             first = first_of.setdefault(layer.name, i)
             if first != i:
                 raise GraphError(f"layer name {layer.name!r} is used by layers {first} and {i}")
-        seen: dict[str, int] = {}
-        # One pass over all the weights' values: only where it finds a NaN or inf are they looked at one by one.
+        # The weights are checked one by one, in order, only where a whole pass finds a problem: a NaN or inf, a name
+        # used twice, a value of more than two dimensions.
         check_finite = not _all_finite(self.weights)
-        for i, w in enumerate(self.weights):
-            if not isinstance(w, Weight):
-                raise GraphError(f"weight {i} is a {type(w).__name__}, expected neurovec Weight")
-            if w.name in seen:
-                raise GraphError(f"weight name {w.name!r} is used by weights {seen[w.name]} and {i}")
-            seen[w.name] = i
-            if w.value.ndim > 2:
-                raise GraphError(f"weight {w.name!r}: expected a scalar, vector or matrix (got shape {w.shape})")
-            if check_finite and not np.all(np.isfinite(w.value)):
-                raise GraphError(f"weight {w.name!r} contains NaN or inf")
+        if check_finite or len({w.name for w in self.weights}) != len(self.weights) or \
+                any(w.value.ndim > 2 for w in self.weights):
+            self._validate_weights(check_finite)
         sizes = np.array([layer.size for layer in self.layers], dtype=np.int64)
         # First all the small neuron layers at once (_SmallLayers); only where that finds a problem is every layer
         # checked on its own, in order, so that the error is the one that names the first bad layer and neuron.
@@ -393,6 +397,21 @@ class Graph:
             shapes = known.shapes
         self._validate_outputs(sizes, shapes)
         return shapes
+
+    def _validate_weights(self, check_finite: bool) -> None:
+        """Raise the error for the first weight that is no Weight, reuses a name, has more than two dimensions or
+        (with ``check_finite``) holds a NaN or inf."""
+        seen: dict[str, int] = {}
+        for i, w in enumerate(self.weights):
+            if not isinstance(w, Weight):
+                raise GraphError(f"weight {i} is a {type(w).__name__}, expected neurovec Weight")
+            if w.name in seen:
+                raise GraphError(f"weight name {w.name!r} is used by weights {seen[w.name]} and {i}")
+            seen[w.name] = i
+            if w.value.ndim > 2:
+                raise GraphError(f"weight {w.name!r}: expected a scalar, vector or matrix (got shape {w.shape})")
+            if check_finite and not np.all(np.isfinite(w.value)):
+                raise GraphError(f"weight {w.name!r} contains NaN or inf")
 
     def _validate_outputs(self, sizes: np.ndarray, shapes: list) -> None:
         if self.output_layer.shape != self.output_ordinal.shape:
@@ -448,7 +467,7 @@ class _Known:
     def __init__(self, layers, sizes: np.ndarray, weights):
         self.layers, self.sizes = layers, sizes
         self.weight_names = [w.name for w in weights]
-        self.weight_shapes = [w.shape for w in weights]
+        self.weight_shapes = [w.value.shape for w in weights]
         self.wshape_ids, self.wshape_list = _shape_classes(self.weight_shapes)
         self.shapes: list[tuple[int, ...]] = []  # the value shape of every layer validated so far
         self.shape_ids = np.zeros(len(layers), dtype=np.int64)  # their classes; the rest is not yet known
@@ -468,17 +487,12 @@ class _Known:
 
 
 def _all_finite(weights) -> bool:
-    """True if every item is a :class:`Weight` and no value holds a NaN or inf: the small values in one pass over
-    all of them (a graph may have hundreds of scalar and small weights), the big ones one by one (no copy)."""
-    if not all(isinstance(w, Weight) for w in weights):
-        return False
-    small = [w.value.reshape(-1) for w in weights if w.value.size <= _SMALL_WEIGHT]
-    if small and not np.isfinite(np.concatenate(small)).all():
-        return False
-    return all(np.isfinite(w.value).all() for w in weights if w.value.size > _SMALL_WEIGHT)
+    """True if every item is a :class:`Weight` and no value holds a NaN or inf (each weight knows, see
+    :attr:`Weight.finite`)."""
+    return all(isinstance(w, Weight) for w in weights) and all(w.finite for w in weights)
 
 
-_SMALL_WEIGHT = 4096   # values: weights up to this size are checked together
+_SMALL_WEIGHT = 4096   # values: weights up to this size are checked for NaN and inf when made, larger ones when asked
 _SMALL_LAYER = 1 << 16  # inputs: neuron layers up to this size are checked together (_SmallLayers),
 _SMALL_TOTAL = 1 << 22  # up to this many inputs in all (the copies of their arrays stay small)
 

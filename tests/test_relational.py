@@ -522,6 +522,15 @@ def test_error_duplicate_fact():
         _ground([R.q <= R.a(V.X)], {"a": Relation([1, 1], example=[0, 0])})
 
 
+def test_error_duplicate_fact_of_a_relation_without_examples():
+    """A relation without an example column holds in every example: a fact given twice is named in the first."""
+    t = Template()
+    t += R.q <= (R.a(V.X, V.Y), R.b(V.X))
+    facts = {"a": Relation(([3, 1, 2, 2, 1], ["x", "y", "z", "z", "w"])), "b": Relation([1, 2], example=[5, 7])}
+    with pytest.raises(TemplateError, match=r"relation a/2: the fact a\(2, z\) is given twice in example 5"):
+        ground(t, facts, R.q)
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.integers(0, 2 ** 31), st.integers(1, 40), st.integers(0, 60), st.booleans())
 def test_column_index_join_equals_the_key_join(seed, n_values, n_left, unique):

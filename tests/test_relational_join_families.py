@@ -1,7 +1,8 @@
 """Join families: rules of one body shape that differ in one constant (the rule per edge type of an RGCN,
 ``W_t h(Y) :- a(X), _e(X, t, Y)``) are joined once for all their constants and assembled in whole arrays; the graph
 must be the one that grounding the rules one at a time gives, array for array, and the SQL grounder's (which joins
-them one by one)."""
+them one by one), except that a family's aggregation neurons are one layer, not one per rule
+(``relational_cases.with_join_family_layers`` merges the per-rule layers of those)."""
 from __future__ import annotations
 
 import numpy as np
@@ -13,7 +14,7 @@ from neurovec.sources.relational import Metadata, R, Relation, Template, V, grou
 from neurovec.sources.relational.template import Aggregation, Transformation
 
 from .relational_cases import (KINDS, assert_families_give_one_rule_at_a_time, draw_family, one_rule_at_a_time,
-                               relation, sqlite_database, weight)
+                               relation, sqlite_database, weight, with_join_family_layers)
 from .test_relational import assert_same_graph, outputs
 
 
@@ -100,7 +101,7 @@ def test_an_rgcn_layer_is_one_join_and_assembled_whole():
     assert names == ["a", "rule1:h:avg", "h", "q"]   # only type 0 has a head (1) with two groundings
     with pytest.MonkeyPatch.context() as patch:
         one_rule_at_a_time(patch)
-        assert_same_graph(grounding.graph, ground(t, relations, R.q).graph)
+        assert_same_graph(grounding.graph, with_join_family_layers(ground(t, relations, R.q).graph, grounding.graph))
     # h(1) = 0.5 * 2 + 1 * mean(a(0), a(1)) + 2 * a(2); h(2) = 0.5 * 3 + 2 * a(0) + 3 * a(3); ...
     h = {0: 0.5, 1: 0.5 * 2 + 1 * 1.5 + 2 * 3, 2: 0.5 * 3 + 2 * 1 + 3 * 4, 3: 0.5 * 4 + 1 * 2}
     np.testing.assert_allclose(outputs(grounding.graph).reshape(-1), [sum(h.values())], rtol=1e-12)
@@ -119,7 +120,8 @@ def test_join_families_in_sql_give_the_arrays_graph(tmp_path):
     for prune in (True, False):
         in_arrays = ground(t, relations, R.q, prune=prune)
         assert any(g.joined for stage in in_arrays.stages for g in stage.groundings)
-        assert_same_graph(ground(t, database, R.q, prune=prune).graph, in_arrays.graph)
+        assert_same_graph(in_arrays.graph, with_join_family_layers(ground(t, database, R.q, prune=prune).graph,
+                                                                   in_arrays.graph))
 
 
 @pytest.mark.parametrize("second_input", [False, True])
@@ -142,4 +144,4 @@ def test_a_join_family_joined_from_another_literal_is_sorted_by_rule(second_inpu
     assert family.joined and family.size > 0
     with pytest.MonkeyPatch.context() as patch:
         one_rule_at_a_time(patch)
-        assert_same_graph(grounding.graph, ground(t, relations, R.q).graph)
+        assert_same_graph(grounding.graph, with_join_family_layers(ground(t, relations, R.q).graph, grounding.graph))

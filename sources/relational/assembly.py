@@ -12,7 +12,8 @@ NeuraLogic computes three kinds of neurons (``docs/neuralogic.md``); each become
 neurovec computes ``T(A(W_i x_i) + b)``: a sum's offset is the bias ``b``; any other combination's offset is
 an extra first input (the unit fact times the offset weight), as NeuraLogic puts it first. One layer holds
 the neurons of one rule (rule and aggregation neurons) or one predicate (atom neurons) at one stage, so the
-grouping is the thesis' 5.1.8 by construction. Neuron lists are built as whole arrays: CSR ``counts`` and
+grouping is the thesis' 5.1.8 by construction; the aggregation neurons of a join family (a rule per edge type) are
+one layer for all its rules. Neuron lists are built as whole arrays: CSR ``counts`` and
 edge columns per layer.
 
 With ``prune`` (the default), a neuron that passes its single input on unchanged (a one-grounding
@@ -334,9 +335,12 @@ class _Assembler:
         return plan.memo[memo_key] and int((np.bincount(g.member, minlength=len(g.family)) > 0).sum()) >= 2
 
     def joined_rules(self, g, suffix: str):
-        """:meth:`rule` for each rule of a join family kept whole, in whole arrays: the aggregation neurons of a
-        head with more than one grounding, one layer per rule in template order (the same layers as one rule at a
-        time), and what each (rule, head) run's value is. Returns the runs' heads, layers and ordinals."""
+        """:meth:`rule` for all the rules of a join family kept whole, in whole arrays: the aggregation neurons of each
+        (rule, head) run with more than one grounding, all in one layer (one per aggregation where the family's rules
+        aggregate differently), by rule in template order, then by head; and what each run's value is. One layer,
+        not one per rule: an RGCN template has a rule per relation, and each layer costs its own checks and
+        statements while its neurons all compute the same function (a mean of inputs, no weight) on different
+        inputs. Returns the runs' heads, layers and ordinals."""
         plan = self.plan
         layer, ordinal = self.ref[g.input_tables[0]]
         rule_layer, rule_ordinal = layer[g.inputs[0]], ordinal[g.inputs[0]]
@@ -344,32 +348,32 @@ class _Assembler:
         counts = np.diff(np.append(first, g.size))
         heads, agg_layer, agg_ordinal = g.head[first], rule_layer[first], rule_ordinal[first]
         build = counts > 1   # one grounding, nothing to aggregate: read its value
-        if build.any():
-            members = np.repeat(build, counts)
-            built_counts, in_layer, in_ordinal = counts[build], rule_layer[members], rule_ordinal[members]
-            runs = np.searchsorted(g.member[first][build], np.arange(len(g.family) + 1))
-            edges = np.concatenate([[0], np.cumsum(built_counts)])[runs].tolist()
-            runs = runs.tolist()
-            no_weight = np.full(max(edges[-1], runs[-1]), NO_WEIGHT)
-            for array in (built_counts, in_layer, in_ordinal, no_weight):   # the layers' arrays are views of these
-                array.flags.writeable = False
-            index = np.empty(runs[-1], np.int64)
-            # Each rule's layer name and aggregation, made once per plan (a template grounded again has them).
-            memo_key = ("joined layers", suffix) + tuple(rule.index for rule in g.family)
-            if memo_key not in plan.memo:
-                plan.memo[memo_key] = [
-                    (f"rule{rule.index}:{plan.label(rule.head.key)}{suffix}:{plan.aggregation(rule)}",
-                     _COMBINATION[plan.aggregation(rule)]) for rule in g.family]
-            for r, (name, aggregation) in enumerate(plan.memo[memo_key]):
-                a, b = runs[r], runs[r + 1]
-                if a == b:
-                    continue
-                ea, eb = edges[r], edges[r + 1]
-                index[a:b] = self.add(NeuronLayer(name, built_counts[a:b], in_layer[ea:eb], in_ordinal[ea:eb],
-                                                  no_weight[ea:eb], no_weight[a:b], aggregation, "identity",
-                                                  copy=False))
-            agg_layer[build] = index
-            agg_ordinal[build] = np.arange(runs[-1]) - np.repeat(runs[:-1], np.diff(runs))
+        if not build.any():
+            return heads, agg_layer, agg_ordinal
+        # The aggregation of each rule (as a class: its place in the family's distinct aggregations) and the layers'
+        # name stem, made once per plan (a template grounded again has them).
+        memo_key = ("joined layers", suffix) + tuple(rule.index for rule in g.family)
+        if memo_key not in plan.memo:
+            aggregations = [plan.aggregation(rule) for rule in g.family]
+            distinct = list(dict.fromkeys(aggregations))
+            plan.memo[memo_key] = (np.array([distinct.index(a) for a in aggregations], np.int64), distinct,
+                                   np.array([rule.index for rule in g.family], np.int64),
+                                   f"{plan.label(g.rule.head.key)}{suffix}")
+        kind_of_rule, aggregations, rule_index, stem = plan.memo[memo_key]
+        run_rule = g.member[first]
+        for kind, aggregation in enumerate(aggregations):
+            chosen = build if len(aggregations) == 1 else build & (kind_of_rule[run_rule] == kind)
+            runs = np.flatnonzero(chosen)
+            if not runs.size:
+                continue
+            members = np.repeat(chosen, counts)
+            low, high = rule_index[run_rule[runs[0]]], rule_index[run_rule[runs[-1]]]
+            name = f"rule{low}:{stem}:{aggregation}" if low == high else f"rules{low}-{high}:{stem}:{aggregation}"
+            in_layer, in_ordinal = rule_layer[members], rule_ordinal[members]
+            agg_layer[runs] = self.add(NeuronLayer(name, counts[runs], in_layer, in_ordinal,
+                                                   np.full(in_layer.size, NO_WEIGHT), np.full(runs.size, NO_WEIGHT),
+                                                   _COMBINATION[aggregation], "identity", copy=False))
+            agg_ordinal[runs] = np.arange(runs.size)
         return heads, agg_layer, agg_ordinal
 
     def inlining_mode(self, g):
@@ -442,16 +446,16 @@ class _Assembler:
             if g.joined:  # sorted by rule, then head: per run its rule's head weight and template position
                 run_rule = g.member[g.head_starts]
                 owner.append(np.searchsorted(atoms, heads))
-                weight.append(np.asarray([self.weight(plan.rule_weights[(r.index, "head")]) for r in g.family],
-                                         np.int64)[run_rule])
-                rank.append(np.asarray([r.index for r in g.family], np.int64)[run_rule])
+                head_weight, rule_index = self.family_weights(g.family)
+                weight.append(head_weight[run_rule])
+                rank.append(rule_index[run_rule])
             elif g.family:  # sorted by head, then rule: per grounding its rule's head weight and template position
                 # (alone, it derives every atom here: as many heads as atoms is one grounding per atom, in order)
                 owner.append(np.arange(atoms.size) if len(rules) == 1 and heads.size == atoms.size else
                              np.searchsorted(atoms, heads))
-                weight.append(np.asarray([self.weight(plan.rule_weights[(r.index, "head")]) for r in g.family],
-                                         np.int64)[g.member])
-                rank.append(np.asarray([r.index for r in g.family], np.int64)[g.member])
+                head_weight, rule_index = self.family_weights(g.family)
+                weight.append(head_weight[g.member])
+                rank.append(rule_index[g.member])
             else:
                 owner.append(np.arange(atoms.size) if heads.size == atoms.size else np.searchsorted(atoms, heads))
                 weight.append(np.full(heads.size, self.weight(plan.rule_weights[(g.rule.index, "head")])))
@@ -495,6 +499,16 @@ class _Assembler:
                                  weight[members], offset[build], plan.atom_combination(predicate), transformation,
                                  plan.shape[predicate])
             ref_layer[atoms[build]], ref_ordinal[atoms[build]] = index, np.arange(int(build.sum()))
+
+    def family_weights(self, family: tuple) -> tuple[np.ndarray, np.ndarray]:
+        """The head weight (an index into the weights) and the template position of each rule of a family, made once
+        per plan: the plan's weights come first in every grounding's weights, in the same order."""
+        memo_key = ("family weights",) + tuple(rule.index for rule in family)
+        if memo_key not in self.plan.memo:
+            self.plan.memo[memo_key] = (
+                np.asarray([self.weight(self.plan.rule_weights[(r.index, "head")]) for r in family], np.int64),
+                np.asarray([r.index for r in family], np.int64))
+        return self.plan.memo[memo_key]
 
     # -- the graph -------------------------------------------------------------------------------------------------
     def graph(self, targets: dict) -> Graph:

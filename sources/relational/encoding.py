@@ -109,14 +109,17 @@ def encode_relation(name: str, relation: Relation, constants: Vocabulary, exampl
     values = relation.values
     if relation.example is None:
         n = relation.size
-        order = _sorted_rows(row_keys([np.asarray(a, np.int64) for a in args])[0]) if args else np.arange(n)
+        key = row_keys([np.asarray(a, np.int64) for a in args])[0] if args else None
+        order = _sorted_rows(key) if args else np.arange(n)
         args = [a[order] for a in args]
         values = values[order] if values is not None else None
         weights = [weights[k] for k in order.tolist()] if weights is not None else None
         example = np.repeat(scope, n)
         args = [np.tile(a, scope.size) for a in args]
         value_row = np.tile(np.arange(n, dtype=np.int64), scope.size)
-        key = None  # check_duplicates keys the tiled rows itself
+        # Every example holds the same rows: a duplicate is one in the first copy, rows 0..n-1, found by their sorted
+        # keys (check_duplicates names the first, as with the keys of all copies).
+        key = key[order] if key is not None else None
     else:
         example = examples.encode(relation.example)
         if scope.size < examples.size:
@@ -148,7 +151,7 @@ def check_duplicates(table: FactTable, constants: Vocabulary, examples: Vocabula
                      key: np.ndarray | None = None) -> None:
     """A ground atom given twice (in one example) is an error: NeuraLogic would silently keep the first value.
     The table is sorted, so a duplicate is next to its twin. ``key``: the rows' keys (:func:`row_keys` of the
-    example and the arguments), when known."""
+    example and the arguments), when known, or those of its first rows when they hold every twin first found."""
     if table.size < 2:
         return
     if key is None:

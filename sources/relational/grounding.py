@@ -30,7 +30,7 @@ from .data import Query, Relation
 from .encoding import Vocabulary, encode_relation
 from .grounder import (_LIMIT, Grounder, Grounding, Groundings, Stage, Table, _as_ids, _canonical_order,
                        _input_positions, needs_dedup, prune_unreached, relations_by_key, template_facts)
-from .joins import ColumnIndex, distinct, join, row_keys, stable_order
+from .joins import ColumnIndex, distinct, distinct_rows, join, row_keys, stable_order
 from .plan import _Where, make_plan
 from .sql import SQLGrounder
 from .template import Constant, Rule, Template, TemplateError, Variable
@@ -338,8 +338,7 @@ class NumpyGrounder(Grounder):
             inverse = None   # the identity
             columns = distinct_columns[0]
         else:
-            _, first, inverse = np.unique(all_keys, return_index=True, return_inverse=True)
-            inverse = inverse.reshape(-1)
+            first, inverse = distinct_rows(all_keys)   # equal keys, equal columns: any row of each key is its atom's
             columns = [np.concatenate([c[j] for c in distinct_columns])[first] for j in range(len(parts[0]))]
         n = columns[0].size
         derived, fact_row = np.zeros(n, bool), np.full(n, -1, np.int64)
@@ -481,12 +480,20 @@ class NumpyGrounder(Grounder):
         family's (and whose repeated variables agree), the variables' columns, and the rule of each row of the table
         (its place in ``family``, -1 for none)."""
         position = next(c for c, t in enumerate(lit.terms) if isinstance(t, Constant))
-        ids = np.asarray([self.constants.encode_one(r.body[k0].terms[position]) for r in family], np.int64)
-        by_id = np.argsort(ids, kind="stable")
-        sorted_ids = ids[by_id]
+        ids = self._family_ids(family, k0, position)
         column = table.args[position]
-        found = np.minimum(np.searchsorted(sorted_ids, column), sorted_ids.size - 1)
-        member = np.where(sorted_ids[found] == column, by_id[found], -1)
+        if self.n_constants <= 2 * column.size + 1024:   # a table from id to rule: one gather
+            # The family's constants are distinct, and so are their ids, but for -1 (a constant no fact holds): the
+            # table's last entry, left -1.
+            rule_of = np.full(self.n_constants + 1, -1, np.int64)
+            rule_of[ids] = np.arange(ids.size)
+            rule_of[-1] = -1
+            member = rule_of[column]
+        else:   # few rules among many constants: a binary search
+            by_id = np.argsort(ids, kind="stable")
+            sorted_ids = ids[by_id]
+            found = np.minimum(np.searchsorted(sorted_ids, column), sorted_ids.size - 1)
+            member = np.where(sorted_ids[found] == column, by_id[found], -1)
         mask, first = member >= 0, {}
         for c, term in enumerate(lit.terms):
             if isinstance(term, Variable):
@@ -495,6 +502,23 @@ class NumpyGrounder(Grounder):
                 else:
                     first[term.name] = c
         return np.flatnonzero(mask), first, member
+
+    def _family_ids(self, family: list, k0: int, position: int) -> np.ndarray:
+        """The constant of each rule of a join family, as ids (-1: a constant no fact or query holds), encoded in one
+        call per type; the constants themselves are kept on the plan (they are the template's)."""
+        memo_key = ("family constants",) + tuple(rule.index for rule in family)
+        values = self.plan.memo.get(memo_key)
+        if values is None:
+            values = [rule.body[k0].terms[position].value for rule in family]
+            kinds = {type(v) for v in values}
+            if kinds == {int} and all(-(1 << 63) <= v < (1 << 63) for v in values):
+                values = np.asarray(values, np.int64)
+            elif kinds == {str}:
+                values = np.asarray(values, str)   # else (mixed or other types) one at a time
+            self.plan.memo[memo_key] = values
+        if isinstance(values, np.ndarray):
+            return self.constants.encode(values).astype(np.int64, copy=False)
+        return np.asarray([self.constants.encode_one(v) for v in values], np.int64)
 
     def _sorted_by(self, table: Table, columns: list) -> np.ndarray | None:
         """The table's rows in the order of (example, these argument columns, the rest), cached per table; None when

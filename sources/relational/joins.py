@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["row_keys", "stable_order", "join", "distinct", "unique_keys", "lookup", "expand_runs", "ColumnIndex"]
+__all__ = ["row_keys", "stable_order", "join", "distinct", "distinct_rows", "unique_keys", "lookup", "expand_runs",
+           "ColumnIndex"]
 
 _LIMIT = 1 << 62
 
@@ -126,6 +127,22 @@ def distinct(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     inverse = np.empty(key.size, dtype=np.int64)
     inverse[order] = np.cumsum(new) - 1
     return order[new], inverse
+
+
+def distinct_rows(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(rows, inverse)``: a row (any one) of every distinct key, in increasing key order, and the distinct-key index
+    of every row (keys non-negative). Where the keys are few next to the rows' number (ids, row keys of few
+    constants), two scatters into a table of all values instead of a sort; else :func:`distinct`."""
+    n = key.size
+    high = int(key.max()) if n else -1
+    if n == 0 or high >= 2 * n + 4096 or int(key.min()) < 0:
+        return distinct(key)
+    present = np.zeros(high + 1, bool)
+    present[key] = True
+    rank = np.cumsum(present, dtype=np.int64) - 1
+    row = np.empty(high + 1, np.int64)
+    row[key] = np.arange(n)   # where a key repeats, one of its rows stays (which one numpy does not say)
+    return row[present], rank[key]
 
 
 def lookup(table_key: np.ndarray, probe_key: np.ndarray, table_order: np.ndarray | None = None) -> np.ndarray:
