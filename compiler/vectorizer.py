@@ -123,7 +123,9 @@ def vectorize(graph: Graph) -> Program:
         n_weight_cls = len(shape_of_cls) + 1
         n_keys = len(value_shape_id) * n_weight_cls
         key_of_layer = value_cls * n_weight_cls  # + the weight's class + 1 (NO_WEIGHT (-1) -> class -1)
-        group_keys = np.flatnonzero(_edge_counts(key_of_layer, src, weight_cls + 1, weight, n_keys))
+        group_keys, used = _one_group(key_of_layer, src, weight_cls + 1, weight)
+        if group_keys is None:
+            group_keys = np.flatnonzero(_edge_counts(key_of_layer, src, weight_cls + 1, weight, n_keys))
         if group_keys.size > 1:
             group_of_key = np.zeros(n_keys, dtype=np.int64)
             group_of_key[group_keys] = np.arange(group_keys.size)
@@ -140,7 +142,8 @@ def vectorize(graph: Graph) -> Program:
             else:  # every edge (no copies of the edge arrays)
                 g_src, g_ordinal, g_weight = src, ordinal, weight
             tag = name if group_keys.size == 1 else f"{name}_g{g}"
-            used = np.flatnonzero(np.bincount(g_src, minlength=index))
+            if used is None or group_keys.size > 1:
+                used = np.flatnonzero(np.bincount(g_src, minlength=index))
             local = np.full(index, -1, dtype=np.int64)
             local[used] = np.arange(used.size)
             x = _concat_index(e, f"{tag}_x", [values[i] for i in used], lambda rows: local[g_src[rows]], g_ordinal,
@@ -192,6 +195,27 @@ def _add_bias(e: _Emitter, name: str, value: Node, bias: np.ndarray, graph: Grap
         joined = e.concat(f"{name}_bias_cat", [stack, zero], name)
         b = e.gather(f"{name}_bias", joined, np.where(bias == NO_WEIGHT, stack.count, row[bias]), name)
     return e.add(f"{name}_biased", Op.ADD, [value.name, b.name], value.count, value.shape, name)
+
+
+def _one_group(key_of_layer: np.ndarray, src: np.ndarray, key_of_weight: np.ndarray, weight: np.ndarray
+               ) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """``(group_keys, used)`` where the ranges of the edges' sources and weights prove one shape
+    group (every layer in ``src.min() .. src.max()`` has one key, and every weight in ``weight.min()
+    .. weight.max()`` one), and ``used`` the one source layer where that is all of them; else
+    ``(None, None)``, and the edges' keys are counted. Four reductions instead of a pass of two
+    gathers and a count per edge: a node-level GNN's layers read one layer with one weight shape."""
+    if not src.size:
+        return None, None
+    s_lo, s_hi, w_lo, w_hi = int(src.min()), int(src.max()), int(weight.min()), int(weight.max())
+    if w_lo < NO_WEIGHT:
+        return None, None
+    layer_keys = key_of_layer[s_lo:s_hi + 1]
+    weight_keys = key_of_weight[max(w_lo, 0):w_hi + 1]
+    if w_lo == NO_WEIGHT:  # reads the last entry
+        weight_keys = np.append(weight_keys, key_of_weight[w_lo])
+    if np.any(layer_keys != layer_keys[0]) or np.any(weight_keys != weight_keys[0]):
+        return None, None
+    return np.array([layer_keys[0] + weight_keys[0]]), (np.array([s_lo]) if s_lo == s_hi else None)
 
 
 def _edge_keys(key_of_layer: np.ndarray, src: np.ndarray, key_of_weight: np.ndarray, weight: np.ndarray):

@@ -50,6 +50,19 @@ def test_representatives_first_occurrence_order():
     assert not all_distinct(first) and all_distinct(first_rows(np.array([4, 2, 9])))
 
 
+@pytest.mark.parametrize("bound", [7, 3000, 2**40])
+def test_key_representatives_is_representatives_of_first_rows(bound):
+    """From the table of first rows (small bounds) or through first_rows (large ones): the same
+    arrays, values and types, as representatives(first_rows(keys))."""
+    from neurovec.compiler.grouping import key_representatives
+    rng = np.random.default_rng(bound)
+    for n in (0, 1, 5, 1000):
+        keys = rng.integers(0, min(bound, 50), n) * (bound // 50 or 1)
+        keys = keys[keys < bound]
+        for expected, got in zip(representatives(first_rows(keys, bound)), key_representatives(keys, bound)):
+            assert got.dtype == expected.dtype and np.array_equal(got, expected)
+
+
 def test_first_equal_rows_is_bitwise():
     values = np.array([[1.0, 0.0], [1.0, -0.0], [1.0, 0.0], [np.nan, 1.0], [np.nan, 1.0],
                        [1.0, 2.0**-60], [0.0, 1.0]])

@@ -27,7 +27,7 @@ its labels to the next within this pass: the labels that the next step's labelli
 of them from ``dedup_linear`` to ``dedup_aggregations``; from ``iso_compression`` those of nodes
 whose facts and fixed weights label the same both ways), and the nodes whose rows a step found
 pairwise distinct (NOTE: [distinct rows]). Within a step, labels follow the editor: a node whose
-rows move (``Editor.define(..., rows=)``) has its labels moved along, and a node redefined with
+rows move (``Rewriter.define(..., rows=)``) has its labels moved along, and a node redefined with
 the same values keeps them (``RowIds.carry``). A node's values change only where it is redefined,
 so a label or a distinct mark is used only for the very node object it was found for.
 
@@ -78,11 +78,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import grouping
-from ..grouping import first_equal_multisets, first_equal_rows, first_rows, representatives, row_dtype
+from ..grouping import (first_equal_multisets, first_equal_rows, first_rows, key_representatives, representatives,
+                        row_dtype)
 from ..indexing import layout_rows, source_rows
 from ..ir import Node, Op, Program
-from ..rewrite import is_input_fact
-from ..row_planner import SHRINK, Editor, RowPlanner
+from ..rewrite import Rewriter, is_input_fact
+from ..row_planner import SHRINK, RowPlanner
 from ..settings import Settings
 
 __all__ = ["deduplicate", "dedup_facts", "iso_compress", "dedup_linear", "dedup_aggregations", "compress",
@@ -129,10 +130,14 @@ def _pair(a: np.ndarray, a_bound: int, b: np.ndarray, b_bound: int,
 
 def _decides(keys: np.ndarray, key_bound: int, other: np.ndarray) -> bool:
     """Whether rows with equal labels ``keys`` have equal labels ``other`` too: one ``other`` per
-    key in a table, then every row compared with its key's."""
+    key in a table, then every row compared with its key's, a chunk at a time (the first chunk that
+    differs ends it)."""
     table = np.zeros(key_bound, dtype=other.dtype)
     table[keys] = other
-    return np.array_equal(table[keys], other)
+    for lo in range(0, keys.size, grouping.CHUNK):
+        if not np.array_equal(table[keys[lo:lo + grouping.CHUNK]], other[lo:lo + grouping.CHUNK]):
+            return False
+    return True
 
 
 # NOTE: [decided pairs] The pairs of a LINEAR or ADD are labelled ``a * bound_b + b``; with many
@@ -189,7 +194,7 @@ class RowIds:
     a pass holds only a few edge-sized arrays at a time. ``computed`` counts the nodes labelled.
     """
 
-    def __init__(self, editor: Editor, fact_values: bool = False, dynamic: tuple = (),
+    def __init__(self, editor: Rewriter, fact_values: bool = False, dynamic: tuple = (),
                  handed: _Handed | None = None):
         self.editor = editor
         self.fact_values = fact_values
@@ -289,6 +294,16 @@ class RowIds:
             self.firsts[name] = ids if _is_first_form(ids) else first_rows(ids, bound)
         return self.firsts[name]
 
+    def representatives(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """``representatives(self.first(name))``: labels that are no first-row form go to
+        ``(reps, inverse)`` directly (``grouping.key_representatives``)."""
+        if name not in self.firsts:
+            ids, bound = self.labels(name, grouped=True)
+            if not _is_first_form(ids):
+                return key_representatives(ids, bound)
+            self.firsts[name] = ids
+        return representatives(self.firsts[name])
+
     def _compute(self, node: Node, grouped: bool = False) -> tuple[np.ndarray, int]:
         e = self.editor
         self.computed += 1
@@ -368,16 +383,19 @@ class RowIds:
 
 def _is_first_form(ids: np.ndarray) -> bool:
     """Whether ``ids`` already is a first-row form (labels that are row numbers of their class's
-    first row) -- as every REDUCE, FACT and WEIGHTS label is."""
+    first row) -- as every REDUCE, FACT and WEIGHTS label is. Checked a chunk of rows at a time
+    (NOTE: [chunks]): labels that are not (gathered or paired ones) fail in the first chunk."""
     n = ids.size
-    if n == 0:
-        return True
-    if ids.min() < 0 or ids.max() >= n:
-        return False
-    return bool(np.all(ids <= np.arange(n)) and np.all(ids[ids] == ids))
+    for lo in range(0, n, grouping.CHUNK):
+        chunk = ids[lo:lo + grouping.CHUNK]
+        # 0 <= ids[i] <= i (so within the array), and the row it names names itself.
+        if not (chunk.min() >= 0 and np.all(chunk <= np.arange(lo, lo + chunk.size, dtype=row_dtype(n)))
+                and np.array_equal(ids[chunk], chunk)):
+            return False
+    return True
 
 
-def _shallow_ids(editor: Editor, name: str) -> np.ndarray:
+def _shallow_ids(editor: Rewriter, name: str) -> np.ndarray:
     node = editor.nodes[name]
     if node.op in (Op.GATHER, Op.SLICE, Op.TILE, Op.INTERLEAVE):
         return source_rows(node, None, editor.constants)
@@ -386,7 +404,7 @@ def _shallow_ids(editor: Editor, name: str) -> np.ndarray:
 
 # -- compress: compute a node on some of its rows, reindex its readers ---------------------------
 
-def compress(editor: Editor, planner: RowPlanner, name: str, reps: np.ndarray, inverse: np.ndarray,
+def compress(editor: Rewriter, planner: RowPlanner, name: str, reps: np.ndarray, inverse: np.ndarray,
              ids: RowIds | None = None) -> str:
     """Make node ``name`` compute only its rows ``reps``; its old row ``i`` is new row
     ``inverse[i]`` (rows that nothing reads may map anywhere). Readers are rewritten. Returns the
@@ -402,7 +420,7 @@ def compress(editor: Editor, planner: RowPlanner, name: str, reps: np.ndarray, i
     return new
 
 
-def _reindex(editor: Editor, planner: RowPlanner, old: str, new: str, reps: np.ndarray, inverse: np.ndarray,
+def _reindex(editor: Rewriter, planner: RowPlanner, old: str, new: str, reps: np.ndarray, inverse: np.ndarray,
              readers: list[str], was_output: bool, ids: RowIds | None) -> None:
     """Readers of ``old`` (whose row ``i`` is now row ``inverse[i]`` of ``new``) adapt."""
     restore: list[str] = []
@@ -453,7 +471,7 @@ def _reindex(editor: Editor, planner: RowPlanner, old: str, new: str, reps: np.n
         editor._users = None
 
 
-def _agrees(editor: Editor, node: Node, old: str, reps: np.ndarray, inverse: np.ndarray,
+def _agrees(editor: Rewriter, node: Node, old: str, reps: np.ndarray, inverse: np.ndarray,
             ids: RowIds | None) -> bool:
     """Whether the other side of ADD ``node`` is equal on rows merged in ``old``."""
     for s in node.srcs:
@@ -515,7 +533,7 @@ def _dedup_facts(program: Program, settings: Settings, handed: _Handed) -> tuple
     appearance, and every gather reading it (directly or through CONCATs) gets the composed index.
     The deduplicated FACT is no longer a replaceable input of the module (it was optimized using its
     values); dynamic facts are left alone."""
-    editor = Editor(program)
+    editor = Rewriter(program, in_place=True, keep_inputs=False)  # unread input facts go
     planner = RowPlanner(editor, settings, SHRINK)
     dynamic = set(settings.dynamic_facts)
     distinct = []  # facts left as they were, their rows pairwise distinct (NOTE: [distinct rows])
@@ -530,7 +548,7 @@ def _dedup_facts(program: Program, settings: Settings, handed: _Handed) -> tuple
             for r in readers:
                 read[editor.index(r)] = True
             rows = np.flatnonzero(read)
-            local_reps, local_inverse = representatives(first_rows(first[rows], node.count))
+            local_reps, local_inverse = key_representatives(first[rows], node.count)
             reps = rows[local_reps]
             inverse = np.zeros(node.count, dtype=np.int64)  # unread rows may map anywhere
             inverse[rows] = local_inverse
@@ -554,13 +572,13 @@ def _iso_compress(program: Program, settings: Settings, handed: _Handed) -> tupl
     ends = layer_ends(program)
     if not ends:
         return program, handed
-    editor = Editor(program)
+    editor = Rewriter(program, in_place=True, keep_inputs=False)  # unread input facts go
     planner = RowPlanner(editor, settings, SHRINK)
     ids = RowIds(editor, fact_values=True, dynamic=settings.dynamic_facts, handed=handed)
     for name in [n.name for n in program.nodes if n.name in ends]:
         if not editor.is_live(name):
             continue
-        reps, inverse = representatives(ids.first(name))
+        reps, inverse = ids.representatives(name)
         if reps.size < editor.nodes[name].count:
             name = compress(editor, planner, name, reps, inverse, ids)  # the node with the rows `reps`
         del reps, inverse  # not kept while the next layer end is labelled
@@ -589,13 +607,13 @@ def layer_ends(program: Program) -> set[str]:
 
 def _dedup(program: Program, settings: Settings, ops: tuple[Op, ...], drop_unused: bool,
            handed: _Handed) -> tuple[Program, _Handed]:
-    editor = Editor(program)
+    editor = Rewriter(program, in_place=True, keep_inputs=False)  # unread input facts go
     planner = RowPlanner(editor, settings, SHRINK)
     ids = RowIds(editor, handed=handed)
     for name in [n.name for n in program.nodes if n.op in ops]:
         if not editor.is_live(name) or editor.nodes[name].op not in ops:
             continue
-        reps, inverse = representatives(ids.first(name))
+        reps, inverse = ids.representatives(name)
         if reps.size < editor.nodes[name].count:
             compress(editor, planner, name, reps, inverse, ids)
         del reps, inverse  # edge-sized: not kept while the next node is labelled
@@ -604,14 +622,14 @@ def _dedup(program: Program, settings: Settings, ops: tuple[Op, ...], drop_unuse
     return _finish(editor, ids, finer=False)
 
 
-def _finish(editor: Editor, ids: RowIds, finer: bool) -> tuple[Program, _Handed]:
+def _finish(editor: Rewriter, ids: RowIds, finer: bool) -> tuple[Program, _Handed]:
     result = editor.finish()
     handed = ids.hand_over(result, finer)
     ids.close()
     return result, handed
 
 
-def _drop_unused_rows(editor: Editor, planner: RowPlanner, ids: RowIds) -> None:
+def _drop_unused_rows(editor: Rewriter, planner: RowPlanner, ids: RowIds) -> None:
     """Rows that no gather reads are not computed (latest nodes first, so that what they stop
     reading becomes unused upstream in the same sweep)."""
     computed = (Op.REDUCE, Op.ADD, Op.TRANSFORM, Op.LINEAR)

@@ -359,8 +359,10 @@ def test_decided_pairs_label_gcn_products_by_their_source(monkeypatch):
         b.reduce("s", "l", [3] * 1000)
         program = b.build("s")
         bounds = []
-        first_rows = grouping.first_rows
+        first_rows, key_representatives = grouping.first_rows, grouping.key_representatives
         monkeypatch.setattr(dedup, "first_rows", lambda k, bound=None: bounds.append(bound) or first_rows(k, bound))
+        monkeypatch.setattr(dedup, "key_representatives",
+                            lambda k, bound=None: bounds.append(bound) or key_representatives(k, bound))
         result = dedup.dedup_linear(program, SETTINGS)
         monkeypatch.setattr(dedup, "_decides", lambda *args: False)
         assert _same_program(dedup.dedup_linear(program, SETTINGS), result)
