@@ -45,6 +45,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import gc
 import os
 import sys
 import threading
@@ -144,6 +145,9 @@ def reusing_freed_memory():
         with _lock:
             _depth -= 1
             if _depth == 0:
+                # Reference cycles the compile left (a row planner's plans hold its constants)
+                # are freed now, so that the trim below returns their pages too.
+                gc.collect()
                 if _worth_trimming(libc):
                     libc.malloc_trim(0)
                 libc.mallopt(_M_MMAP_MAX, _AFTER_MMAP_MAX)

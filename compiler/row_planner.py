@@ -17,11 +17,11 @@ import numpy as np
 
 from .grouping import expand_segments, is_identity, row_dtype
 from .indexing import ROW_SELECTIONS, is_regular_index, k_major, layout_rows, source_rows
-from .ir import Node, Op, Program
+from .ir import Node, Op
 from .rewrite import Rewriter
 from .settings import Settings
 
-__all__ = ["Editor", "RowPlanner", "UPWARD", "SHRINK", "MAX_CONCAT_RUNS"]
+__all__ = ["RowPlanner", "UPWARD", "SHRINK", "MAX_CONCAT_RUNS"]
 
 UPWARD, SHRINK = "upward", "shrink"
 # A gather through a CONCAT becomes a CONCAT of one piece per run of rows from the same part
@@ -29,11 +29,6 @@ UPWARD, SHRINK = "upward", "shrink"
 # this many runs (one gather beats a long list of tiny pieces).
 MAX_CONCAT_RUNS = 16
 _ARITHMETIC = (Op.TRANSFORM, Op.ADD, Op.LINEAR, Op.REDUCE)
-
-
-def Editor(program: Program) -> Rewriter:
-    """A program edited in place, as the planner needs it (deduplication's entry point)."""
-    return Rewriter(program, in_place=True, keep_inputs=False)
 
 
 # -- planning "node at rows" ----------------------------------------------------------------------

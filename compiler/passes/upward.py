@@ -56,7 +56,8 @@ from __future__ import annotations
 
 from ..indexing import is_regular_index
 from ..ir import Op, Program
-from ..row_planner import UPWARD, Editor, RowPlanner
+from ..rewrite import Rewriter
+from ..row_planner import UPWARD, RowPlanner
 from ..settings import Settings
 
 __all__ = ["propagate_gathers_up"]
@@ -64,7 +65,7 @@ __all__ = ["propagate_gathers_up"]
 
 def propagate_gathers_up(program: Program, settings: Settings) -> Program:
     """Move gathers into the nodes before them, latest gathers first (thesis 5.2.7)."""
-    editor = Editor(program)
+    editor = Rewriter(program, in_place=True, keep_inputs=False)
     planner = RowPlanner(editor, settings, UPWARD)
     for name in reversed([n.name for n in program.nodes if n.op in (Op.GATHER, Op.REDUCE)]):
         if not editor.is_live(name) or name in planner.left:
