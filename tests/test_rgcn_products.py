@@ -78,6 +78,9 @@ def test_exact_and_segmented(options, preset):
     program = build(graph, Settings.preset(preset))
     segmented = [n for n in program.nodes if n.op is Op.LINEAR and n.attrs.get("w_layout") == "interleave"]
     assert len(segmented) == 2, str(program)  # one segmented product per convolution, whatever the relations
+    if preset == "default" and "num_bases" not in options:
+        # The first layer's inputs are facts: its gathered rows are folded (NOTE: [folded product rows]).
+        assert program.node(segmented[0].srcs[1]).op is Op.FACT, str(program)
     module = CompiledModule(program, torch.float64)
     reference = ReferenceModule(graph, torch.float64)
     out, expected = module(), reference()

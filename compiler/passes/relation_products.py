@@ -32,9 +32,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..indexing import layout_rows, resolve_rows, trace_rows
+from ..indexing import ROW_SELECTIONS, layout_rows, resolve_rows, trace_rows
 from ..ir import Node, Op, Program
-from ..rewrite import NodeEditor, side_node
+from ..rewrite import Rewriter, side_node
 from ..settings import Settings
 
 __all__ = ["relation_products", "chunk_plan", "ChunkPlan", "chunk_size", "MIN_WEIGHTS", "MIN_ROWS", "CHUNK_ROWS",
@@ -108,9 +108,9 @@ def chunk_plan(w_index: np.ndarray, x_index: np.ndarray, chunk_rows: int = CHUNK
 
 def relation_products(program: Program, settings: Settings) -> Program:
     """Give every matrix product over many weights the chunked, segmented layout (see the module doc)."""
-    editor = NodeEditor(program)
+    rw = Rewriter(program, in_place=True)
     for name in [n.name for n in program.nodes if n.op is Op.LINEAR]:
-        nodes = editor.by_name()
+        nodes = rw.nodes
         linear = nodes[name]
         w_side, x_side = nodes[linear.srcs[0]], nodes[linear.srcs[1]]
         if linear.attrs["kind"] != "matmul" or linear.count < MIN_ROWS or len(w_side.shape) != 2 \
@@ -118,27 +118,26 @@ def relation_products(program: Program, settings: Settings) -> Program:
             continue
         rows = np.arange(linear.count, dtype=np.int64)
         w_layout, x_layout = linear.attrs.get("w_layout", "full"), linear.attrs.get("x_layout", "full")
-        current = editor.program.replace(nodes=tuple(editor.nodes), constants=editor.constants)
+        current = program.replace(constants=rw.constants)  # trace_rows reads its constants, and ``nodes``
         origins = trace_rows(current, nodes, w_side.name, layout_rows(w_layout, w_side.count, linear.count, rows))
         base = origins.single_base()
         if base is None or nodes[base].op is not Op.WEIGHTS:
             continue
-        readers = _gather_readers(editor, name)
+        readers = _gather_readers(rw, name)
         live = rows if readers is None else np.unique(np.concatenate(
-            [editor.constants[r.attrs["index"]] for r in readers])).astype(np.int64)
+            [rw.constants[r.attrs["index"]] for r in readers])).astype(np.int64)
         weight_of_row = np.asarray(origins.row, dtype=np.int64)[live]
         if np.unique(weight_of_row).size < MIN_WEIGHTS:
             continue
-        x = resolve_rows(nodes, editor.constants, x_side.name)
+        x = resolve_rows(nodes, rw.constants, x_side.name)
         x_rows = x.index[layout_rows(x_layout, x_side.count, linear.count, live)]
         plan = chunk_plan(weight_of_row, x_rows)
         if w_layout == "interleave" and x_layout == "full" and \
                 linear.count + CHUNK_ROWS * w_side.count <= plan.rows + CHUNK_ROWS * plan.chunks:
             continue  # already segmented, and no more cheaply
         weights = nodes[base]
-        w_nodes = side_node(editor, resolve_rows(nodes, editor.constants, base), plan.w_index, f"{name}_w",
-                            linear.layer)
-        x_nodes = side_node(editor, x, plan.x_index, f"{name}_x", linear.layer)
+        w_nodes = side_node(rw, resolve_rows(nodes, rw.constants, base), plan.w_index, f"{name}_w", linear.layer)
+        x_nodes = side_node(rw, x, plan.x_index, f"{name}_x", linear.layer)
         srcs = (w_nodes[0].name if w_nodes else weights.name, x_nodes[0].name if x_nodes else x.source)
         chunked = linear.with_(srcs=srcs, count=plan.rows,
                                attrs={**linear.attrs, "w_layout": "interleave", "x_layout": "full"})
@@ -146,24 +145,37 @@ def relation_products(program: Program, settings: Settings) -> Program:
         position = np.zeros(linear.count, dtype=np.int64)
         position[live] = plan.position
         if readers is None:
-            chunked = chunked.with_(name=editor.fresh(f"{name}_chunks"))
-            back = editor.gather(name, chunked, position, linear.layer).with_(name=name)
-            editor.replace(name, w_nodes + x_nodes + [chunked, back])
+            chunked = chunked.with_(name=rw.fresh(f"{name}_chunks"))
+            back = rw.new_gather(name, chunked, position, linear.layer).with_(name=name)
+            rw.place(name, w_nodes + x_nodes + [chunked, back])
         else:
-            editor.replace(name, w_nodes + x_nodes + [chunked])
+            rw.place(name, w_nodes + x_nodes + [chunked])
             for reader in readers:
-                key = editor.const(f"idx_{reader.name}", position[editor.constants[reader.attrs["index"]]])
-                editor.replace(reader.name, [reader.with_(attrs={**reader.attrs, "index": key})])
-        editor.drop_unused([s for s in linear.srcs if s not in srcs])
-    return editor.build()
+                key = rw.const(f"idx_{reader.name}", position[rw.constants[reader.attrs["index"]]])
+                rw.place(reader.name, [reader.with_(attrs={**reader.attrs, "index": key})])
+        _drop_unused(rw, [s for s in linear.srcs if s not in srcs])
+    return rw.finish()
 
 
-def _gather_readers(editor: NodeEditor, name: str) -> list[Node] | None:
+def _gather_readers(rw: Rewriter, name: str) -> list[Node] | None:
     """The GATHERs reading ``name`` (to be reindexed), or None if anything else reads it (or it is the output)."""
-    if name == editor.program.output:
+    if name == rw.output:
         return None
-    nodes = editor.by_name()
-    readers = [nodes[u] for u in dict.fromkeys(editor.users()[name])]
+    readers = [rw.nodes[u] for u in dict.fromkeys(rw.all_users()[name])]
     if not readers or any(r.op is not Op.GATHER for r in readers):
         return None
     return readers
+
+
+def _drop_unused(rw: Rewriter, names) -> None:
+    """Remove the nodes ``names`` (and the row selections they read) that nothing reads any more, now:
+    the next products' readers (``_gather_readers``) must not count them (``finish`` would drop them too)."""
+    pending = list(names)
+    while pending:
+        users = rw.all_users()
+        dead = [n for n in dict.fromkeys(pending) if n in users and not users[n] and n != rw.output]
+        if not dead:
+            return
+        pending = [s for n in dead for s in rw.nodes[n].srcs if rw.nodes[s].op in ROW_SELECTIONS]
+        for n in dead:
+            rw.place(n, [])

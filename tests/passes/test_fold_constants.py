@@ -6,6 +6,7 @@ from hypothesis import HealthCheck, assume, given, settings
 
 import neurovec
 from neurovec.compiler.ir import Op
+from neurovec.compiler.passes import fold_constants as fold_constants_module
 from neurovec.compiler.passes.fold_constants import fold_constants
 from neurovec.compiler.pipeline import build_program
 from neurovec.compiler.settings import Settings
@@ -59,6 +60,36 @@ def test_repeating_gathers_of_constants_stay():
     before = b.build("l")
     assert fold_constants(before, SETTINGS) is before
 
+
+
+def segmented_product(w_layout="interleave"):
+    """A segmented product (two chunks of three rows, one weight each; or one weight for every row,
+    ``w_layout="tile"``) over rows gathered from 2 facts."""
+    b = Builder()
+    b.fact("x", [[1.0, -2.0], [3.0, 0.5]])
+    b.gather("g", "x", [0, 1, 1, 1, 0, 0])
+    b.weights("W", (3, 2), k=2 if w_layout == "interleave" else 1)
+    b.linear("l", "W", "g", count=6, w_layout=w_layout, x_layout="full")
+    b.reduce("s", "l", [4, 2])
+    return b.build("s")
+
+
+def test_a_segmented_products_gathered_rows_are_folded():
+    """NOTE: [folded product rows]: the product reads them (and keeps them) at every step anyway."""
+    before = segmented_product()
+    after = fold_constants(before, SETTINGS)
+    g = after.node("g")
+    assert g.op is Op.FACT and g.attrs["fact_layer"] is None and after.node("l").srcs == ("W", "g")
+    np.testing.assert_array_equal(after.constants[g.attrs["const"]], np.array([[1.0, -2.0], [3.0, 0.5]])[[0, 1, 1, 1, 0, 0]])
+    assert_same_function(before, after)
+
+
+def test_gathered_rows_of_other_products_or_past_the_bound_stay(monkeypatch):
+    before = segmented_product(w_layout="tile")
+    assert fold_constants(before, SETTINGS) is before  # one weight for every row: not a segmented product
+    monkeypatch.setattr(fold_constants_module, "PRODUCT_ROWS_VALUES", 11)  # 6 rows x 2 values: over the bound
+    before = segmented_product()
+    assert fold_constants(before, SETTINGS) is before
 
 def gcn_graph():
     b = neurovec.GraphBuilder()
