@@ -11,11 +11,11 @@ from typing import Callable, Iterable, Iterator, Mapping
 import numpy as np
 
 from .grouping import is_identity
-from .indexing import ROW_SELECTIONS, SideRows
+from .indexing import SideRows
 from .ir import IRError, Node, Op, Program, read_only, stored, users_of
 
 __all__ = ["COMPILE_NUMBERS", "numbering", "eliminate_dead_code", "unique_name", "single_use",
-           "zero_sign_matters", "unit_reduction_is_identity", "Rewriter", "freeze_facts", "NodeEditor",
+           "zero_sign_matters", "unit_reduction_is_identity", "Rewriter", "freeze_facts",
            "side_node"]
 
 
@@ -57,8 +57,8 @@ _compile_count: ContextVar[Iterator[int] | None] = ContextVar("neurovec_compile_
 # that mints names), from one of three sequences, each kept because changing it renames nodes or
 # constants on the benchmark programs (not byte-identical; a step of its own):
 # * a walk (``Rewriter(program)``) numbers from 1 for the whole rewrite;
-# * an edit in place (``Rewriter(program, in_place=True)``: what NodeEditor and row_planner.Editor
-#   did) numbers from 2 for each name afresh (one shared count renames constants: measured);
+# * an edit in place (``Rewriter(program, in_place=True)``: what the old NodeEditor and
+#   row_planner.Editor did) numbers from 2 for each name afresh (one shared count renames constants: measured);
 # * the passes that used the old ``fresh_const`` (``Rewriter(program, COMPILE_NUMBERS)``) share one
 #   count from 0 for the whole compile. (It was one count for the process: compiling relational
 #   Mutagenesis ``dims`` twice gave its constants other names the second time.)
@@ -391,59 +391,9 @@ def freeze_facts(program: Program, names: set[str]) -> Program:
 
 
 
-class NodeEditor:
-    """The older in-place API on a :class:`Rewriter` (``compiler/passes/relation_products.py`` uses
-    it): ``nodes`` a list in order, ``replace(name, nodes)`` is ``place``, ``build`` is ``finish``."""
-
-    def __init__(self, program: Program):
-        self.rewriter = Rewriter(program, in_place=True)
-        self.program, self.constants = program, self.rewriter.constants
-
-    @property
-    def nodes(self) -> list[Node]:
-        rw = self.rewriter
-        return sorted(rw.nodes.values(), key=lambda n: rw._key[n.name])
-
-    def by_name(self) -> dict[str, Node]:
-        return self.rewriter.nodes
-
-    def users(self) -> dict[str, list[str]]:
-        return self.rewriter.all_users()
-
-    def fresh(self, base: str) -> str:
-        return self.rewriter.fresh(base)
-
-    def const(self, base: str, array: np.ndarray) -> str:
-        return self.rewriter.const(base, array)
-
-    def gather(self, base: str, source: Node, index: np.ndarray, layer: str) -> Node:
-        return self.rewriter.new_gather(base, source, index, layer)
-
-    def replace(self, name: str, new_nodes: list[Node]) -> None:
-        self.rewriter.place(name, new_nodes)
-
-    def drop_unused(self, names) -> None:
-        """Remove the nodes ``names`` (and the selections they read) that nothing reads any more
-        (``finish`` does that for every node the edit left unread: this is only sooner)."""
-        rw, pending = self.rewriter, list(names)
-        while pending:
-            users = rw.all_users()
-            dead = {n for n in pending if n in users and not users[n] and n != rw.output}
-            if not dead:
-                return
-            pending = [s for n in dead for s in rw.nodes[n].srcs if rw.nodes[s].op in ROW_SELECTIONS]
-            for n in dead:
-                del rw.nodes[n]
-            rw._edited()
-
-    def build(self) -> Program:
-        return self.rewriter.finish()
-
-
-def side_node(editor: Rewriter | NodeEditor, rows: SideRows, index: np.ndarray, base: str, layer: str) -> list[Node]:
+def side_node(rw: Rewriter, rows: SideRows, index: np.ndarray, base: str, layer: str) -> list[Node]:
     """Nodes that make the rows ``index`` of ``rows.source``: none if that is the whole source."""
     if is_identity(index, rows.source_count):
         return []
-    rw = editor.rewriter if isinstance(editor, NodeEditor) else editor
     return [rw.new_gather(base, rw.nodes[rows.source], index, layer)]
 
