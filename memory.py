@@ -45,7 +45,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
-import gc
 import os
 import sys
 import threading
@@ -146,10 +145,6 @@ def reusing_freed_memory():
             _depth -= 1
             if _depth == 0:
                 if _worth_trimming(libc):
-                    # A large compile: the reference cycles it left (a row planner's plans hold its
-                    # constants) are freed first, so that the trim returns their pages too. (Not
-                    # after small compiles: a full collection costs 0.1-0.3 s.)
-                    gc.collect()
                     libc.malloc_trim(0)
                 libc.mallopt(_M_MMAP_MAX, _AFTER_MMAP_MAX)
                 libc.mallopt(_M_MMAP_THRESHOLD, _AFTER_MMAP_THRESHOLD)
