@@ -468,6 +468,18 @@ def segment_reduce(x: torch.Tensor, ptr: torch.Tensor, seg_id: torch.Tensor, cou
 
 # --------------------------------------------------------------------------- indices
 
+def shared_tensor(array: np.ndarray) -> torch.Tensor:
+    """A tensor on the memory of ``array`` (a program's constant: read-only, ``ir.stored``), through
+    a writable view of it: torch has no read-only tensors, and the module never writes its buffers.
+    Copied only where the owner itself is read-only (no writable view of it can be made)."""
+    view = array.view()
+    try:
+        view.flags.writeable = True
+    except ValueError:
+        view = array.copy()
+    return torch.from_numpy(view)
+
+
 def _as_numpy_int(a, what: str) -> np.ndarray:
     if isinstance(a, torch.Tensor):
         a = a.detach().cpu().numpy()
@@ -507,7 +519,7 @@ class Segments:
         seg_id = np.repeat(np.arange(c.size, dtype=np.int64), c)
         dtype = dtype or torch.get_default_dtype()
         return cls(torch.from_numpy(ptr).to(device), torch.from_numpy(seg_id).to(device),
-                   torch.from_numpy(np.require(c, requirements='W')).to(device=device, dtype=dtype))  # counts may be read-only
+                   shared_tensor(c).to(device=device, dtype=dtype))
 
     @property
     def n_segments(self) -> int:
@@ -655,8 +667,7 @@ class GatherSum:
         t_perm = torch.sort(torch.from_numpy(np.array(idx, dtype=csr)), stable=True).indices.numpy()
         t_ptr = np.zeros(n_sources + 1, dtype=np.int64)
         np.cumsum(np.bincount(idx, minlength=n_sources), out=t_ptr[1:])
-        # np.require copies only an array that is read-only (a program's constant) or of another dtype.
-        t = lambda a, dt=np.int64: torch.from_numpy(np.require(a, dt, ['C', 'W'])).to(device)  # noqa: E731
+        t = lambda a, dt=np.int64: shared_tensor(np.ascontiguousarray(a, dtype=dt)).to(device)  # noqa: E731
         vals = t_vals = None
         if coefficients is not None:
             dtype = dtype or torch.get_default_dtype()

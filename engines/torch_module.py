@@ -1020,7 +1020,7 @@ _SELF_NAME = re.compile(r"self\.(\w+)")
 def _tensor(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
     if np.issubdtype(array.dtype, np.integer):
         # Indices keep the IR's dtype (int32 where it fits): index_select takes int32 as it is.
-        return _shared(compact_index(array))
+        return kernels.shared_tensor(compact_index(array))
     if dtype in _NUMPY_FLOATS:
         # numpy's copy (and float64 -> float32 rounding, the same IEEE round to nearest) took a fifth
         # of torch.tensor's CPU time: 13 vs 76 ms for 16.7M float64 values (a piece of a folded
@@ -1030,18 +1030,6 @@ def _tensor(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
 
 
 _NUMPY_FLOATS = {torch.float64: np.float64, torch.float32: np.float32}
-
-
-def _shared(array: np.ndarray) -> torch.Tensor:
-    """A tensor on the memory of ``array`` (a program's constant: read-only, ``ir.stored``), through
-    a writable view of it: torch has no read-only tensors, and the module never writes its buffers.
-    Copied only where the owner itself is read-only (no writable view of it can be made)."""
-    view = array.view()
-    try:
-        view.flags.writeable = True
-    except ValueError:
-        view = array.copy()
-    return torch.from_numpy(view)
 
 
 def _backward_indices(program: Program, chosen: dict[str, str] | None = None) -> set[str]:
