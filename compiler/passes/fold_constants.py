@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from .. import backend
-from ..ir import INDEXING, Node, Op, Program
+from ..ir import INDEXING, Node, Op, Program, users_of
 from ..indexing import EXPANSION, is_constant
 from ..rewrite import Rewriter, eliminate_dead_code, freeze_facts, zero_sign_matters
 from ..settings import Settings
@@ -120,10 +120,7 @@ def _targets(program: Program, nodes: dict[str, Node], constant: set[str]) -> se
     """The constants to fold: those that non-constant ops (or the output) read, except row
     movements that would store many more rows than they read (:data:`EXPANSION`), under
     which the search goes on, unless they are a segmented product's rows (NOTE: [folded product rows])."""
-    readers: dict[str, list[Node]] = {}
-    for node in program.nodes:
-        for src in dict.fromkeys(node.srcs):
-            readers.setdefault(src, []).append(node)
+    users = users_of(program.nodes)
     needed = [program.output] if program.output in constant else []
     needed += [s for n in program.nodes if n.name not in constant for s in n.srcs if s in constant]
     targets: set[str] = set()
@@ -136,7 +133,7 @@ def _targets(program: Program, nodes: dict[str, Node], constant: set[str]) -> se
         node = nodes[name]
         if node.op in (Op.FACT, Op.WEIGHTS):
             continue
-        if node.op in INDEXING and _expands(node, nodes) and not _product_rows(node, readers.get(name, [])):
+        if node.op in INDEXING and _expands(node, nodes) and not _product_rows(node, [nodes[u] for u in users[name]]):
             needed.extend(node.srcs)
         elif node.op is Op.SLICE and nodes[node.srcs[0]].op in (Op.FACT, Op.WEIGHTS):
             continue  # a view of a stored constant: nothing to compute
