@@ -30,6 +30,7 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/eq.h>
+#include <ATen/ops/mm.h>
 #include <ATen/ops/mul.h>
 #include <ATen/ops/segment_reduce.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -768,6 +769,127 @@ Tensor rows(const Tensor& x_in, const Tensor& index_in) {
     return y;
 }
 
+// The weights' gradient of a chunked product read by a gather sum (engines/runtime.py, NOTE: [a
+// chunked product's weights' gradient from its readers]): x (chunks * C, i) in chunks of C rows, one
+// weight (o, i) per chunk, the products (chunks * C, o) summed into the rows of grad (n, o) by a CSR
+// whose transpose is (t_ptr, t_col, t_values). out[k] = g_k^T x_k, where g_k (C, o) are the products'
+// gradients of chunk k: the transposed gather sum of grad, as gather_sum's backward computes them, but
+// into a buffer of one chunk that stays in cache, not into a (chunks * C, o) tensor written and read again.
+Tensor chunk_weight_grad(const Tensor& grad_in, const Tensor& t_ptr_in, const Tensor& t_col_in,
+                         const OptionalTensor& t_values_in, const Tensor& x_in, int64_t chunks) {
+    check_values(grad_in, "chunk_weight_grad");
+    const Tensor grad = grad_in.contiguous(), x = as(x_in, grad.scalar_type()), t_ptr = t_ptr_in.contiguous();
+    const Tensor t_col = as(t_col_in, t_ptr.scalar_type()), t_values = like(t_values_in, grad);
+    TORCH_CHECK(grad.dim() == 2 && x.dim() == 2 && chunks > 0 && x.size(0) % chunks == 0 &&
+                t_ptr.size(0) == x.size(0) + 1,
+                "neurovec_cpu::chunk_weight_grad: grad (n, o), x (chunks * C, i) and a transposed CSR over x's "
+                "rows expected, got grad ", grad.sizes(), ", x ", x.sizes(), ", t_ptr ", t_ptr.sizes(), ", chunks ",
+                chunks);
+    const int64_t o = grad.size(1), i = x.size(1), size = x.size(0) / chunks;
+    Tensor out = at::empty({chunks, o, i}, grad.options());
+    const bool prefetch = grad.numel() * (int64_t)grad.element_size() > kCachedBytes;
+    AT_DISPATCH_FLOATING_TYPES(grad.scalar_type(), "neurovec_cpu::chunk_weight_grad", [&] {
+        AT_DISPATCH_INDEX_TYPES(t_ptr.scalar_type(), "neurovec_cpu::chunk_weight_grad", [&] {
+            const index_t* ptr = t_ptr.data_ptr<index_t>();
+            const index_t* col = t_col.data_ptr<index_t>();
+            const scalar_t* val = data_or_null<scalar_t>(t_values);
+            const scalar_t* g = grad.data_ptr<scalar_t>();
+            at::parallel_for(0, chunks, 1, [&](int64_t k0, int64_t k1) {
+                Tensor buffer = at::empty({size, o}, grad.options());
+                scalar_t* b = buffer.data_ptr<scalar_t>();
+                for (int64_t k = k0; k < k1; ++k) {
+                    // Rows k * size ... of the products: sum_rows over a CSR whose first row is k * size.
+                    const index_t* p = ptr + k * size;
+                    with_width(o, [&](auto width) {
+                        using WT = decltype(width);
+                        if (val) sum_rows<scalar_t, index_t, WT, true, true>(0, size, p, col, val, g, o, b, nullptr, prefetch);
+                        else sum_rows<scalar_t, index_t, WT, true, false>(0, size, p, col, val, g, o, b, nullptr, prefetch);
+                    });
+                    Tensor target = out.select(0, k);
+                    at::mm_out(target, buffer.t(), x.narrow(0, k * size, size));
+                }
+            });
+        });
+    });
+    return out;
+}
+
+// The input gradient of a chunked product whose input is a gather sum (engines/runtime.py, NOTE: [a
+// chunked product's input gradient into its sources]): products p (chunks * C rows, o wide) are
+// w[p / C] (o, i) times row p of x = A source, so source's gradient is A^T applied to the rows
+// w[p / C]^T grad[p]. out[j] = sum_e t_values[e] * w[k]^T grad[p] over the entries e of row j of A^T
+// (p = t_col[e], k = p / C): each product's gradient row (o values) read where it is needed, never a
+// (chunks * C, i) tensor of them written and read back. Threads own disjoint rows of out.
+// Accumulates g_p's row times w_k into acc (i values): the width a template argument where with_width has
+// it, so that acc stays in registers.
+template <int KI, typename T, bool WEIGHTED>
+inline void add_product_row(T* __restrict__ acc, const T* __restrict__ gp, const T* __restrict__ wk, int64_t o,
+                            int64_t i, T v) {
+    for (int64_t c = 0; c < o; ++c) {
+        const T s = WEIGHTED ? v * gp[c] : gp[c];
+        const T* __restrict__ wr = wk + c * (KI ? KI : i);
+#pragma omp simd
+        for (int64_t f = 0; f < (KI ? KI : i); ++f) acc[f] += s * wr[f];
+    }
+}
+
+constexpr int64_t kPrefetchProducts = 16;
+
+template <typename T, typename I, typename WT, bool WEIGHTED>
+void chunk_input_grad_rows(int64_t r0, int64_t r1, const I* __restrict__ ptr, const I* __restrict__ col,
+                           const T* __restrict__ val, const T* __restrict__ g, const T* __restrict__ w, int64_t o,
+                           int64_t i_any, int64_t size, T* __restrict__ out) {
+    constexpr int kI = WT::value;
+    const int64_t i = kI ? kI : i_any;
+    const int64_t end = ptr[r1];
+    for (int64_t r = r0; r < r1; ++r) {
+        T local[kI ? kI : 1];
+        T* __restrict__ acc = kI ? local : out + r * i;
+        for (int64_t f = 0; f < i; ++f) acc[f] = T(0);
+        const int64_t e1 = ptr[r + 1];
+        for (int64_t e = ptr[r]; e < e1; ++e) {
+            if (e + kPrefetchProducts < end) __builtin_prefetch(g + (int64_t)col[e + kPrefetchProducts] * o, 0, 3);
+            const int64_t p = col[e];
+            const T v = WEIGHTED ? val[e] : T(1);
+            if constexpr (kI != 0) add_product_row<kI, T, WEIGHTED>(local, g + p * o, w + (p / size) * o * i, o, i, v);
+            else add_product_row<0, T, WEIGHTED>(acc, g + p * o, w + (p / size) * o * i, o, i, v);
+        }
+        if constexpr (kI != 0) {
+            T* __restrict__ y = out + r * i;
+            for (int f = 0; f < kI; ++f) y[f] = local[f];
+        }
+    }
+}
+
+Tensor chunk_input_grad(const Tensor& grad_in, const Tensor& w_in, const Tensor& t_ptr_in, const Tensor& t_col_in,
+                        const OptionalTensor& t_values_in) {
+    check_values(grad_in, "chunk_input_grad");
+    const Tensor grad = grad_in.contiguous(), w = as(w_in, grad.scalar_type()), t_ptr = t_ptr_in.contiguous();
+    const Tensor t_col = as(t_col_in, t_ptr.scalar_type()), t_values = like(t_values_in, grad);
+    TORCH_CHECK(grad.dim() == 2 && w.dim() == 3 && w.size(1) == grad.size(1) && grad.size(0) % w.size(0) == 0,
+                "neurovec_cpu::chunk_input_grad: grad (chunks * C, o) and w (chunks, o, i) expected, got grad ",
+                grad.sizes(), " and w ", w.sizes());
+    const int64_t n = t_ptr.size(0) - 1, o = w.size(1), i = w.size(2), size = grad.size(0) / w.size(0);
+    Tensor out = empty_output({n, i}, grad.options());
+    AT_DISPATCH_FLOATING_TYPES(grad.scalar_type(), "neurovec_cpu::chunk_input_grad", [&] {
+        AT_DISPATCH_INDEX_TYPES(t_ptr.scalar_type(), "neurovec_cpu::chunk_input_grad", [&] {
+            const index_t* ptr = t_ptr.data_ptr<index_t>();
+            const index_t* col = t_col.data_ptr<index_t>();
+            const scalar_t* val = data_or_null<scalar_t>(t_values);
+            for_segments(ptr, n, i * o, [&](int64_t r0, int64_t r1, auto) {
+                with_width(i, [&](auto width) {
+                    using WT = decltype(width);
+                    if (val) chunk_input_grad_rows<scalar_t, index_t, WT, true>(r0, r1, ptr, col, val,
+                        grad.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(), o, i, size, out.data_ptr<scalar_t>());
+                    else chunk_input_grad_rows<scalar_t, index_t, WT, false>(r0, r1, ptr, col, val,
+                        grad.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(), o, i, size, out.data_ptr<scalar_t>());
+                });
+            });
+        });
+    });
+    return out;
+}
+
 // The gradient of a segment max / min: ties share it (mask * (grad / ties)[segment]).
 Tensor extremum_backward(const Tensor& grad_in, const Tensor& x_in, const Tensor& y_in, const Tensor& ptr_in) {
     check_values(x_in, "segment_extremum_backward");
@@ -956,6 +1078,8 @@ TORCH_LIBRARY(neurovec_cpu, m) {
     m.def("pair_prod(Tensor x, bool strided) -> Tensor");
     m.def("pair_prod_backward(Tensor grad, Tensor x, bool strided) -> Tensor");
     m.def("rows(Tensor x, Tensor index) -> Tensor");
+    m.def("chunk_input_grad(Tensor grad, Tensor w, Tensor t_ptr, Tensor t_col, Tensor? t_values) -> Tensor");
+    m.def("chunk_weight_grad(Tensor grad, Tensor t_ptr, Tensor t_col, Tensor? t_values, Tensor x, int chunks) -> Tensor");
     // With their autograd in C++ (eager only).
     m.def("gather_sum(Tensor x, Tensor ptr, Tensor col, Tensor? values, Tensor t_ptr, Tensor t_col, "
           "Tensor? t_values, Tensor? bias=None) -> Tensor");
@@ -973,6 +1097,8 @@ TORCH_LIBRARY_IMPL(neurovec_cpu, CPU, m) {
     m.impl("pair_prod", pair_prod);
     m.impl("pair_prod_backward", pair_prod_backward);
     m.impl("rows", rows);
+    m.impl("chunk_input_grad", chunk_input_grad);
+    m.impl("chunk_weight_grad", chunk_weight_grad);
     m.impl("gather_sum", gather_sum_cpu);
     m.impl("segment_sum", segment_sum_cpu);
     m.impl("segment_extremum", extremum);

@@ -54,7 +54,13 @@ def gather_sum(x: torch.Tensor, csr: CSRIndices, bias: torch.Tensor | None = Non
     # small graphs these calls are mostly such overhead.
     b = csr._buffers
     values, t_values = b.get("values"), b.get("t_values")
+    product = _constant_chunked_product(x)
+    if product is not None and (values is None) == (t_values is None) and (bias is None or bias.dtype == x.dtype):
+        return _ChunkedProductSum.apply(product[1], x.detach(), product[0], product[2], b["ptr"], b["index"], values,
+                                        b["t_ptr"], b["t_col"], t_values, bias)
     if (values is None) == (t_values is None) and ops.native_ok(x) and (bias is None or bias.dtype == x.dtype):
+        if bias is None and _feeds_products(x, b["ptr"]):
+            return _GatherSum.apply(x, b["ptr"], b["index"], values, b["t_ptr"], b["t_col"], t_values)
         return ops.gather_sum(x, b["ptr"], b["index"], values, b["t_ptr"], b["t_col"], t_values, bias)
     y = kernels.gather_segment_sum(x, b["ptr"], b["index"], b["seg_id"], b["t_ptr"], b["t_col"], b["t_perm"],
                                    values=values, t_values=t_values)
@@ -98,6 +104,7 @@ class _ChunkedProduct(torch.autograd.Function):
     def forward(ctx, x, w, chunks):
         ctx.save_for_backward(x, w)
         ctx.chunks = chunks
+        ctx.constant_x = not x.requires_grad
         return torch.bmm(x.view(chunks, -1, w.shape[2]), w.transpose(1, 2)).view(x.shape[0], w.shape[1])
 
     @staticmethod
@@ -119,5 +126,141 @@ class _ChunkedProduct(torch.autograd.Function):
 
 def chunked_product(x: torch.Tensor, w: torch.Tensor, chunks: int) -> torch.Tensor:
     """``x`` (rows, i) in ``chunks`` equal chunks times ``w`` (chunks, o, i): row e of chunk k is
-    ``w[k] @ x[e]``; returns (rows, o) (NOTE: [chunked product's weight gradient])."""
+    ``w[k] @ x[e]``; returns (rows, o) (NOTE: [chunked product's weight gradient]; where ``x`` is a
+    gather sum, NOTE: [a chunked product's input gradient into its sources])."""
+    node = x.grad_fn
+    if isinstance(node, _GatherSum._backward_cls) and torch.is_grad_enabled() and not torch.compiler.is_compiling():
+        source, t_ptr, t_col, t_values = node.source, *node.saved_tensors[2:]
+        return _GatheredChunkedProduct.apply(source, x.detach(), w, chunks, *node.saved_tensors[:2],
+                                             node.values, t_ptr, t_col, t_values)
     return _ChunkedProduct.apply(x, w, chunks)
+
+
+# NOTE: [a chunked product's weights' gradient from its readers] A relational layer whose inputs are
+# constant (hetero-100's first layer: 1,035,166 product rows of 16, folded) is
+# ``y = gather_sum(chunked_product(x, w, chunks), csr, bias)``, and its only gradient is the weights':
+# ``g_k^T x_k`` per chunk k, where g (rows, o) is the transposed gather sum of y's gradient. Through
+# the two ops' own backwards, g is a (rows, o) tensor (66 MB at hetero-100, the step's largest single
+# op) written once and read once by the batched GEMM. So ``gather_sum`` recognises such a product
+# (its input is the output of ``chunked_product`` with a constant x, unchanged: the autograd node
+# is ``_ChunkedProduct``'s) and sums it through ``_ChunkedProductSum``, whose backward computes the
+# weights' gradient chunk by chunk from y's gradient (``neurovec_cpu::chunk_weight_grad``: the
+# chunk's rows of g into a buffer that stays in cache, then one GEMM). The forward values are those
+# of gather_sum, bit for bit; the product itself keeps its own autograd node, so any other reader of
+# it still gets its gradient through it.
+
+def _constant_chunked_product(x: torch.Tensor):
+    """(x, w, chunks) of the ``chunked_product`` whose unchanged output is ``x``, if its x is constant,
+    the C++ kernels run on it and a graph is recorded; else None (NOTE: [a chunked product's weights'
+    gradient from its readers])."""
+    node = x.grad_fn
+    if not isinstance(node, _ChunkedProduct._backward_cls) or not node.constant_x or not torch.is_grad_enabled() \
+            or not ops.native_ok(x) or torch.compiler.is_compiling():
+        return None
+    product_x, w = node.saved_tensors
+    return product_x, w, node.chunks
+
+
+class _ChunkedProductSum(torch.autograd.Function):
+    """``gather_sum(products, csr) + bias`` of ``products = chunked_product(x, w, chunks)`` with a constant
+    ``x``, differentiated in ``w`` (and ``bias``) directly (NOTE: [a chunked product's weights' gradient
+    from its readers]). Its backward is the C++ kernel, or, where a graph of the backward is asked for
+    (``create_graph``), differentiable torch ops: differentiable again."""
+
+    @staticmethod
+    def forward(ctx, w, products, x, chunks, ptr, col, values, t_ptr, t_col, t_values, bias):
+        ctx.save_for_backward(w, x, ptr, col, values, t_ptr, t_col, t_values)
+        ctx.chunks, ctx.bias = chunks, bias is not None
+        return torch.ops.neurovec_cpu.csr_sum(products, ptr, col, values, None, bias)
+
+    @staticmethod
+    def backward(ctx, grad):
+        w, x, ptr, col, values, t_ptr, t_col, t_values = ctx.saved_tensors
+        grad_w = grad_bias = None
+        if ctx.needs_input_grad[0]:
+            if torch.is_grad_enabled():  # create_graph: the two ops' own differentiable backwards
+                g = ops.gather_sum(grad, t_ptr, t_col, t_values, ptr, col, values)
+                grad_w = torch.bmm(g.view(ctx.chunks, -1, w.shape[1]).transpose(1, 2), x.view(ctx.chunks, -1, w.shape[2]))
+            else:
+                grad_w = torch.ops.neurovec_cpu.chunk_weight_grad(grad.contiguous(), t_ptr, t_col, t_values, x, ctx.chunks)
+        if ctx.bias and ctx.needs_input_grad[10]:
+            grad_bias = grad.sum(0)
+        return grad_w, None, None, None, None, None, None, None, None, None, grad_bias
+
+
+# NOTE: [a chunked product's input gradient into its sources] A relational layer whose inputs have a
+# gradient (hetero-100's second layer) is ``chunked_product(gather_sum(source, csr), w, chunks)``: the
+# gather puts the source's rows (246,805 of 16) into chunk order (1,035,166 rows). Through the two
+# ops' own backwards, the product's input gradient ``g w_k`` is a (rows, i) tensor (66 MB, written by
+# a batched GEMM with K = o = 4 and read once by the gather's transpose): the slowest GEMM of the step
+# and a transposed gather sum behind it. So a large gather sum (``_GatherSum``: what it read is on its
+# autograd node) read by ``chunked_product`` gives the product its source directly
+# (``_GatheredChunkedProduct``), whose backward sums ``w_k^T g_p`` into each source row over the
+# transposed CSR (``neurovec_cpu::chunk_input_grad``): each product's o-wide gradient read where it
+# is needed. The forward values are those of the two ops, bit for bit; the gathered rows keep their
+# own autograd node, so any other reader of them still gets its gradient through it.
+
+#: From this many values on, a gather sum (with no bias) records what it read on a Python autograd node,
+#: for a ``chunked_product`` that reads it (``runtime._CHUNKED_FROM``'s size; below, the C++ autograd).
+_GATHERED_FROM = 1 << 20
+
+
+def _feeds_products(x: torch.Tensor, ptr: torch.Tensor) -> bool:
+    """Whether a gather sum of ``x`` into ``ptr``'s rows is large enough to feed a chunked product, and
+    records a graph (NOTE: [a chunked product's input gradient into its sources])."""
+    rows = ptr.shape[0] - 1
+    return rows * (x.numel() // max(x.shape[0], 1)) >= _GATHERED_FROM and x.requires_grad and torch.is_grad_enabled() \
+        and not torch.compiler.is_compiling()
+
+
+class _GatherSum(torch.autograd.Function):
+    """``gather_sum`` with what it read on its autograd node (``source``, the CSR and its transpose), for
+    a ``chunked_product`` that reads it. Its backward is the C++ transposed gather sum, differentiable
+    again where a graph of the backward is asked for."""
+
+    @staticmethod
+    def forward(ctx, x, ptr, col, values, t_ptr, t_col, t_values):
+        ctx.save_for_backward(ptr, col, t_ptr, t_col, t_values)
+        ctx.values = values
+        ctx.source = x  # an input, not an output: no reference cycle
+        return torch.ops.neurovec_cpu.csr_sum(x, ptr, col, values, None, None)
+
+    @staticmethod
+    def backward(ctx, grad):
+        ptr, col, t_ptr, t_col, t_values = ctx.saved_tensors
+        if not ctx.needs_input_grad[0]:
+            return (None,) * 7
+        if torch.is_grad_enabled():
+            grad_x = ops.gather_sum(grad, t_ptr, t_col, t_values, ptr, col, ctx.values)
+        else:
+            grad_x = torch.ops.neurovec_cpu.csr_sum(grad, t_ptr, t_col, t_values, None, None)
+        return grad_x, None, None, None, None, None, None
+
+
+class _GatheredChunkedProduct(torch.autograd.Function):
+    """``chunked_product(x, w, chunks)`` of ``x = gather_sum(source, csr)``, differentiated in ``source``
+    and ``w`` (NOTE: [a chunked product's input gradient into its sources]). The source's gradient is the
+    C++ kernel, or, where a graph of the backward is asked for, the two ops' differentiable backwards."""
+
+    @staticmethod
+    def forward(ctx, source, x, w, chunks, ptr, col, values, t_ptr, t_col, t_values):
+        ctx.save_for_backward(source, x, w, ptr, col, t_ptr, t_col, t_values)
+        ctx.values, ctx.chunks = values, chunks
+        return torch.bmm(x.view(chunks, -1, w.shape[2]), w.transpose(1, 2)).view(x.shape[0], w.shape[1])
+
+    @staticmethod
+    def backward(ctx, grad):
+        source, x, w, ptr, col, t_ptr, t_col, t_values = ctx.saved_tensors
+        g = grad.reshape(ctx.chunks, -1, w.shape[1])
+        grad_source = grad_w = None
+        if torch.is_grad_enabled():  # create_graph: x as a function of the source, for w's gradient's graph
+            x = ops.gather_sum(source, ptr, col, ctx.values, t_ptr, t_col, t_values)
+        if ctx.needs_input_grad[0]:
+            if torch.is_grad_enabled():  # create_graph
+                grad_x = torch.bmm(g, w).view(x.shape)
+                grad_source = ops.gather_sum(grad_x, t_ptr, t_col, t_values, ptr, col, ctx.values)
+            else:
+                grad_source = torch.ops.neurovec_cpu.chunk_input_grad(grad.contiguous(), w, t_ptr, t_col, t_values)
+        if ctx.needs_input_grad[2]:
+            grad_w = torch.bmm(g.transpose(1, 2), x.view(ctx.chunks, -1, w.shape[2]))
+        return grad_source, None, grad_w, None, None, None, None, None, None, None
