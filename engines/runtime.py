@@ -206,11 +206,12 @@ _GATHERED_FROM = 1 << 20
 
 
 def _feeds_products(x: torch.Tensor, ptr: torch.Tensor) -> bool:
-    """Whether a gather sum of ``x`` into ``ptr``'s rows is large enough to feed a chunked product, and
-    records a graph (NOTE: [a chunked product's input gradient into its sources])."""
+    """Whether a gather sum of ``x`` into ``ptr``'s rows may feed a chunked product: large, with a graph, and
+    into more rows than ``x`` has (the node keeps ``x`` until the backward: no more memory than its output
+    holds; NOTE: [a chunked product's input gradient into its sources])."""
     rows = ptr.shape[0] - 1
-    return rows * (x.numel() // max(x.shape[0], 1)) >= _GATHERED_FROM and x.requires_grad and torch.is_grad_enabled() \
-        and not torch.compiler.is_compiling()
+    return rows > x.shape[0] and rows * (x.numel() // max(x.shape[0], 1)) >= _GATHERED_FROM and x.requires_grad \
+        and torch.is_grad_enabled() and not torch.compiler.is_compiling()
 
 
 class _GatherSum(torch.autograd.Function):

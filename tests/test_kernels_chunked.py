@@ -79,15 +79,25 @@ def test_input_gradient_into_the_gathers_sources(dtype, weighted, shape, n_threa
     threads(n_threads)
     chunks, size, i, o = shape
     gen = torch.Generator().manual_seed(1)
-    source = torch.randn(40, i, generator=gen, dtype=dtype, requires_grad=True)
+    source = torch.randn(30, i, generator=gen, dtype=dtype, requires_grad=True)
     w = torch.randn(chunks, o, i, generator=gen, dtype=dtype, requires_grad=True)
-    csr = _csr(chunks * size, 40, weighted, dtype, seed=i, unread=2)  # sources nobody reads get 0
+    csr = _csr(chunks * size, 30, weighted, dtype, seed=i, unread=2)  # sources nobody reads get 0
     fused = runtime.chunked_product(runtime.gather_sum(source * 1, csr), w, chunks)
     assert type(fused.grad_fn).__name__ == "_GatheredChunkedProductBackward"
     plain = runtime.chunked_product(runtime.gather_sum(source * 1, csr) * 1, w, chunks)
     assert type(plain.grad_fn).__name__ == "_ChunkedProductBackward"
     _close(_grads(fused, [source, w]), _grads(plain, [source, w]), dtype)
     assert torch.equal(fused, plain)
+
+
+def test_only_expanding_gathers_keep_their_source(monkeypatch):
+    """A gather sum into no more rows than its source has keeps the C++ autograd (which holds no input)."""
+    monkeypatch.setattr(runtime, "_GATHERED_FROM", 0)
+    source = torch.randn(12, 3, dtype=torch.float64, requires_grad=True)
+    assert type(runtime.gather_sum(source, _csr(12, 12, False, torch.float64, seed=0)).grad_fn).__name__ \
+        != "_GatherSumBackward"
+    assert type(runtime.gather_sum(source, _csr(13, 12, False, torch.float64, seed=0)).grad_fn).__name__ \
+        == "_GatherSumBackward"
 
 
 def test_other_readers_of_the_fused_tensors_keep_their_gradients(monkeypatch):
