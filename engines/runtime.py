@@ -54,7 +54,7 @@ def gather_sum(x: torch.Tensor, csr: CSRIndices, bias: torch.Tensor | None = Non
     # small graphs these calls are mostly such overhead.
     b = csr._buffers
     values, t_values = b.get("values"), b.get("t_values")
-    product = _constant_chunked_product(x)
+    product = None if torch.compiler.is_compiling() else _constant_chunked_product(x)
     if product is not None and (values is None) == (t_values is None) and (bias is None or bias.dtype == x.dtype):
         return _ChunkedProductSum.apply(product[1], x.detach(), product[0], product[2], b["ptr"], b["index"], values,
                                         b["t_ptr"], b["t_col"], t_values, bias)
@@ -128,11 +128,12 @@ def chunked_product(x: torch.Tensor, w: torch.Tensor, chunks: int) -> torch.Tens
     """``x`` (rows, i) in ``chunks`` equal chunks times ``w`` (chunks, o, i): row e of chunk k is
     ``w[k] @ x[e]``; returns (rows, o) (NOTE: [chunked product's weight gradient]; where ``x`` is a
     gather sum, NOTE: [a chunked product's input gradient into its sources])."""
-    node = x.grad_fn
-    if isinstance(node, _GatherSum._backward_cls) and torch.is_grad_enabled() and not torch.compiler.is_compiling():
-        source, t_ptr, t_col, t_values = node.source, *node.saved_tensors[2:]
-        return _GatheredChunkedProduct.apply(source, x.detach(), w, chunks, *node.saved_tensors[:2],
-                                             node.values, t_ptr, t_col, t_values)
+    if not torch.compiler.is_compiling():  # dynamo traces the plain product (and reads no autograd node)
+        node = x.grad_fn
+        if isinstance(node, _GatherSum._backward_cls) and torch.is_grad_enabled():
+            source, t_ptr, t_col, t_values = node.source, *node.saved_tensors[2:]
+            return _GatheredChunkedProduct.apply(source, x.detach(), w, chunks, *node.saved_tensors[:2],
+                                                 node.values, t_ptr, t_col, t_values)
     return _ChunkedProduct.apply(x, w, chunks)
 
 
@@ -155,7 +156,7 @@ def _constant_chunked_product(x: torch.Tensor):
     gradient from its readers])."""
     node = x.grad_fn
     if not isinstance(node, _ChunkedProduct._backward_cls) or not node.constant_x or not torch.is_grad_enabled() \
-            or not ops.native_ok(x) or torch.compiler.is_compiling():
+            or not ops.native_ok(x):
         return None
     product_x, w = node.saved_tensors
     return product_x, w, node.chunks
@@ -209,9 +210,11 @@ def _feeds_products(x: torch.Tensor, ptr: torch.Tensor) -> bool:
     """Whether a gather sum of ``x`` into ``ptr``'s rows may feed a chunked product: large, with a graph, and
     into more rows than ``x`` has (the node keeps ``x`` until the backward: no more memory than its output
     holds; NOTE: [a chunked product's input gradient into its sources])."""
+    if torch.compiler.is_compiling():
+        return False
     rows = ptr.shape[0] - 1
     return rows > x.shape[0] and rows * (x.numel() // max(x.shape[0], 1)) >= _GATHERED_FROM and x.requires_grad \
-        and torch.is_grad_enabled() and not torch.compiler.is_compiling()
+        and torch.is_grad_enabled()
 
 
 class _GatherSum(torch.autograd.Function):

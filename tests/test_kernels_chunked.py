@@ -173,3 +173,25 @@ def test_kernels_check_their_shapes():
     with pytest.raises(RuntimeError, match="chunk_input_grad"):
         ops.chunk_input_grad(torch.ones(9, 2, dtype=torch.float64), torch.ones(2, 2, 3, dtype=torch.float64),
                              csr.ptr, csr.index, None)
+
+
+@pytest.mark.slow
+def test_torch_compiled_rgcn_with_the_thresholds_at_zero_equals_eager(monkeypatch):
+    """Under torch.compile the fused backwards are not taken (dynamo reads no grad_fn): the compiled module's
+    outputs and weight gradients equal the eager (fused) module's."""
+    monkeypatch.setattr(torch_module, "_CHUNKED_FROM", 0)
+    monkeypatch.setattr(runtime, "_GATHERED_FROM", 0)
+    monkeypatch.setattr(kernels, "_GATHER_MIN_ELEMENTS", 0)
+    monkeypatch.setattr(kernels, "_GATHER_MIN_FEATURES", 0)
+    data = kgmod.synthetic_hetero(300, 3000, 12, n_features=4, n_classes=3, seed=5)
+    graph = rgcn.rgcn(data.x, data.edge_index, data.edge_type, rgcn.RGCNSpec.create(4, 12, hidden=[5, 3]), seed=1)
+    module = neurovec.compile(graph, dtype=torch.float64)
+    out = module()
+    grads = torch.autograd.grad(out.pow(2).sum(), list(module.parameters()))
+    torch._dynamo.reset()
+    compiled = torch.compile(module)
+    out_c = compiled()
+    grads_c = torch.autograd.grad(out_c.pow(2).sum(), list(module.parameters()))
+    torch.testing.assert_close(out_c, out, rtol=1e-9, atol=1e-9)
+    for g, h in zip(grads_c, grads):
+        torch.testing.assert_close(g, h, rtol=1e-9, atol=1e-9)
