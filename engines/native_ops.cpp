@@ -11,7 +11,10 @@
 //   gather_sum, segment_sum, segment_extremum         the same with their autograd in C++ (a
 //       torch::autograd::Function): what programs call eagerly. On small graphs a training step
 //       is mostly per-call overhead, and a call costs ~2 µs of dispatch where a Python
-//       autograd.Function costs ~6 µs forward and runs Python again backward.
+//       autograd.Function costs ~6 µs forward and runs Python again backward;
+//   chunk_weight_grad, chunk_input_grad                 the backwards of a chunked relational product
+//       read by or reading a gather sum, without the (rows, width) intermediates (called from
+//       engines/runtime.py's autograd Functions, eagerly).
 //
 // Where this file cannot be built, every caller uses its pure-torch equivalent (engines/kernels.py);
 // tests compare them. Values are float32 or float64; index tensors int32 or int64
