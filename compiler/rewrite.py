@@ -166,6 +166,7 @@ class Rewriter:
         # NOTE: [numberings]
         self._numbers = numbers if numbers is not None or in_place else itertools.count(1)
         self._users: dict[str, list[str]] | None = None
+        self._readers_of: tuple[dict, dict[str, list[str]]] | None = None  # (users, readers): ``const``
         self.row_listeners: list[Callable[[str, np.ndarray], None]] = []  # told where rows move (``define``)
         self.version = 0  # counts definitions: what was planned against an older version is stale
 
@@ -200,6 +201,17 @@ class Rewriter:
         """Whether ``name`` is read by anything but ``reader`` (once), or is the output."""
         return name == self.output or self.users().get(name, []) != [reader]
 
+    def _const_readers(self) -> dict[str, list[str]]:
+        """The live readers of every constant (made with ``users``, once per version)."""
+        users = self.users()
+        if self._readers_of is None or self._readers_of[0] is not users:
+            readers: dict[str, list[str]] = {}
+            for name in users:
+                for key in self.nodes[name].consts:
+                    readers.setdefault(key, []).append(name)
+            self._readers_of = (users, readers)
+        return self._readers_of[1]
+
     def index(self, node: Node) -> np.ndarray:
         return self.constants[node.attrs["index"]]
 
@@ -210,8 +222,8 @@ class Rewriter:
     def const(self, base: str, array: np.ndarray, owner: str | None = None) -> str:
         """Store ``array`` under a fresh key; ``owner``: the node being (re)defined with it, which
         may take over ``base`` itself if no other live node reads that constant."""
-        reuse = owner is not None and base in self.constants and base not in self.nodes and not any(
-            n != owner and base in self.nodes[n].consts for n in self.users())
+        reuse = owner is not None and base in self.constants and base not in self.nodes and not (
+            set(self._const_readers().get(base, ())) - {owner})
         key = base if reuse else self.fresh(base)
         array = stored(array)
         # A slice of another array is copied: a view would keep all of its base alive.
