@@ -92,6 +92,13 @@ class RowPlanner:
         self._copy_names: set[str] = set()  # never redefined in place: a later request may read them
         self._planned_at = -1  # the editor version the plans were made against
 
+    def close(self) -> None:
+        """Planning is over: drop the plans. Their closures read the planner, so while the planner
+        keeps them it sits in a reference cycle (with the editor and its constants, about 0.5 GB on
+        products-like at 1/4) that only the cyclic collector frees; without them refcounting does."""
+        self._plans.clear()
+        self._copies.clear()
+
     # -- the recursion
     def rows(self, name: str, index: np.ndarray, reader: str | None, depth: int = 0, layer: str = "",
              shared: bool = False, reuse: str | None = None, exclusive: bool = False) -> _Plan:

@@ -558,6 +558,7 @@ def _dedup_facts(program: Program, settings: Settings, handed: _Handed) -> tuple
             compress(editor, planner, node.name, reps, inverse)
         else:  # every row read, and no two alike
             distinct.append(node.name)
+    planner.close()  # NOTE in RowPlanner.close: no cycle left for the cyclic collector
     result = editor.finish()
     nodes = result.by_name()
     return result, _Handed(distinct={**handed.distinct, **{name: nodes[name] for name in distinct}})
@@ -592,6 +593,7 @@ def _iso_compress(program: Program, settings: Settings, handed: _Handed) -> tupl
                 constant = now.with_(attrs={**now.attrs, "fact_layer": None})
                 ids.carry(node.name, constant)
                 editor.define(constant)
+    planner.close()  # NOTE in RowPlanner.close: no cycle left for the cyclic collector
     return _finish(editor, ids, finer=True)
 
 
@@ -619,6 +621,7 @@ def _dedup(program: Program, settings: Settings, ops: tuple[Op, ...], drop_unuse
         del reps, inverse  # edge-sized: not kept while the next node is labelled
     if drop_unused:
         _drop_unused_rows(editor, planner, ids)
+    planner.close()  # NOTE in RowPlanner.close: no cycle left for the cyclic collector
     return _finish(editor, ids, finer=False)
 
 

@@ -85,4 +85,5 @@ def propagate_gathers_up(program: Program, settings: Settings) -> Program:
         plan = planner.rows(src, index, name, depth=0, layer=node.layer or node.name)
         if plan.cost < stay or (plan.cost == stay and plan.growth < 0):
             editor.redirect(name, plan.build())
+    planner.close()  # NOTE in RowPlanner.close: no cycle left for the cyclic collector
     return editor.finish()
