@@ -54,13 +54,14 @@ def gather_sum(x: torch.Tensor, csr: CSRIndices, bias: torch.Tensor | None = Non
     # small graphs these calls are mostly such overhead.
     b = csr._buffers
     values, t_values = b.get("values"), b.get("t_values")
-    product = None if torch.compiler.is_compiling() else _constant_chunked_product(x)
-    if product is not None and (values is None) == (t_values is None) and (bias is None or bias.dtype == x.dtype):
-        return _ChunkedProductSum.apply(product[1], x.detach(), product[0], product[2], b["ptr"], b["index"], values,
-                                        b["t_ptr"], b["t_col"], t_values, bias)
     if (values is None) == (t_values is None) and ops.native_ok(x) and (bias is None or bias.dtype == x.dtype):
-        if bias is None and _feeds_products(x, b["ptr"]):
-            return _GatherSum.apply(x, b["ptr"], b["index"], values, b["t_ptr"], b["t_col"], t_values)
+        if not torch.compiler.is_compiling():  # the fused backwards read autograd nodes: eager only
+            product = _constant_chunked_product(x)
+            if product is not None:
+                return _ChunkedProductSum.apply(product[1], x.detach(), product[0], product[2], b["ptr"], b["index"],
+                                                values, b["t_ptr"], b["t_col"], t_values, bias)
+            if bias is None and _feeds_products(x, b["ptr"]):
+                return _GatherSum.apply(x, b["ptr"], b["index"], values, b["t_ptr"], b["t_col"], t_values)
         return ops.gather_sum(x, b["ptr"], b["index"], values, b["t_ptr"], b["t_col"], t_values, bias)
     y = kernels.gather_segment_sum(x, b["ptr"], b["index"], b["seg_id"], b["t_ptr"], b["t_col"], b["t_perm"],
                                    values=values, t_values=t_values)
@@ -104,7 +105,6 @@ class _ChunkedProduct(torch.autograd.Function):
     def forward(ctx, x, w, chunks):
         ctx.save_for_backward(x, w)
         ctx.chunks = chunks
-        ctx.constant_x = not x.requires_grad
         return torch.bmm(x.view(chunks, -1, w.shape[2]), w.transpose(1, 2)).view(x.shape[0], w.shape[1])
 
     @staticmethod
@@ -151,12 +151,10 @@ def chunked_product(x: torch.Tensor, w: torch.Tensor, chunks: int) -> torch.Tens
 # it still gets its gradient through it.
 
 def _constant_chunked_product(x: torch.Tensor):
-    """(x, w, chunks) of the ``chunked_product`` whose unchanged output is ``x``, if its x is constant,
-    the C++ kernels run on it and a graph is recorded; else None (NOTE: [a chunked product's weights'
-    gradient from its readers])."""
+    """(x, w, chunks) of the ``chunked_product`` whose unchanged output is ``x``, if its x is constant
+    and a graph is recorded; else None (NOTE: [a chunked product's weights' gradient from its readers])."""
     node = x.grad_fn
-    if not isinstance(node, _ChunkedProduct._backward_cls) or not node.constant_x or not torch.is_grad_enabled() \
-            or not ops.native_ok(x):
+    if not isinstance(node, _ChunkedProduct._backward_cls) or node.needs_input_grad[0] or not torch.is_grad_enabled():
         return None
     product_x, w = node.saved_tensors
     return product_x, w, node.chunks
@@ -210,8 +208,6 @@ def _feeds_products(x: torch.Tensor, ptr: torch.Tensor) -> bool:
     """Whether a gather sum of ``x`` into ``ptr``'s rows may feed a chunked product: large, with a graph, and
     into more rows than ``x`` has (the node keeps ``x`` until the backward: no more memory than its output
     holds; NOTE: [a chunked product's input gradient into its sources])."""
-    if torch.compiler.is_compiling():
-        return False
     rows = ptr.shape[0] - 1
     return rows > x.shape[0] and rows * (x.numel() // max(x.shape[0], 1)) >= _GATHERED_FROM and x.requires_grad \
         and torch.is_grad_enabled()
