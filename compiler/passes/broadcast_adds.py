@@ -15,10 +15,18 @@ sums and products) adds two one-row additions in a row as one: ``(x + a) + b`` i
 ``x + (a + b)``, one addition over all rows less, forward and backward (MUTAG GCN's
 readout: the last layer's bias, moved past the mean, then the output bias). The
 same numbers summed in another order; a sum of zeros keeps its sign in either.
+
+It also gives a one-row addition after a sum of two values to the term that is a
+shared-weight product: ``(x + h @ W.T) + b`` is ``x + (h @ W.T + b)``, and the code
+generator writes the inner one as ``torch.addmm(b, h, W.T)`` (NOTE: [bias in the GEMM]
+in ``engines/torch_module.py``): one pass over all rows less, forward and backward
+(GraphSAGE's first two layers, where the neighbours' mean and the node's own product stay
+apart: see ``join_sums``). A matrix product is never ``-0.0`` (a sum from ``+0.0``), so
+neither ``h @ W.T + b`` nor either order of the sum is.
 """
 from __future__ import annotations
 
-from ..ir import Op, Program
+from ..ir import Node, Op, Program, shared_product
 from ..rewrite import Rewriter, single_use
 from ..settings import Settings
 
@@ -58,6 +66,13 @@ def merge_row_adds(program: Program, settings: Settings) -> Program:
             rw.keep(node)
             continue
         a, b = nodes[inner.srcs[1]], nodes[node.srcs[1]]
+        product = _product_term(inner, b, nodes, once)
+        if product is not None and node.name not in merged:
+            other = inner.srcs[1 - inner.srcs.index(product)]
+            biased = rw.emit(rw.fresh(f"{product}_biased"), Op.ADD, (product, b.name), inner.count,
+                             inner.shape, node.layer)
+            rw.keep(node.with_(srcs=(other, biased.name)))
+            continue
         if a.count != 1 or b.count != 1 or a.shape != b.shape or a.name == node.srcs[0]:
             rw.keep(node)
             continue
@@ -65,3 +80,29 @@ def merge_row_adds(program: Program, settings: Settings) -> Program:
         rw.keep(node.with_(srcs=(inner.srcs[0], row.name)))
         merged.add(node.name)  # its new first operand is not an addition of a row any more
     return rw.finish()
+
+
+def _product_term(inner: Node, b: Node, nodes: dict[str, Node], once: set[str]) -> str | None:
+    """The term of addition ``inner`` (of two whole values) that is a shared-weight product read by
+    ``inner`` alone, to which the one-row ``b`` can be added instead; None where there is none, or
+    where ``inner`` is a side-by-side product of facts (attr ``hcat``: one ``addmm`` with ``b`` already)."""
+    if b.count != 1 or inner.srcs[0] == inner.srcs[1] or "hcat" in inner.attrs or _fact_sides(inner, nodes, once):
+        return None
+    terms = [nodes[s] for s in inner.srcs]
+    if any(t.count != inner.count or t.shape != inner.shape for t in terms) or b.shape != inner.shape:
+        return None
+    for t in reversed(terms):  # the node's own product (the second term) first
+        if shared_product(t, nodes) and t.name in once:
+            return t.name
+    return None
+
+
+def _fact_sides(inner: Node, nodes: dict[str, Node], once: set[str]) -> bool:
+    """Whether both terms of ``inner`` are shared-weight products of facts (one possibly through a
+    gather): ``fuse_fact_products``, later, may make them one product over the facts side by side."""
+    def fact_product(name: str) -> bool:
+        node = nodes[name]
+        if node.op is Op.GATHER and name in once:
+            node = nodes[node.srcs[0]]
+        return shared_product(node, nodes) and nodes[node.srcs[1]].op is Op.FACT
+    return all(fact_product(s) for s in inner.srcs)

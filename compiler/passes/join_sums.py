@@ -19,12 +19,21 @@ summed, in another order (a mean's division becomes a factor per entry); no valu
 merged or dropped. The new matrix has the entries of both, and ``compose_sums`` can then
 compose a readout over it (GraphSAGE's last layer and its mean per sample are then one
 sparse sum).
+
+Not where the join only concatenates: when the two terms read different values and the
+fused term sums one row per output row without a factor (a gather as a sum, which
+``choose_kernels`` makes of a large gather), the joined sum reads the same rows as the
+gather and the addition, but the CONCAT first copies both sources (GraphSAGE's first two
+layers on arxiv-like: ``mean @ W_l.T`` and ``h @ W_r.T`` concatenated into 324,886 x 128
+rows, ~163 ms a step). The addition stays, and ``merge_row_adds`` can give the bias to the
+product (one ``addmm``). Two products of one value (``stack_products`` stacks them into one
+GEMM, no copy) are still joined.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from ..ir import Node, Op, Program, is_sparse_sum
+from ..ir import Node, Op, Program, is_sparse_sum, shared_product
 from ..rewrite import COMPILE_NUMBERS, Rewriter, single_use
 from ..settings import Settings
 
@@ -68,8 +77,23 @@ def _terms(node: Node, nodes: dict[str, Node], once: set[str], program: Program)
     terms = [_term(a, nodes, once, program), _term(b, nodes, once, program)]
     if any(t is None for t in terms) or not any(t[1] for t in terms):
         return None
+    if _only_concatenates([t[0] for t in terms], [t[1] for t in terms], nodes):
+        return None
     fused = next(nodes[s] for s, t in zip(node.srcs, terms) if t[1])
     return tuple(t[0] for t in terms), fused.attrs["kernel"]  # the joined sum runs as the fused one
+
+
+def _only_concatenates(terms: list[tuple], fused: list[bool], nodes: dict[str, Node]) -> bool:
+    """Whether joining ``terms`` would only copy two different sources side by side: each
+    fused term sums one row per output row without a factor, and the sources are not two
+    shared-weight products of one value (which ``stack_products`` makes one GEMM)."""
+    (p, _, counts_p, coef_p), (q, _, counts_q, coef_q) = terms
+    if p.name == q.name:
+        return False
+    if shared_product(p, nodes) and shared_product(q, nodes) and p.srcs[1] == q.srcs[1]:
+        return False
+    return all(np.all(counts == 1) and np.all(coef == 1.0)
+               for (_, _, counts, coef), is_fused in zip(terms, fused) if is_fused)
 
 
 def _term(node: Node, nodes: dict[str, Node], once: set[str], program: Program) -> tuple | None:

@@ -18,6 +18,11 @@ depend on the machine that compiles):
   instead of ``index_add``): not where a ``-0.0`` could reach an ``inverse``, ``log`` or ``sqrt``
   (``zero_sign_matters``): a sum turns it into ``+0.0``, a gather keeps it.
 
+  A gather that ``fuse_fact_products`` makes part of one side-by-side product stays a gather:
+  a gather of a shared-weight product of static facts, added to another such product
+  (GraphSAGE's first layer: the folded neighbours' mean and the features, one
+  ``addmm`` over both side by side instead of two GEMMs, a sparse sum and an addition).
+
 ``neurovec.autotune`` times forced kernels on the real device.
 """
 from __future__ import annotations
@@ -25,7 +30,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import backend
-from ..ir import Op, Program, is_sparse_sum
+from ..ir import Op, Program, is_sparse_sum, shared_product
 from ..rewrite import COMPILE_NUMBERS, Rewriter, single_use, zero_sign_matters
 from ..settings import Settings
 
@@ -68,7 +73,9 @@ def choose_kernels(program: Program, settings: Settings) -> Program:
             node = node.with_(attrs=attrs, srcs=srcs)
         rw.keep(node)
     program = rw.finish()  # (fused gathers are now unread: dropped)
-    return _gathers_as_sums(program, engine) if forced == "auto" else program
+    if forced != "auto":
+        return program
+    return _gathers_as_sums(program, engine, _fact_product_sides(program) if settings.fuse_fact_products else set())
 
 
 def _needs_grad(program: Program) -> set[str]:
@@ -82,7 +89,30 @@ def _needs_grad(program: Program) -> set[str]:
     return result
 
 
-def _gathers_as_sums(program: Program, engine) -> Program:
+def _fact_product_sides(program: Program) -> set[str]:
+    """The gathers that are one side of an addition of two shared-weight products of static facts
+    (each read once, a side possibly through a gather read once): ``fuse_fact_products``' form."""
+    nodes = program.by_name()
+    once = single_use(program)
+    dynamic = set(program.dynamic_facts)
+
+    def fact_product(name: str) -> bool:
+        node = nodes[name]
+        if node.op is Op.GATHER and name in once:
+            node = nodes[node.srcs[0]]
+        if node.name not in once or not shared_product(node, nodes):
+            return False
+        x = nodes[node.srcs[1]]
+        return x.op is Op.FACT and x.attrs.get("fact_layer") not in dynamic and len(x.shape) == 1
+
+    result = set()
+    for node in program.nodes:
+        if node.op is Op.ADD and node.srcs[0] != node.srcs[1] and all(fact_product(s) for s in node.srcs):
+            result.update(s for s in node.srcs if nodes[s].op is Op.GATHER)
+    return result
+
+
+def _gathers_as_sums(program: Program, engine, keep: set[str]) -> Program:
     """A large gather of a value that needs a gradient becomes a one-row-per-segment fused sum::
 
         %g = GATHER(%h; index=idx)   ->   %g = REDUCE(%h; kernel='auto', index=idx,
@@ -94,7 +124,7 @@ def _gathers_as_sums(program: Program, engine) -> Program:
     rw = Rewriter(program, COMPILE_NUMBERS)
     ones: dict[int, str] = {}
     for node in program.nodes:
-        if (node.op is Op.GATHER and node.name not in keep_sign
+        if (node.op is Op.GATHER and node.name not in keep_sign and node.name not in keep
                 and engine.gathers_as_sum(node.count, _feature_size(node.shape), nodes[node.srcs[0]].name in grad)):
             if node.count not in ones:
                 ones[node.count] = rw.const(f"ones_{node.count}", np.ones(node.count, dtype=np.int64))
