@@ -22,6 +22,21 @@ artefact of the GNN templates) dissolve too. Factors of 0 stay as explicit entri
 ``0 * inf`` is NaN, so dropping them would change non-finite results. Static facts of
 shape ``()`` count as fixed scalars (their layers then are no longer replaceable at call
 time); facts in ``Settings.dynamic_facts`` never do.
+
+A fixed positive scalar per row *after* such a sum goes into the same coefficients: GCN's
+normalisation factorised on skewed graphs (NOTE: [GCN normalisation] in
+``datasets/gnn.py``) multiplies node ``i``'s sum by ``1/sqrt(deg_i)`` after it, every step
+(arxiv-like: a stack of 332 scalars, an index_select and an addcmul over every (n, 128) output)::
+
+    %a = REDUCE(x; aggregation='sum', coef=c)          %s = REDUCE(x; aggregation='sum', coef=c')
+    %s = LINEAR(GATHER(w_scalar; index=k), a; 'mul') -> c'[e] = c[e] * w_scalar[k[i]], i the row of e
+
+``s_i * sum_e c_e x_e`` becomes ``sum_e (s_i c_e) x_e``: the same real number, rounded in another
+order (float64 within a few ulps). Only for finite ``s_i > 0`` whose products with the
+coefficients stay finite and nonzero: a negative factor would turn a sum's ``+0.0`` into ``-0.0``
+after the sum but not before, and a factor of 0 or inf would change which values are NaN.
+The sum must be read by the product alone. With the features folded (``fold_constants``: the
+first layer's ``A_hat X``), the factor is then part of the folded constant too.
 """
 from __future__ import annotations
 
@@ -78,5 +93,46 @@ def reduce_coefficients(program: Program, settings: Settings) -> Program:
         attrs = dict(node.attrs, aggregation="sum", coef=rw.const(f"coef_{node.name}", coef))
         rw.replace(node.with_(srcs=(src,), attrs=attrs))
     result = rw.finish()
-    return freeze_facts(result, facts_used)
+    result, scales_used = _scales_after_sums(result)
+    return freeze_facts(result, facts_used | scales_used)
+
+
+def _scales_after_sums(program: Program) -> tuple[Program, set[str]]:
+    """Fixed positive per-row factors after weighted sums, moved into the sums' coefficients."""
+    rw = Rewriter(program)
+    nodes, users = program.by_name(), program.users()
+    facts_used: set[str] = set()
+    for node in program.nodes:
+        found = _scaled_sum(program, nodes, node, users) if node.op is Op.LINEAR and node.attrs["kind"] == "mul" else None
+        if found is None:
+            rw.keep(node)
+            continue
+        total, coef, used = found
+        facts_used |= used
+        rw.keep(total.with_(name=node.name, layer=node.layer,
+                            attrs=dict(total.attrs, coef=rw.const(f"coef_{node.name}", coef))))
+    return rw.finish(), facts_used
+
+
+def _scaled_sum(program: Program, nodes: dict[str, Node], node: Node, users: dict[str, list[str]]):
+    """``(sum, its new coefficients, facts used)`` where ``node`` multiplies each row of a weighted
+    sum read by it alone by a fixed positive finite scalar; else None."""
+    origins = trace_rows(program, nodes, node.name, scalars=True)
+    if not origins.scaled or len(origins.bases) != 1:
+        return None
+    total = nodes[origins.bases[0]]
+    if (total.op is not Op.REDUCE or total.attrs["aggregation"] != "sum" or "coef" not in total.attrs
+            or total.attrs.get("kernel") == "strided" or is_sparse_sum(total) or users[total.name] != [node.name]
+            or total.count != node.count or total.shape != node.shape
+            or not np.array_equal(origins.row, np.arange(node.count))):
+        return None
+    scale = np.asarray(origins.coef, dtype=np.float64)
+    if not (np.all(np.isfinite(scale)) and np.all(scale > 0)):
+        return None
+    counts = program.constants[total.attrs["counts"]]
+    old = program.constants[total.attrs["coef"]].astype(np.float64)
+    coef = old * scale[segment_of_rows(total, counts, old.size)]
+    if not np.all(np.isfinite(coef)) or np.any((coef == 0) != (old == 0)):
+        return None
+    return total, coef, origins.facts_used
 

@@ -138,3 +138,30 @@ def test_random_graphs_equal_reference(graph):
     assume(all_finite(graph))
     assert_equivalent(graph, neurovec.compile(graph, Settings.preset("unoptimized", reduce_coefficients=True),
                                               dtype=torch.float64))
+
+
+def scaled_after_the_sum(scales):
+    """s_j = d[k_j] * r_j, r the normalised sum above, d fixed scalars (GCN's factorised target side)."""
+    b = normalised_sum()
+    b.weights("d", (), k=2, learnable=False, values=scales)
+    b.gather("dw", "d", [1, 0])
+    b.linear("s", "dw", "r")
+    b.transform("out", "s", "tanh")
+    return b.build("out")
+
+
+def test_a_positive_factor_after_the_sum_goes_into_its_coefficients():
+    """GCN's 1/sqrt(deg_i) after the sum: no product over the rows left, each edge's c_e * d_i."""
+    before = scaled_after_the_sum([0.5, 4.0])
+    after = reduce_coefficients(before, ONLY)
+    s = after.node("s")
+    assert s.op is Op.REDUCE and not [n for n in after.nodes if n.op in (Op.LINEAR, Op.WEIGHTS)]
+    assert after.constants[s.attrs["coef"]].tolist() == [0.5 * 4, 0.25 * 4, 2.0 * 0.5, 2.0 * 0.5, 0.5 * 0.5]
+    assert_same_function(before, after)
+
+
+@pytest.mark.parametrize("scales", [[-0.5, 4.0], [0.0, 4.0], [np.inf, 4.0]])
+def test_a_factor_that_is_not_positive_and_finite_stays_after_the_sum(scales):
+    """-d * (+0.0) is -0.0 but a sum of -d-weighted terms from +0.0 is not; 0 * inf and inf * 0 are NaN."""
+    after = reduce_coefficients(scaled_after_the_sum(scales), ONLY)
+    assert after.node("s").op is Op.LINEAR and after.node("r").op is Op.REDUCE
