@@ -115,3 +115,28 @@ def test_merged_row_additions_equal_the_reference_under_every_preset():
     assert "w['c'] + w['d']" in neurovec.compile(graph).code
     for preset in neurovec.list_presets():
         assert_equivalent(graph, neurovec.compile(graph, preset, dtype=torch.float64))
+
+
+def sum_plus_product_plus_bias():
+    """y = (a + h @ V.T) + b: a a value of the rows, b a one-row bias."""
+    b = Builder()
+    b.fact("x", np.linspace(-1, 1, 12).reshape(4, 3))
+    b.transform("a", "x", "tanh")
+    b.transform("h", "x", "sigmoid")
+    b.weights("V", (3, 3))
+    b.linear("hv", "V", "h", w_layout="tile")
+    b.add("s", "a", "hv")
+    b.weights("B", (3,))
+    b.add("y", "s", "B")
+    return b.build("y")
+
+
+def test_a_bias_after_a_sum_goes_to_its_product_term():
+    """(a + h V) + b is a + (h V + b): the inner one is torch.addmm (GraphSAGE's own-node product)."""
+    before = sum_plus_product_plus_bias()
+    after = merge_row_adds(before, SETTINGS)
+    y = after.node("y")
+    inner = after.node(y.srcs[1])
+    assert y.srcs[0] == "a" and inner.op is Op.ADD and inner.srcs == ("hv", "B") and "s" not in after.by_name()
+    assert_same_function(before, after)
+    assert "torch.addmm(" in CompiledModule(after).code

@@ -156,3 +156,31 @@ def test_gathers_that_stay_index_select(case):
     if case == "inverse":  # 1 / -0.0 = -inf: the sign survives
         out, _, _ = outputs_and_grads(after)
         assert torch.isneginf(out[:3, 0]).all()
+
+
+def fact_products_added(rows=5000, sources=4000, width=16):
+    """s = (m @ W.T)[idx] + x @ V.T over static facts m, x (GraphSAGE's first layer, the mean folded):
+    fuse_fact_products' form, one addmm over [m[idx] | x]."""
+    rng = np.random.default_rng(5)
+    nodes = [Node("m", Op.FACT, (), sources, (width,), {"const": "cm"}),
+             Node("x", Op.FACT, (), rows, (width,), {"const": "cx"}),
+             Node("W", Op.WEIGHTS, (), 1, (width, width), {"names": ["W"]}),
+             Node("V", Op.WEIGHTS, (), 1, (width, width), {"names": ["V"]}),
+             Node("mw", Op.LINEAR, ("W", "m"), sources, (width,), {"kind": "matmul", "w_layout": "tile"}),
+             Node("g", Op.GATHER, ("mw",), rows, (width,), {"index": "idx"}),
+             Node("xv", Op.LINEAR, ("V", "x"), rows, (width,), {"kind": "matmul", "w_layout": "tile"}),
+             Node("s", Op.ADD, ("g", "xv"), rows, (width,), {})]
+    from neurovec.sources.graph import Weight
+    weights = (Weight("W", rng.normal(size=(width, width))), Weight("V", rng.normal(size=(width, width))))
+    constants = {"cm": rng.normal(size=(sources, width)), "cx": rng.normal(size=(rows, width)),
+                 "idx": rng.integers(0, sources, rows)}
+    return Program(tuple(nodes), constants, weights, "s")
+
+
+def test_a_gather_that_fuse_fact_products_takes_stays_a_gather():
+    """As a sum it would hide the side-by-side product from fuse_fact_products (and then
+    join_sums concatenated both products instead: a copy of every row each step)."""
+    program = fact_products_added()
+    assert choose_kernels(program, Settings()).node("g").op is Op.GATHER
+    assert choose_kernels(program, Settings(fuse_fact_products=False)).node("g").op is Op.REDUCE \
+        or not native.available()
