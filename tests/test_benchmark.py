@@ -542,3 +542,11 @@ def test_tuned_pyg_inputs_compute_the_twin_on_a_multigraph_with_self_loops():
         engine = NeurovecEngine("default")
         engine.build(task, torch.device("cpu"), torch.float64)
         assert suite.check_engine(engine, task, "float64")["max_abs_error"] < 1e-9, model
+
+
+def test_node_step_times_a_small_fraction_of_arxiv_like(capsys):
+    """benchmarks/node_step.py (the A/B script of one node task's step) runs and reports its medians."""
+    from neurovec.benchmarks import node_step
+    result = node_step.main(["gcn", "--fraction", "0.002", "--steps", "1", "--threads", "1"])
+    assert result["cpu_ms_1"] > 0 and result["wall_ms_1"] > 0 and result["model"] == "gcn"
+    assert capsys.readouterr().out.startswith("RESULT {")
