@@ -41,10 +41,8 @@ __all__ = ["fold_constants", "evaluate"]
 # A folded reduction over a gather of a stored constant is computed about this many gathered values
 # (rows times features) at a time (NOTE: [folding in chunks]).
 CHUNK_VALUES = 1 << 24
-# A folded sum over gathered facts is computed this many gathered values at a time (NOTE: [sequential
-# sums]); a run of at most SHORT entries per segment is added slice by slice, a longer one as running sums.
+# A folded sum over gathered facts is computed this many gathered values at a time (NOTE: [sequential sums]).
 SEQUENTIAL_CHUNK = 1 << 18
-SHORT = 32
 #: The gathered input rows of a segmented product are folded up to this many values (NOTE: [folded product rows]).
 PRODUCT_ROWS_VALUES = 1 << 26
 
@@ -68,10 +66,14 @@ PRODUCT_ROWS_VALUES = 1 << 26
 # C++ segment sum, torch's scatter_reduce) compute it as: every product ``coef[e] * x[index[e]]``
 # rounded on its own (the module multiplies before it reduces), then added per segment and feature
 # in entry order, starting from 0.0 (so a segment of -0.0 products sums to 0.0), then, for a mean,
-# divided by the count. ``sequential_sums`` computes exactly that, with torch's whole-array ops whose
-# rounding is defined: ``index_select`` (a copy), ``mul_`` (one IEEE product per element), and
-# additions in entry order -- ``+=`` of one entry's slice, or ``cumsum_`` along the entries (a
-# running sum per lane, one IEEE addition per step). The order in which segments are visited is
+# divided by the count. ``sequential_sums`` computes exactly that, with whole-array ops whose
+# rounding is defined: torch's ``index_select`` (a copy) and ``mul_`` (one IEEE product per element),
+# then numpy's ``add.reduce`` over the entries' axis of a (segments, entries, features) block, which
+# adds one (segments, features) slice after the other, in entry order (numpy sums pairwise only
+# along the fast axis in memory, the features'; with one feature, ``add.accumulate``, sequential on
+# any axis). It replaced ``+=`` of one entry's slice at a time (a Python call per entry position)
+# and ``cumsum_`` along the entries (a write of every running sum): products-like x 1/8 GCN, loaded,
+# alternating runs: the pass 2.0-2.1 -> 1.77-1.81 CPU s. The order in which segments are visited is
 # free, as every segment and feature is summed on its own: segments of equal length go together as
 # a (segments, entries, features) block, so that no padding is needed, and the gathered rows of a
 # piece land in one reused buffer (a fresh tensor per piece cost about as much as the gather).
@@ -220,6 +222,7 @@ def sequential_sums(facts: np.ndarray, index: np.ndarray, coef: np.ndarray | Non
     bounds = np.concatenate([[0], np.flatnonzero(np.diff(ordered)) + 1, [n]]).tolist()
     # The gathered rows of every piece, in one buffer (a fresh tensor per piece costs twice the gather).
     buffer = torch.empty((max(1, chunk_values // max(width, 1)) if n else 0, width), dtype=torch.float64)
+    block = buffer.numpy()  # the same memory: numpy adds the entries (NOTE: [sequential sums])
     for a, b in zip(bounds[:-1], bounds[1:]):
         length = int(ordered[a]) if a < b else 0
         if length == 0:
@@ -230,22 +233,29 @@ def sequential_sums(facts: np.ndarray, index: np.ndarray, coef: np.ndarray | Non
         for lo in range(0, segments.size, per_piece):
             piece = segments[lo:lo + per_piece]
             first = starts[piece][:, None]
-            acc = torch.zeros((piece.size, width), dtype=torch.float64)
+            acc = np.zeros((piece.size, width), dtype=np.float64)
             for k in range(0, length, run):
                 entries = first + np.arange(k, min(k + run, length))  # (segments, entries)
                 rows = torch.index_select(x, 0, torch.from_numpy(index[entries].ravel()), out=buffer[:entries.size])
-                rows = rows.view(piece.size, entries.shape[1], width)
                 if coef is not None:
-                    rows.mul_(torch.from_numpy(coef[entries]).unsqueeze(2))
-                if entries.shape[1] <= SHORT:  # a few additions of (segments, width) slices
-                    for e in range(entries.shape[1]):
-                        acc += rows[:, e]
-                else:
-                    rows[:, 0] += acc  # 0.0 + p[s] first (it turns a -0.0 into 0.0, as the kernel does)
-                    rows.cumsum_(1)  # each segment's running sums, per feature, in entry order
-                    acc.copy_(rows[:, -1])  # (rows is the buffer: the next piece overwrites it)
-            value[piece] = acc.numpy()
+                    rows.view(piece.size, entries.shape[1], width).mul_(torch.from_numpy(coef[entries]).unsqueeze(2))
+                _add_entries(block[:entries.size].reshape(piece.size, entries.shape[1], width), acc)
+            value[piece] = acc
     return value
+
+
+def _add_entries(rows: np.ndarray, acc: np.ndarray) -> None:
+    """``acc[s] = (((acc[s] + rows[s, 0]) + rows[s, 1]) + ...)`` per segment ``s`` and feature, in
+    entry order (``rows``: (segments, entries, width), C order, overwritten). ``np.add.reduce`` over
+    the entries' axis, which is not the fast one, adds one (segments, width) slice at a time, in
+    order: numpy sums pairwise only along the fast axis, which a width of 1 would make the entries'
+    one (there, running sums: ``np.add.accumulate`` is sequential on every axis)."""
+    rows[:, 0] += acc
+    if rows.shape[2] > 1:
+        np.add.reduce(rows, axis=1, out=acc)
+    else:
+        np.add.accumulate(rows, axis=1, out=rows)
+        acc[...] = rows[:, -1]
 
 
 def _in_chunks(sub: Program, name: str) -> np.ndarray | None:

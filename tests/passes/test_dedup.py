@@ -290,27 +290,14 @@ def test_labelling_is_linear_in_depth():
     assert large <= 2 * small * nodes_large / nodes_small
 
 
-def test_labels_are_freed_when_a_pass_returns(monkeypatch):
+def test_labels_are_freed_when_a_pass_returns(freed_by_refcounting):
     # The labels (edge-sized arrays) and the editor refer to each other: unless the pass breaks that
     # cycle, they outlive it until the garbage collector runs (hundreds of MB at 100x PROTEINS).
-    import gc
-    import weakref
     from neurovec.compiler.passes import dedup
-    made = []
-    original = dedup.RowIds.__init__
-
-    def recording(self, *args, **kwargs):
-        original(self, *args, **kwargs)
-        made.append(weakref.ref(self))
-
-    monkeypatch.setattr(dedup.RowIds, "__init__", recording)
+    freed_by_refcounting.record(dedup.RowIds)
     program = gcn_layer(x_index=[0, 1, 2, 0], edge_index=[0, 1, 3, 2], counts=[2, 2]).build("conv")
-    gc.disable()
-    try:
-        dedup.deduplicate(program, SETTINGS)
-        assert len(made) == 3 and all(ref() is None for ref in made)
-    finally:
-        gc.enable()
+    dedup.deduplicate(program, SETTINGS)
+    assert len(freed_by_refcounting.made) == 3 and freed_by_refcounting.alive() == []
 
 
 @settings(max_examples=60, deadline=None)

@@ -316,30 +316,14 @@ def test_regular_index_is_decided_on_the_whole_index():
 
 
 @pytest.mark.parametrize("preset", ["default", "upward-17-aggressive"])
-def test_planners_are_freed_by_refcounting(preset, monkeypatch, tu_dir):
+def test_planners_are_freed_by_refcounting(preset, freed_by_refcounting, tu_dir):
     """A RowPlanner's plans close over the planner: kept after planning, they hold it (with the
     editor and its constants, 0.5 GB on products-like at 1/4) in a cycle that only the cyclic
     collector frees. RowPlanner.close drops them: with the collector off, every planner is gone."""
-    import gc
-    import weakref
-
-    made = []
-    init = row_planner.RowPlanner.__init__
-
-    def recorded(self, *args, **kwargs):
-        init(self, *args, **kwargs)
-        made.append(weakref.ref(self))
-
-    monkeypatch.setattr(row_planner.RowPlanner, "__init__", recorded)
+    freed_by_refcounting.record(row_planner.RowPlanner)
     from neurovec.datasets import gcn, load_tu
     graph = gcn(load_tu("MUTAG", tu_dir))
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        program = build_program(graph, Settings.preset(preset))
-        del program
-        assert made, "no planner was made: the test checks nothing"
-        assert [r for r in made if r() is not None] == []
-    finally:
-        if enabled:
-            gc.enable()
+    program = build_program(graph, Settings.preset(preset))
+    del program
+    assert freed_by_refcounting.made, "no planner was made: the test checks nothing"
+    assert freed_by_refcounting.alive() == []
