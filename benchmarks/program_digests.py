@@ -38,7 +38,6 @@ if __package__ in (None, ""):  # run as a script: import this checkout as the pa
 
 from neurovec.compiler.ir import CONST_ATTRS, Program  # noqa: E402
 from neurovec.compiler.pipeline import PIPELINE, resolve_settings  # noqa: E402
-from neurovec.compiler.rewrite import numbering  # noqa: E402
 from neurovec.compiler.vectorizer import vectorize  # noqa: E402
 
 __all__ = ["PROGRAMS", "program_digest", "code_digest", "canonical", "suite_graphs", "digests"]
@@ -122,11 +121,10 @@ def digests(graph, settings) -> tuple[list[tuple[str, str]], Program]:
     settings = resolve_settings(settings)
     program = vectorize(graph).replace(dynamic_facts=tuple(settings.dynamic_facts))
     steps = [("vectorize", program_digest(program))]
-    with numbering():  # names numbered as in one compile (build_program)
-        for name, enabled, run in PIPELINE:
-            if enabled(settings):
-                program = run(program, settings)
-                steps.append((name, program_digest(program)))
+    for name, enabled, run in PIPELINE:
+        if enabled(settings):
+            program = run(program, settings)
+            steps.append((name, program_digest(program)))
     return steps, program
 
 

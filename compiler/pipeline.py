@@ -18,7 +18,6 @@ from ..progress import Progress
 from ..sources.graph import FactLayer, Graph
 from ..memory import reusing_freed_memory
 from .ir import IRError, Program
-from .rewrite import numbering
 from .passes import (broadcast_adds, cleanup, coefficients, compose_gathers, compose_sums, dedup, fold_constants,
                      fuse_fact_products, join_sums, kernels, linear_broadcast, padding, relation_products,
                      reorder_linear, segments, simplify_gathers, sparse_facts, split_products, stack_products,
@@ -142,8 +141,8 @@ def build_program(graph: Graph, settings: Settings | str | dict | None = None, t
         raise ValueError(f"Settings.dynamic_facts names {sorted(unknown)}, which are not fact layers of the graph")
     bar = Progress("neurovec compile", 1 + len(enabled_passes(settings)), "passes", PROGRESS_DELAY_S, leave=False)
     bar.update(0, "vectorize")
-    # The passes' edge-sized temporaries reuse each other's pages; names are numbered for this compile.
-    with reusing_freed_memory(), numbering():
+    # The passes' edge-sized temporaries reuse each other's pages.
+    with reusing_freed_memory():
         program = _run_passes(graph, settings, timings, start, bar)
     bar.close()
     return program
