@@ -93,7 +93,8 @@ def code_digest(program: Program) -> str:
 
 def canonical(program: Program) -> Program:
     """``program`` with node ``i`` (in program order) named ``n{i}`` and its constants named
-    ``c{j}`` in the order the nodes first read them (any unread ones ``u{j}``, in their order)."""
+    ``c{j}`` in the order the nodes first read them (any unread ones ``u{j}``, in their order);
+    node names in attributes (``hcat_weights``) renamed too."""
     nodes = {n.name: f"n{i}" for i, n in enumerate(program.nodes)}
     keys: dict[str, str] = {}
     for node in program.nodes:
@@ -102,7 +103,8 @@ def canonical(program: Program) -> Program:
     for key in program.constants:
         keys.setdefault(key, f"u{len(keys)}")
     renamed = tuple(n.with_(name=nodes[n.name], srcs=tuple(nodes[s] for s in n.srcs), attrs={
-        k: keys[v] if k in CONST_ATTRS.get(n.op, ()) else v for k, v in n.attrs.items()}) for n in program.nodes)
+        k: keys[v] if k in CONST_ATTRS.get(n.op, ()) else tuple(nodes[w] for w in v) if k == "hcat_weights" else v
+        for k, v in n.attrs.items()}) for n in program.nodes)
     return program.replace(nodes=renamed, constants={keys[k]: v for k, v in program.constants.items()},
                            output=nodes[program.output])
 

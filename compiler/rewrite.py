@@ -83,10 +83,11 @@ def zero_sign_matters(program: Program) -> set[str]:
 
 
 def unit_reduction_is_identity(program: Program, node: Node, matters: set[str]) -> bool:
-    """Whether REDUCE ``node`` (every count 1) may be dropped: each row is its one input row, except
-    that a sum or mean turns ``-0.0`` into ``+0.0`` -- which only an ``inverse``, a ``log`` or a
-    ``sqrt`` later can tell (``zero_sign_matters``)."""
-    return node.attrs["aggregation"] in ("max", "min", "prod") or node.name not in matters
+    """Whether ``node`` is a REDUCE of every count 1 that may be dropped: each row is its one input
+    row, except that a sum or mean turns ``-0.0`` into ``+0.0`` -- which only an ``inverse``, a
+    ``log`` or a ``sqrt`` later can tell (``zero_sign_matters``)."""
+    return node.op is Op.REDUCE and bool(np.all(program.constants[node.attrs["counts"]] == 1)) and (
+        node.attrs["aggregation"] in ("max", "min", "prod") or node.name not in matters)
 
 
 def _clears_sign(program: Program, node: Node) -> bool:
