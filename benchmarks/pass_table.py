@@ -32,7 +32,6 @@ if __package__ in (None, ""):  # run as a script: import this checkout as the pa
 
 import neurovec  # noqa: E402,F401  (registers the engine the passes ask)
 from neurovec.benchmarks.program_digests import PROGRAMS, code_digest, suite_graphs  # noqa: E402
-from neurovec.compiler.rewrite import numbering  # noqa: E402
 from neurovec.compiler.ir import Op, Program  # noqa: E402
 from neurovec.compiler.pipeline import PIPELINE, resolve_settings  # noqa: E402
 from neurovec.compiler.vectorizer import vectorize  # noqa: E402
@@ -88,10 +87,9 @@ def step_work(program: Program) -> int:
 
 def _compile(graph, settings, skip: str | None) -> Program:
     program = vectorize(graph).replace(dynamic_facts=tuple(settings.dynamic_facts))
-    with numbering():  # names numbered as in one compile
-        for name, enabled, run in PIPELINE:
-            if enabled(settings) and name != skip:
-                program = run(program, settings)
+    for name, enabled, run in PIPELINE:
+        if enabled(settings) and name != skip:
+            program = run(program, settings)
     return program
 
 

@@ -4,6 +4,7 @@ restructuring of the compiler is behaviour-preserving.
     python benchmarks/program_digests.py                      # one line per program, then the total
     python benchmarks/program_digests.py --passes             # and every pass's output digest
     python benchmarks/program_digests.py --presets default upward-17-aggressive
+    python benchmarks/program_digests.py --canonical          # digests with names canonicalised
 
 The programs are the benchmark suite's: MUTAG, ENZYMES and PROTEINS x GCN, SAGE and GIN x one-hot
 ``labels`` and ``continuous`` features, and relational Mutagenesis ``simple`` and ``dims``
@@ -15,7 +16,10 @@ preset asked for, the script runs the Vectorizer and every enabled pass of ``PIP
   with, byte for byte;
 * ``program``: a digest of the final program (every node's name, op, inputs, rows, shape, layer and
   attributes, the constants, the output, the weights' names);
-* with ``--passes``, the program digest after the Vectorizer and after every pass, by pass name.
+* with ``--passes``, the program digest after the Vectorizer and after every pass, by pass name;
+* with ``--canonical``, both digests of the final program with its nodes and constants renamed by
+  position (``canonical``): equal canonical digests and different plain ones mean that a change
+  only renamed nodes or constants.
 
 Two runs that print the same lines made byte-identical programs. The last line digests all of them.
 """
@@ -32,12 +36,11 @@ _ROOT = Path(__file__).resolve().parents[1]
 if __package__ in (None, ""):  # run as a script: import this checkout as the package neurovec
     sys.path.insert(0, str(_ROOT.parent))
 
-from neurovec.compiler.ir import Program  # noqa: E402
+from neurovec.compiler.ir import CONST_ATTRS, Program  # noqa: E402
 from neurovec.compiler.pipeline import PIPELINE, resolve_settings  # noqa: E402
-from neurovec.compiler.rewrite import numbering  # noqa: E402
 from neurovec.compiler.vectorizer import vectorize  # noqa: E402
 
-__all__ = ["PROGRAMS", "program_digest", "code_digest", "suite_graphs", "digests"]
+__all__ = ["PROGRAMS", "program_digest", "code_digest", "canonical", "suite_graphs", "digests"]
 
 PROGRAMS = ([(d, m, f) for d in ("MUTAG", "ENZYMES", "PROTEINS") for m in ("gcn", "sage", "gin")
              for f in ("labels", "continuous")] + [("mutagenesis", "simple", "labels"), ("mutagenesis", "dims", "labels")])
@@ -88,6 +91,24 @@ def code_digest(program: Program) -> str:
     return h.hexdigest()[:16]
 
 
+def canonical(program: Program) -> Program:
+    """``program`` with node ``i`` (in program order) named ``n{i}`` and its constants named
+    ``c{j}`` in the order the nodes first read them (any unread ones ``u{j}``, in their order);
+    node names in attributes (``hcat_weights``) renamed too."""
+    nodes = {n.name: f"n{i}" for i, n in enumerate(program.nodes)}
+    keys: dict[str, str] = {}
+    for node in program.nodes:
+        for key in node.consts:
+            keys.setdefault(key, f"c{len(keys)}")
+    for key in program.constants:
+        keys.setdefault(key, f"u{len(keys)}")
+    renamed = tuple(n.with_(name=nodes[n.name], srcs=tuple(nodes[s] for s in n.srcs), attrs={
+        k: keys[v] if k in CONST_ATTRS.get(n.op, ()) else tuple(nodes[w] for w in v) if k == "hcat_weights" else v
+        for k, v in n.attrs.items()}) for n in program.nodes)
+    return program.replace(nodes=renamed, constants={keys[k]: v for k, v in program.constants.items()},
+                           output=nodes[program.output])
+
+
 def suite_graphs(data_dir: Path, programs=PROGRAMS):
     """``(key, graph)`` of each benchmark program (``benchmarks/tasks.make_task``, scale 1)."""
     from neurovec.benchmarks.tasks import DataCache, make_task
@@ -102,11 +123,10 @@ def digests(graph, settings) -> tuple[list[tuple[str, str]], Program]:
     settings = resolve_settings(settings)
     program = vectorize(graph).replace(dynamic_facts=tuple(settings.dynamic_facts))
     steps = [("vectorize", program_digest(program))]
-    with numbering():  # names numbered as in one compile (build_program)
-        for name, enabled, run in PIPELINE:
-            if enabled(settings):
-                program = run(program, settings)
-                steps.append((name, program_digest(program)))
+    for name, enabled, run in PIPELINE:
+        if enabled(settings):
+            program = run(program, settings)
+            steps.append((name, program_digest(program)))
     return steps, program
 
 
@@ -115,11 +135,15 @@ def main() -> None:
     parser.add_argument("--data-dir", type=Path, default=_ROOT.parent / "shared" / "data")
     parser.add_argument("--presets", nargs="+", default=["default"])
     parser.add_argument("--passes", action="store_true", help="print every pass's output digest too")
+    parser.add_argument("--canonical", action="store_true", help="digest the programs with names canonicalised")
     args = parser.parse_args()
     total = hashlib.sha256()
     for key, graph in suite_graphs(args.data_dir):
         for preset in args.presets:
             steps, program = digests(graph, preset)
+            if args.canonical:
+                program = canonical(program)
+                steps[-1] = (steps[-1][0], program_digest(program))
             line = f"{key:28s} {preset:22s} code {code_digest(program)}  program {steps[-1][1]}"
             print(line, flush=True)
             total.update(line.encode())

@@ -18,7 +18,6 @@ from ..progress import Progress
 from ..sources.graph import FactLayer, Graph
 from ..memory import reusing_freed_memory
 from .ir import IRError, Program
-from .rewrite import numbering
 from .passes import (broadcast_adds, cleanup, coefficients, compose_gathers, compose_sums, dedup, fold_constants,
                      fuse_fact_products, join_sums, kernels, linear_broadcast, padding, relation_products,
                      reorder_linear, segments, simplify_gathers, sparse_facts, split_products, stack_products,
@@ -48,14 +47,6 @@ def _together(*steps: tuple[Callable[[Settings], bool], Pass]) -> tuple[Callable
     return (lambda s: any(enabled(s) for enabled, _ in steps)), run
 
 
-def _upward_first(s: Settings) -> bool:
-    return s.upward and s.upward_before_linear
-
-
-def _upward_last(s: Settings) -> bool:
-    return s.upward and not s.upward_before_linear
-
-
 _SIMPLIFY = _together((lambda s: s.simplify_gathers, simplify_gathers.simplify_gathers),
                       (lambda s: s.remove_identity, cleanup.remove_identity))
 
@@ -70,11 +61,11 @@ PIPELINE: list[tuple[str, Callable[[Settings], bool], Pass]] = [
     ("deduplicate", lambda s: s.dedup_facts or s.iso_compression or s.dedup_linear or s.dedup_aggregations,
      dedup.deduplicate),
     # Optionally move gathers up before the linear symmetries (it disrupts padding).
-    ("upward (before linear)", _upward_first, upward.propagate_gathers_up),
+    ("upward (before linear)", lambda s: s.upward and s.upward_before_linear, upward.propagate_gathers_up),
     # Reorder/pad linear ops so that their sides repeat, then exploit the repetition.
     ("linear_padding", lambda s: s.linear_padding != "off", padding.reorder_and_pad),
     ("linear_broadcasting", lambda s: s.linear_broadcasting, linear_broadcast.broadcast_linear),
-    ("upward", _upward_last, upward.propagate_gathers_up),
+    ("upward", lambda s: s.upward and not s.upward_before_linear, upward.propagate_gathers_up),
     # Many weight matrices, one per block of rows (RGCN's relations): chunks of rows, one batched GEMM.
     ("relation_products", lambda s: s.relation_products, relation_products.relation_products),
     # Whatever gathers remain: identity -> nothing, ranges -> slices, repeats -> tile/interleave;
@@ -142,8 +133,8 @@ def build_program(graph: Graph, settings: Settings | str | dict | None = None, t
         raise ValueError(f"Settings.dynamic_facts names {sorted(unknown)}, which are not fact layers of the graph")
     bar = Progress("neurovec compile", 1 + len(enabled_passes(settings)), "passes", PROGRESS_DELAY_S, leave=False)
     bar.update(0, "vectorize")
-    # The passes' edge-sized temporaries reuse each other's pages; names are numbered for this compile.
-    with reusing_freed_memory(), numbering():
+    # The passes' edge-sized temporaries reuse each other's pages.
+    with reusing_freed_memory():
         program = _run_passes(graph, settings, timings, start, bar)
     bar.close()
     return program

@@ -2,11 +2,9 @@
 and zero-sign facts."""
 from __future__ import annotations
 
-import contextlib
 import heapq
 import itertools
-from contextvars import ContextVar
-from typing import Callable, Iterable, Iterator, Mapping
+from typing import Callable, Iterable, Mapping
 
 import numpy as np
 
@@ -14,7 +12,7 @@ from .grouping import is_identity
 from .indexing import SideRows
 from .ir import IRError, Node, Op, Program, read_only, stored, users_of
 
-__all__ = ["COMPILE_NUMBERS", "numbering", "eliminate_dead_code", "unique_name", "single_use",
+__all__ = ["COMPILE_NUMBERS", "eliminate_dead_code", "unique_name", "single_use",
            "zero_sign_matters", "unit_reduction_is_identity", "Rewriter", "freeze_facts",
            "side_node"]
 
@@ -33,56 +31,22 @@ def eliminate_dead_code(program: Program) -> Program:
     return program.replace(nodes=nodes, constants=constants)
 
 
-def unique_name(base: str, taken, numbers: Iterator[int] | None = None) -> str:
+def unique_name(base: str, taken) -> str:
     """The one place that mints names of nodes and constants: ``base`` if ``taken`` (anything with
-    ``in``) lacks it, else ``base_n`` for the first ``n`` from ``numbers`` that it lacks (by default
-    2, 3, ... afresh for this call). A set ``taken`` gets the name added."""
-    name = base
-    if name in taken:
-        numbers = itertools.count(2) if numbers is None else numbers
-        while name in taken:
-            name = f"{base}_{next(numbers)}"
+    ``in``) lacks it, else ``base_n`` for the first ``n`` of 2, 3, ... that it lacks. A set ``taken``
+    gets the name added. (One numbering, by name, for every editor: a name depends only on the names
+    taken, never on how many were minted before in the pass or the compile.)"""
+    name, n = base, 2
+    while name in taken:
+        name, n = f"{base}_{n}", n + 1
     if isinstance(taken, set):
         taken.add(name)
     return name
 
 
-#: The count that ``Rewriter(program, COMPILE_NUMBERS)`` takes its numbers from: one for each compile
-#: (``numbering()``, which ``pipeline.build_program`` opens), else one for the process.
-_counter = itertools.count()
-_compile_count: ContextVar[Iterator[int] | None] = ContextVar("neurovec_compile_count", default=None)
-
-
-# NOTE: [numberings] A name already taken gets a number appended (``unique_name``, the one place
-# that mints names), from one of three sequences, each kept because changing it renames nodes or
-# constants on the benchmark programs (not byte-identical; a step of its own):
-# * a walk (``Rewriter(program)``) numbers from 1 for the whole rewrite;
-# * an edit in place (``Rewriter(program, in_place=True)``: what the old NodeEditor and
-#   row_planner.Editor did) numbers from 2 for each name afresh (one shared count renames constants: measured);
-# * the passes that used the old ``fresh_const`` (``Rewriter(program, COMPILE_NUMBERS)``) share one
-#   count from 0 for the whole compile. (It was one count for the process: compiling relational
-#   Mutagenesis ``dims`` twice gave its constants other names the second time.)
-@contextlib.contextmanager
-def numbering():
-    """Start the count of ``COMPILE_NUMBERS`` afresh, for the passes run inside (one compile)."""
-    token = _compile_count.set(itertools.count())
-    try:
-        yield
-    finally:
-        _compile_count.reset(token)
-
-
-class _CompileNumbers:
-    """The count of the compile under way (``numbering()``), or else the process-wide one."""
-
-    def __iter__(self):
-        return self
-
-    def __next__(self) -> int:
-        return next(_compile_count.get() or _counter)
-
-
-COMPILE_NUMBERS = _CompileNumbers()
+#: Retired (one numbering now): passes kernels, stack_products, compose_sums and join_sums still
+#: pass it to ``Rewriter``, which ignores it; to go once they stop.
+COMPILE_NUMBERS = None
 
 
 def single_use(program: Program) -> set[str]:
@@ -119,10 +83,11 @@ def zero_sign_matters(program: Program) -> set[str]:
 
 
 def unit_reduction_is_identity(program: Program, node: Node, matters: set[str]) -> bool:
-    """Whether REDUCE ``node`` (every count 1) may be dropped: each row is its one input row, except
-    that a sum or mean turns ``-0.0`` into ``+0.0`` -- which only an ``inverse``, a ``log`` or a
-    ``sqrt`` later can tell (``zero_sign_matters``)."""
-    return node.attrs["aggregation"] in ("max", "min", "prod") or node.name not in matters
+    """Whether ``node`` is a REDUCE of every count 1 that may be dropped: each row is its one input
+    row, except that a sum or mean turns ``-0.0`` into ``+0.0`` -- which only an ``inverse``, a
+    ``log`` or a ``sqrt`` later can tell (``zero_sign_matters``)."""
+    return node.op is Op.REDUCE and bool(np.all(program.constants[node.attrs["counts"]] == 1)) and (
+        node.attrs["aggregation"] in ("max", "min", "prod") or node.name not in matters)
 
 
 def _clears_sign(program: Program, node: Node) -> bool:
@@ -142,14 +107,13 @@ class Rewriter:
       ``define`` adds a node (after its inputs) or redefines one under its name, ``place`` puts
       new nodes where an old one was, ``redirect`` makes every reader of a node read another.
 
-    ``fresh`` and ``const`` mint names (``unique_name``, NOTE: [numberings]). ``finish`` orders
+    ``fresh`` and ``const`` mint names (``unique_name``). ``finish`` orders
     the nodes topologically, as near their old places as it can, drops what the edit left without
     readers (never what was dead already: that is ``remove_unused``'s switch) and the constants
     only those read, and returns the old program itself if nothing changed.
     """
 
-    def __init__(self, program: Program, numbers: Iterator[int] | None = None, *, in_place: bool = False,
-                 keep_inputs: bool = True):
+    def __init__(self, program: Program, _retired=None, *, in_place: bool = False, keep_inputs: bool = True):
         self.program = program
         self.output = program.output
         self.constants = dict(program.constants)
@@ -163,8 +127,6 @@ class Rewriter:
         self._key: dict[str, tuple[int, int]] = {n: (i, 0) for i, n in enumerate(self.nodes)}
         self._position = itertools.count(len(self.nodes))
         self._tick = itertools.count(1)
-        # NOTE: [numberings]
-        self._numbers = numbers if numbers is not None or in_place else itertools.count(1)
         self._users: dict[str, list[str]] | None = None
         self._readers_of: tuple[dict, dict[str, list[str]]] | None = None  # (users, readers): ``const``
         self.row_listeners: list[Callable[[str, np.ndarray], None]] = []  # told where rows move (``define``)
@@ -217,7 +179,7 @@ class Rewriter:
 
     # -- names
     def fresh(self, base: str) -> str:
-        return unique_name(base, self.taken, self._numbers)
+        return unique_name(base, self.taken)
 
     def const(self, base: str, array: np.ndarray, owner: str | None = None) -> str:
         """Store ``array`` under a fresh key; ``owner``: the node being (re)defined with it, which

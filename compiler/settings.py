@@ -172,17 +172,10 @@ class Settings(BaseModel):
 # them. bfloat16 keeps float32's exponent range, where these sums overflow no sooner than in float32.
 REASSOCIATING = ("reorder_linear", "compose_sums")
 
-_ALL_OFF = dict(
-    merge_unit_facts=False, simplify_unit_linear=False, dedup_facts=False, iso_compression=False,
-    dedup_linear=False, dedup_aggregations=False, linear_padding="off", linear_broadcasting=False,
-    upward=False, simplify_gathers=False, transposed_reductions=False, remove_identity=False,
-    preconcatenate=False, remove_unused=False,
-    reduce_coefficients=False, unstack_weights=False, split_products=False, relation_products=False,
-    sum_parts=False,
-    reorder_linear=False, fold_constants=False, broadcast_adds=False, compose_gathers=False,
-    join_sums=False, compose_sums=False, stack_products=False, fuse_fact_products=False, sparse_fact_density=0.0,
-    reduce_kernel="scatter",
-)
+# Every switch that is on by default off (``verify`` is a check, not an optimization), and the
+# non-switch knobs at their "nothing" values: a new switch is off here without being listed.
+_ALL_OFF = {name: False for name, field in Settings.model_fields.items() if field.default is True and name != "verify"}
+_ALL_OFF.update(linear_padding="off", sparse_fact_density=0.0, reduce_kernel="scatter")
 
 # The 18 upward-propagation strengths: (name, absolute margin, relative margin, depth, before linear).
 _UPWARD = [

@@ -136,8 +136,8 @@ def test_a_pass_that_breaks_an_index_in_place_of_another_is_caught(monkeypatch):
 
 def test_compiling_twice_gives_the_same_names(mutagenesis_dir):
     # Names numbered by a process-wide count gave relational Mutagenesis ("dims") other constant
-    # keys the second time it was compiled in a process (idx_output_6 -> idx_output_7): each compile
-    # numbers them afresh now (rewrite.numbering).
+    # keys the second time it was compiled in a process (idx_output_6 -> idx_output_7): a name is
+    # numbered by the names already taken now (rewrite.unique_name), never by a count.
     pytest.importorskip("sqlalchemy")
     from neurovec.compiler.pipeline import build_program
     data = neurovec.datasets.load_mutagenesis(mutagenesis_dir)

@@ -67,8 +67,7 @@ def _identity_source(rw: Rewriter, node: Node, program: Program, matters: set[st
         return node.srcs[0]
     if op is Op.CONCAT and len(node.srcs) == 1:
         return node.srcs[0]
-    if (op is Op.REDUCE and bool(np.all(rw.constants[a["counts"]] == 1))
-            and unit_reduction_is_identity(program, node, matters)):
+    if unit_reduction_is_identity(program, node, matters):
         return node.srcs[0]
     if op in (Op.TILE, Op.INTERLEAVE) and a["times"] == 1:
         return node.srcs[0]

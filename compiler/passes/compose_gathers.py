@@ -32,7 +32,7 @@ import numpy as np
 
 from ..grouping import expand_segments
 from ..ir import Node, Op, Program, is_sparse_sum
-from ..rewrite import COMPILE_NUMBERS, Rewriter, single_use
+from ..rewrite import Rewriter, single_use
 from ..settings import Settings
 
 __all__ = ["compose_gathers", "GATHER_OP_ENTRIES"]
@@ -46,7 +46,7 @@ GATHER_OP_ENTRIES = 2048
 def compose_gathers(program: Program, settings: Settings) -> Program:
     nodes = program.by_name()
     once = single_use(program)
-    rw = Rewriter(program, COMPILE_NUMBERS)
+    rw = Rewriter(program)
     for node in program.nodes:
         chain, reduce = [], None
         if _is_gather(node, program):

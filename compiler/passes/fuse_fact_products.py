@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir import Node, Op, Program
-from ..rewrite import COMPILE_NUMBERS, Rewriter, single_use, zero_sign_matters
+from ..rewrite import Rewriter, single_use, zero_sign_matters
 from ..settings import Settings
 
 __all__ = ["fuse_fact_products"]
@@ -37,7 +37,7 @@ def fuse_fact_products(program: Program, settings: Settings) -> Program:
     once = single_use(program)
     matters = zero_sign_matters(program)
     dynamic = set(program.dynamic_facts)
-    rw = Rewriter(program, COMPILE_NUMBERS)
+    rw = Rewriter(program)
     for node in program.nodes:
         sides = [_fact_product(nodes[s], node, nodes, once, dynamic) for s in node.srcs] \
             if node.op is Op.ADD and node.name not in matters and node.srcs[0] != node.srcs[1] else [None]

@@ -69,8 +69,7 @@ def remove_unit_reductions(program: Program) -> Program:
     matters = zero_sign_matters(program)
     for node in program.nodes:
         node = rw.take(node)
-        if (node.op is Op.REDUCE and bool(np.all(rw.constants[node.attrs["counts"]] == 1))
-                and unit_reduction_is_identity(program, node, matters)):
+        if unit_reduction_is_identity(program, node, matters):
             rw.alias(node.name, node.srcs[0])
         else:
             rw.keep(node)
