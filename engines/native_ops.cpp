@@ -14,7 +14,9 @@
 //       autograd.Function costs ~6 µs forward and runs Python again backward;
 //   chunk_weight_grad, chunk_input_grad                 the backwards of a chunked relational product
 //       read by or reading a gather sum, without the (rows, width) intermediates (called from
-//       engines/runtime.py's autograd Functions, eagerly).
+//       engines/runtime.py's autograd Functions, eagerly);
+//   gathered_chunk_product, gathered_chunk_weight_grad  a chunked relational product of gathered
+//       rows and its weights' gradient, without the gathered rows (the same, eagerly).
 //
 // Where this file cannot be built, every caller uses its pure-torch equivalent (engines/kernels.py);
 // tests compare them. Values are float32 or float64; index tensors int32 or int64
@@ -817,6 +819,158 @@ Tensor chunk_weight_grad(const Tensor& grad_in, const Tensor& t_ptr_in, const Te
     return out;
 }
 
+// NOTE: [a chunked product of gathered rows] A relational layer whose inputs have a gradient (hetero-100's
+// second layer) multiplies gathered rows: product p is w[p / C] (o, i) times row p of x = A source, a gather
+// sum of the source's rows (246,805 of 16 into 1,035,166 rows in chunk order). Materialised, those rows are a
+// (rows, i) tensor (66 MB) written by the gather and read once by a batched GEMM. Here each thread sums the
+// rows of one chunk at a time into a buffer that stays in cache (sum_rows, as csr_sum does) and multiplies
+// them there: the forward (gathered_chunk_product, y = rows times w_k^T) and the weights' gradient
+// (gathered_chunk_weight_grad, out[k] = g_k^T rows_k) read the source, never a (rows, i) tensor. The input
+// gradient is chunk_input_grad below. Threads own disjoint chunks.
+
+// The rows of chunk k of A source, summed into buffer (size, i): sum_rows over a CSR whose first row is k * size.
+template <typename T, typename I>
+void chunk_rows(int64_t k, int64_t size, const I* ptr, const I* col, const T* val, const T* x, int64_t i, T* buffer,
+                bool prefetch) {
+    const I* p = ptr + k * size;
+    with_width(i, [&](auto width) {
+        using WT = decltype(width);
+        if (val) sum_rows<T, I, WT, true, true>(0, size, p, col, val, x, i, buffer, nullptr, prefetch);
+        else sum_rows<T, I, WT, true, false>(0, size, p, col, val, x, i, buffer, nullptr, prefetch);
+    });
+}
+
+// y (size, O) = rows (size, I) times wt (I, O), wt a chunk's weight transposed: each row's O sums in registers,
+// one feature of the row at a time (acc += x[f] * wt[f], O wide: a vector FMA with the feature broadcast), both
+// widths fixed so that the loops unroll. Each sum adds its I products in feature order.
+template <int O, int I, typename T>
+void rows_times_weight(int64_t size, const T* __restrict__ rows, const T* __restrict__ wt, T* __restrict__ y) {
+    for (int64_t r = 0; r < size; ++r) {
+        const T* __restrict__ xr = rows + r * I;
+        T acc[O];
+#pragma omp simd
+        for (int c = 0; c < O; ++c) acc[c] = T(0);
+        for (int f = 0; f < I; ++f) {
+            const T v = xr[f];
+            const T* __restrict__ wf = wt + f * O;
+#pragma omp simd
+            for (int c = 0; c < O; ++c) acc[c] += v * wf[c];
+        }
+        T* __restrict__ yr = y + r * O;
+#pragma omp simd
+        for (int c = 0; c < O; ++c) yr[c] = acc[c];
+    }
+}
+
+struct GatheredChunks {
+    Tensor x, ptr, col, values;
+    int64_t chunks, size, i;
+    bool prefetch;
+};
+
+GatheredChunks gathered_chunks(const Tensor& x_in, const Tensor& ptr_in, const Tensor& col_in,
+                               const OptionalTensor& values_in, int64_t chunks, const char* op) {
+    check_values(x_in, op);
+    GatheredChunks g;
+    g.x = x_in.contiguous();
+    g.ptr = ptr_in.contiguous();
+    g.col = as(col_in, g.ptr.scalar_type());
+    g.values = like(values_in, g.x);
+    const int64_t rows = g.ptr.size(0) - 1;
+    TORCH_CHECK(g.x.dim() == 2 && chunks > 0 && rows % chunks == 0 && rows > 0,
+                "neurovec_cpu::", op, ": x (n, i) and a CSR of chunks * C rows over x's rows expected, got x ",
+                g.x.sizes(), ", ptr ", g.ptr.sizes(), ", chunks ", chunks);
+    g.chunks = chunks;
+    g.size = rows / chunks;
+    g.i = g.x.size(1);
+    g.prefetch = g.x.numel() * (int64_t)g.x.element_size() > kCachedBytes;
+    return g;
+}
+
+// y (chunks * C, o): row p is w[p / C] times row p of A x (NOTE: [a chunked product of gathered rows]).
+Tensor gathered_chunk_product(const Tensor& x_in, const Tensor& ptr_in, const Tensor& col_in,
+                              const OptionalTensor& values_in, const Tensor& w_in, int64_t chunks) {
+    const GatheredChunks g = gathered_chunks(x_in, ptr_in, col_in, values_in, chunks, "gathered_chunk_product");
+    const Tensor w = as(w_in, g.x.scalar_type());
+    TORCH_CHECK(w.dim() == 3 && w.size(0) == chunks && w.size(2) == g.i,
+                "neurovec_cpu::gathered_chunk_product: w (chunks, o, i) expected, got ", w.sizes(), " for x ",
+                g.x.sizes(), " and ", chunks, " chunks");
+    const int64_t o = w.size(1), size = g.size, i = g.i;
+    Tensor y = empty_output({chunks * size, o}, g.x.options());
+    AT_DISPATCH_FLOATING_TYPES(g.x.scalar_type(), "neurovec_cpu::gathered_chunk_product", [&] {
+        AT_DISPATCH_INDEX_TYPES(g.ptr.scalar_type(), "neurovec_cpu::gathered_chunk_product", [&] {
+            const index_t* ptr = g.ptr.data_ptr<index_t>();
+            const index_t* col = g.col.data_ptr<index_t>();
+            const scalar_t* val = data_or_null<scalar_t>(g.values);
+            const scalar_t* xp = g.x.data_ptr<scalar_t>();
+            const Tensor wt_all = w.transpose(1, 2).contiguous();  // (chunks, i, o)
+            const scalar_t* wp = wt_all.data_ptr<scalar_t>();
+            scalar_t* yp = y.data_ptr<scalar_t>();
+            const bool fixed = (i == 16 || i == 32) && (o == 4 || o == 8 || o == 16 || o == 32);
+            at::parallel_for(0, chunks, 1, [&](int64_t k0, int64_t k1) {
+                Tensor buffer = at::empty({size, i}, g.x.options());
+                scalar_t* b = buffer.data_ptr<scalar_t>();
+                for (int64_t k = k0; k < k1; ++k) {
+                    chunk_rows<scalar_t, index_t>(k, size, ptr, col, val, xp, i, b, g.prefetch);
+                    scalar_t* yk = yp + k * size * o;
+                    const scalar_t* wk = wp + k * o * i;
+                    if (fixed) {
+                        auto run = [&](auto oc, auto ic) {
+                            rows_times_weight<decltype(oc)::value, decltype(ic)::value, scalar_t>(size, b, wk, yk);
+                        };
+                        if (i == 16) {
+                            if (o == 4) run(Width<4>{}, Width<16>{});
+                            else if (o == 8) run(Width<8>{}, Width<16>{});
+                            else if (o == 16) run(Width<16>{}, Width<16>{});
+                            else run(Width<32>{}, Width<16>{});
+                        } else {
+                            if (o == 4) run(Width<4>{}, Width<32>{});
+                            else if (o == 8) run(Width<8>{}, Width<32>{});
+                            else if (o == 16) run(Width<16>{}, Width<32>{});
+                            else run(Width<32>{}, Width<32>{});
+                        }
+                    } else {
+                        Tensor target = y.narrow(0, k * size, size);
+                        at::mm_out(target, buffer, w.select(0, k).t());
+                    }
+                }
+            });
+        });
+    });
+    return y;
+}
+
+// out (chunks, o, i): out[k] = g_k^T rows_k, g_k the chunk's rows of grad (NOTE: [a chunked product of
+// gathered rows]); the (o, i) orientation of NOTE: [chunked product's weight gradient] in runtime.py.
+Tensor gathered_chunk_weight_grad(const Tensor& grad_in, const Tensor& x_in, const Tensor& ptr_in,
+                                  const Tensor& col_in, const OptionalTensor& values_in, int64_t chunks) {
+    const GatheredChunks g = gathered_chunks(x_in, ptr_in, col_in, values_in, chunks, "gathered_chunk_weight_grad");
+    const Tensor grad = as(grad_in, g.x.scalar_type());
+    TORCH_CHECK(grad.dim() == 2 && grad.size(0) == chunks * g.size,
+                "neurovec_cpu::gathered_chunk_weight_grad: grad (chunks * C, o) expected, got ", grad.sizes(),
+                " for ", chunks, " chunks of ", g.size, " rows");
+    const int64_t o = grad.size(1), size = g.size, i = g.i;
+    Tensor out = at::empty({chunks, o, i}, g.x.options());
+    AT_DISPATCH_FLOATING_TYPES(g.x.scalar_type(), "neurovec_cpu::gathered_chunk_weight_grad", [&] {
+        AT_DISPATCH_INDEX_TYPES(g.ptr.scalar_type(), "neurovec_cpu::gathered_chunk_weight_grad", [&] {
+            const index_t* ptr = g.ptr.data_ptr<index_t>();
+            const index_t* col = g.col.data_ptr<index_t>();
+            const scalar_t* val = data_or_null<scalar_t>(g.values);
+            const scalar_t* xp = g.x.data_ptr<scalar_t>();
+            at::parallel_for(0, chunks, 1, [&](int64_t k0, int64_t k1) {
+                Tensor buffer = at::empty({size, i}, g.x.options());
+                scalar_t* b = buffer.data_ptr<scalar_t>();
+                for (int64_t k = k0; k < k1; ++k) {
+                    chunk_rows<scalar_t, index_t>(k, size, ptr, col, val, xp, i, b, g.prefetch);
+                    Tensor target = out.select(0, k);
+                    at::mm_out(target, grad.narrow(0, k * size, size).t(), buffer);
+                }
+            });
+        });
+    });
+    return out;
+}
+
 // The input gradient of a chunked product whose input is a gather sum (engines/runtime.py, NOTE: [a
 // chunked product's input gradient into its sources]): products p (chunks * C rows, o wide) are
 // w[p / C] (o, i) times row p of x = A source, so source's gradient is A^T applied to the rows
@@ -1083,6 +1237,9 @@ TORCH_LIBRARY(neurovec_cpu, m) {
     m.def("rows(Tensor x, Tensor index) -> Tensor");
     m.def("chunk_input_grad(Tensor grad, Tensor w, Tensor t_ptr, Tensor t_col, Tensor? t_values) -> Tensor");
     m.def("chunk_weight_grad(Tensor grad, Tensor t_ptr, Tensor t_col, Tensor? t_values, Tensor x, int chunks) -> Tensor");
+    m.def("gathered_chunk_product(Tensor x, Tensor ptr, Tensor col, Tensor? values, Tensor w, int chunks) -> Tensor");
+    m.def("gathered_chunk_weight_grad(Tensor grad, Tensor x, Tensor ptr, Tensor col, Tensor? values, int chunks) "
+          "-> Tensor");
     // With their autograd in C++ (eager only).
     m.def("gather_sum(Tensor x, Tensor ptr, Tensor col, Tensor? values, Tensor t_ptr, Tensor t_col, "
           "Tensor? t_values, Tensor? bias=None) -> Tensor");
@@ -1102,6 +1259,8 @@ TORCH_LIBRARY_IMPL(neurovec_cpu, CPU, m) {
     m.impl("rows", rows);
     m.impl("chunk_input_grad", chunk_input_grad);
     m.impl("chunk_weight_grad", chunk_weight_grad);
+    m.impl("gathered_chunk_product", gathered_chunk_product);
+    m.impl("gathered_chunk_weight_grad", gathered_chunk_weight_grad);
     m.impl("gather_sum", gather_sum_cpu);
     m.impl("segment_sum", segment_sum_cpu);
     m.impl("segment_extremum", extremum);

@@ -6,7 +6,7 @@ from torch import nn
 
 from . import kernels, ops
 
-__all__ = ["strided_reduce", "CSRIndices", "gather_sum", "gather_rows", "chunked_product"]
+__all__ = ["strided_reduce", "CSRIndices", "gather_sum", "gather_rows", "chunked_product", "gathered_chunked_product"]
 
 
 class CSRIndices(nn.Module):
@@ -264,3 +264,61 @@ class _GatheredChunkedProduct(torch.autograd.Function):
         if ctx.needs_input_grad[2]:
             grad_w = torch.bmm(g.transpose(1, 2), x.view(ctx.chunks, -1, w.shape[2]))
         return grad_source, None, grad_w, None, None, None, None, None, None, None
+
+
+# NOTE: [a chunked product of gathered rows, compiled] A relational layer whose inputs have a gradient
+# (hetero-100's second layer) is ``chunked_product(gather_sum(source, csr), w, chunks)`` where nothing else
+# reads the gathered rows: the code generator writes it as one call, ``gathered_chunked_product(source, csr,
+# w, chunks)`` (engines/torch_module.py). Eagerly, with the C++ kernels, it is ``_GatheredProduct``: the
+# forward sums the rows of one chunk at a time into a buffer that stays in cache and multiplies them there
+# (``neurovec_cpu::gathered_chunk_product``, NOTE: [a chunked product of gathered rows] in native_ops.cpp),
+# so the (rows, i) gathered rows (66 MB at hetero-100) are never written; the backward sums the source's
+# gradient over the transposed CSR (``chunk_input_grad``, NOTE: [a chunked product's input gradient into
+# its sources]) and the weights' gradient chunk by chunk from the source again
+# (``gathered_chunk_weight_grad``). Each product is one dot product over its row in order, where bmm may add
+# in another order: equal to the two ops to rounding, not bit for bit. Elsewhere (no C++ kernels, another
+# device or dtype, torch.compile) it is the two ops themselves.
+
+def gathered_chunked_product(source: torch.Tensor, csr: CSRIndices, w: torch.Tensor, chunks: int) -> torch.Tensor:
+    """``chunked_product(gather_sum(source, csr), w, chunks)`` without the gathered rows (NOTE: [a chunked
+    product of gathered rows, compiled])."""
+    b = csr._buffers
+    values, t_values = b.get("values"), b.get("t_values")
+    if (values is None) == (t_values is None) and ops.native_ok(source) and w.dtype == source.dtype \
+            and not torch.compiler.is_compiling():
+        return _GatheredProduct.apply(source, w, chunks, b["ptr"], b["index"], values, b["t_ptr"], b["t_col"],
+                                      t_values)
+    return chunked_product(gather_sum(source, csr), w, chunks)
+
+
+class _GatheredProduct(torch.autograd.Function):
+    """``gathered_chunked_product`` in the C++ kernels (NOTE: [a chunked product of gathered rows, compiled]).
+    Where a graph of the backward is asked for (``create_graph``), the backward is the two ops'
+    differentiable backwards instead: differentiable again."""
+
+    @staticmethod
+    def forward(ctx, source, w, chunks, ptr, col, values, t_ptr, t_col, t_values):
+        ctx.save_for_backward(source, w, ptr, col, t_ptr, t_col, t_values)
+        ctx.values, ctx.chunks = values, chunks
+        return torch.ops.neurovec_cpu.gathered_chunk_product(source, ptr, col, values, w, chunks)
+
+    @staticmethod
+    def backward(ctx, grad):
+        source, w, ptr, col, t_ptr, t_col, t_values = ctx.saved_tensors
+        values, chunks = ctx.values, ctx.chunks
+        grad_source = grad_w = None
+        if torch.is_grad_enabled():  # create_graph: the gathered rows and the products' backward as torch ops
+            x = ops.gather_sum(source, ptr, col, values, t_ptr, t_col, t_values)
+            g = grad.reshape(chunks, -1, w.shape[1])
+            if ctx.needs_input_grad[0]:
+                grad_x = torch.bmm(g, w).view(x.shape)
+                grad_source = ops.gather_sum(grad_x, t_ptr, t_col, t_values, ptr, col, values)
+            if ctx.needs_input_grad[1]:
+                grad_w = torch.bmm(g.transpose(1, 2), x.view(chunks, -1, w.shape[2]))
+        else:
+            grad = grad.contiguous()
+            if ctx.needs_input_grad[0]:
+                grad_source = torch.ops.neurovec_cpu.chunk_input_grad(grad, w, t_ptr, t_col, t_values)
+            if ctx.needs_input_grad[1]:
+                grad_w = torch.ops.neurovec_cpu.gathered_chunk_weight_grad(grad, source, ptr, col, values, chunks)
+        return grad_source, grad_w, None, None, None, None, None, None, None
