@@ -15,8 +15,8 @@
 //   chunk_weight_grad, chunk_input_grad                 the backwards of a chunked relational product
 //       read by or reading a gather sum, without the (rows, width) intermediates (called from
 //       engines/runtime.py's autograd Functions, eagerly);
-//   gathered_chunk_product, gathered_chunk_weight_grad  a chunked relational product of gathered
-//       rows and its weights' gradient, without the gathered rows (the same, eagerly).
+//   gathered_chunk_product, gathered_chunk_backward     a chunked relational product of gathered
+//       rows and its two gradients, without the gathered rows (the same, eagerly).
 //
 // Where this file cannot be built, every caller uses its pure-torch equivalent (engines/kernels.py);
 // tests compare them. Values are float32 or float64; index tensors int32 or int64
@@ -824,9 +824,8 @@ Tensor chunk_weight_grad(const Tensor& grad_in, const Tensor& t_ptr_in, const Te
 // sum of the source's rows (246,805 of 16 into 1,035,166 rows in chunk order). Materialised, those rows are a
 // (rows, i) tensor (66 MB) written by the gather and read once by a batched GEMM. Here each thread sums the
 // rows of one chunk at a time into a buffer that stays in cache (sum_rows, as csr_sum does) and multiplies
-// them there: the forward (gathered_chunk_product, y = rows times w_k^T) and the weights' gradient
-// (gathered_chunk_weight_grad, out[k] = g_k^T rows_k) read the source, never a (rows, i) tensor. The input
-// gradient is chunk_input_grad below. Threads own disjoint chunks.
+// them there (gathered_chunk_product, y = rows times w_k^T; threads own disjoint chunks). The backward
+// (gathered_chunk_backward, below) reads the source once more, row by row, for both gradients.
 
 // The rows of chunk k of A source, summed into buffer (size, i): sum_rows over a CSR whose first row is k * size.
 template <typename T, typename I>
@@ -891,7 +890,7 @@ GatheredChunks gathered_chunks(const Tensor& x_in, const Tensor& ptr_in, const T
 Tensor gathered_chunk_product(const Tensor& x_in, const Tensor& ptr_in, const Tensor& col_in,
                               const OptionalTensor& values_in, const Tensor& w_in, int64_t chunks) {
     const GatheredChunks g = gathered_chunks(x_in, ptr_in, col_in, values_in, chunks, "gathered_chunk_product");
-    const Tensor w = as(w_in, g.x.scalar_type());
+    const Tensor w = as(w_in, g.x.scalar_type()).detach();  // for at::mm_out, which refuses inputs with a gradient
     TORCH_CHECK(w.dim() == 3 && w.size(0) == chunks && w.size(2) == g.i,
                 "neurovec_cpu::gathered_chunk_product: w (chunks, o, i) expected, got ", w.sizes(), " for x ",
                 g.x.sizes(), " and ", chunks, " chunks");
@@ -938,37 +937,6 @@ Tensor gathered_chunk_product(const Tensor& x_in, const Tensor& ptr_in, const Te
         });
     });
     return y;
-}
-
-// out (chunks, o, i): out[k] = g_k^T rows_k, g_k the chunk's rows of grad (NOTE: [a chunked product of
-// gathered rows]); the (o, i) orientation of NOTE: [chunked product's weight gradient] in runtime.py.
-Tensor gathered_chunk_weight_grad(const Tensor& grad_in, const Tensor& x_in, const Tensor& ptr_in,
-                                  const Tensor& col_in, const OptionalTensor& values_in, int64_t chunks) {
-    const GatheredChunks g = gathered_chunks(x_in, ptr_in, col_in, values_in, chunks, "gathered_chunk_weight_grad");
-    const Tensor grad = as(grad_in, g.x.scalar_type());
-    TORCH_CHECK(grad.dim() == 2 && grad.size(0) == chunks * g.size,
-                "neurovec_cpu::gathered_chunk_weight_grad: grad (chunks * C, o) expected, got ", grad.sizes(),
-                " for ", chunks, " chunks of ", g.size, " rows");
-    const int64_t o = grad.size(1), size = g.size, i = g.i;
-    Tensor out = at::empty({chunks, o, i}, g.x.options());
-    AT_DISPATCH_FLOATING_TYPES(g.x.scalar_type(), "neurovec_cpu::gathered_chunk_weight_grad", [&] {
-        AT_DISPATCH_INDEX_TYPES(g.ptr.scalar_type(), "neurovec_cpu::gathered_chunk_weight_grad", [&] {
-            const index_t* ptr = g.ptr.data_ptr<index_t>();
-            const index_t* col = g.col.data_ptr<index_t>();
-            const scalar_t* val = data_or_null<scalar_t>(g.values);
-            const scalar_t* xp = g.x.data_ptr<scalar_t>();
-            at::parallel_for(0, chunks, 1, [&](int64_t k0, int64_t k1) {
-                Tensor buffer = at::empty({size, i}, g.x.options());
-                scalar_t* b = buffer.data_ptr<scalar_t>();
-                for (int64_t k = k0; k < k1; ++k) {
-                    chunk_rows<scalar_t, index_t>(k, size, ptr, col, val, xp, i, b, g.prefetch);
-                    Tensor target = out.select(0, k);
-                    at::mm_out(target, grad.narrow(0, k * size, size).t(), buffer);
-                }
-            });
-        });
-    });
-    return out;
 }
 
 // The input gradient of a chunked product whose input is a gather sum (engines/runtime.py, NOTE: [a
@@ -1045,6 +1013,100 @@ Tensor chunk_input_grad(const Tensor& grad_in, const Tensor& w_in, const Tensor&
         });
     });
     return out;
+}
+
+// Both gradients of gathered_chunk_product (NOTE: [a chunked product of gathered rows]) in one pass over the
+// transposed CSR (t_ptr, t_col, t_values): for entry e of source row j, product p = t_col[e] of chunk
+// k = p / C and value v, the source's gradient gets v w_k^T g_p (chunk_input_grad's sum) and the weights'
+// gradient of chunk k gets (v g_p) x_j^T, the outer product of the product's gradient and the source row, which
+// is read once, in order, where the rows of the chunks would be gathered from it again. Each thread adds into
+// a (chunks, o, i) block of its own (a weight's size: in cache), summed at the end.
+template <typename T, typename I, typename WT, bool WEIGHTED>
+void gathered_backward_rows(int64_t r0, int64_t r1, const I* __restrict__ ptr, const I* __restrict__ col,
+                            const T* __restrict__ val, const T* __restrict__ g, const T* __restrict__ w,
+                            const T* __restrict__ x, int64_t o, int64_t i_any, int64_t size, T* __restrict__ out,
+                            T* __restrict__ gw) {
+    constexpr int kI = WT::value;
+    const int64_t i = kI ? kI : i_any;
+    const int64_t end = ptr[r1];
+    for (int64_t r = r0; r < r1; ++r) {
+        T local[kI ? kI : 1];
+        T* __restrict__ acc = out ? (kI ? local : out + r * i) : nullptr;
+        if (acc) for (int64_t f = 0; f < i; ++f) acc[f] = T(0);
+        const T* __restrict__ xr = x + r * i;
+        const int64_t e1 = ptr[r + 1];
+        for (int64_t e = ptr[r]; e < e1; ++e) {
+            if (e + kPrefetchProducts < end) __builtin_prefetch(g + (int64_t)col[e + kPrefetchProducts] * o, 0, 3);
+            const int64_t p = col[e];
+            const T v = WEIGHTED ? val[e] : T(1);
+            const T* __restrict__ gp = g + p * o;
+            if (acc) add_product_row<kI, T, WEIGHTED>(acc, gp, w + (p / size) * o * i, o, i, v);
+            if (gw) {
+                T* __restrict__ gk = gw + (p / size) * o * i;
+                for (int64_t c = 0; c < o; ++c) {
+                    const T s = WEIGHTED ? v * gp[c] : gp[c];
+                    T* __restrict__ gr = gk + c * i;
+#pragma omp simd
+                    for (int64_t f = 0; f < i; ++f) gr[f] += s * xr[f];
+                }
+            }
+        }
+        if constexpr (kI != 0) {
+            if (acc) {
+                T* __restrict__ y = out + r * i;
+                for (int f = 0; f < kI; ++f) y[f] = local[f];
+            }
+        }
+    }
+}
+
+std::tuple<Tensor, Tensor> gathered_chunk_backward(const Tensor& grad_in, const Tensor& x_in, const Tensor& w_in,
+                                                   const Tensor& t_ptr_in, const Tensor& t_col_in,
+                                                   const OptionalTensor& t_values_in, bool source_grad,
+                                                   bool weight_grad) {
+    check_values(grad_in, "gathered_chunk_backward");
+    const Tensor grad = grad_in.contiguous(), x = as(x_in, grad.scalar_type()), w = as(w_in, grad.scalar_type());
+    const Tensor t_ptr = t_ptr_in.contiguous(), t_col = as(t_col_in, t_ptr.scalar_type());
+    const Tensor t_values = like(t_values_in, grad);
+    TORCH_CHECK(grad.dim() == 2 && w.dim() == 3 && x.dim() == 2 && w.size(1) == grad.size(1) &&
+                w.size(2) == x.size(1) && grad.size(0) % w.size(0) == 0 && t_ptr.size(0) == x.size(0) + 1,
+                "neurovec_cpu::gathered_chunk_backward: grad (chunks * C, o), x (n, i), w (chunks, o, i) and a "
+                "transposed CSR over x's rows expected, got grad ", grad.sizes(), ", x ", x.sizes(), ", w ",
+                w.sizes(), ", t_ptr ", t_ptr.sizes());
+    const int64_t n = x.size(0), chunks = w.size(0), o = w.size(1), i = w.size(2), size = grad.size(0) / chunks;
+    Tensor out = source_grad ? empty_output({n, i}, grad.options()) : at::empty({0}, grad.options());
+    const int64_t work = (int64_t)t_ptr[n].item<int64_t>() * i * o;
+    const int n_threads = (at::get_num_threads() > 1 && work >= kParallelWork && n >= 2) ? at::get_num_threads() : 1;
+    Tensor partial = at::zeros({weight_grad ? n_threads : 0, chunks, o, i}, grad.options());
+    AT_DISPATCH_FLOATING_TYPES(grad.scalar_type(), "neurovec_cpu::gathered_chunk_backward", [&] {
+        AT_DISPATCH_INDEX_TYPES(t_ptr.scalar_type(), "neurovec_cpu::gathered_chunk_backward", [&] {
+            const index_t* ptr = t_ptr.data_ptr<index_t>();
+            const index_t* col = t_col.data_ptr<index_t>();
+            const scalar_t* val = data_or_null<scalar_t>(t_values);
+            scalar_t* outp = source_grad ? out.data_ptr<scalar_t>() : nullptr;
+            auto run = [&](int64_t r0, int64_t r1, int64_t t) {
+                scalar_t* gw = weight_grad ? partial.data_ptr<scalar_t>() + t * chunks * o * i : nullptr;
+                with_width(i, [&](auto width) {
+                    using WT = decltype(width);
+                    if (val) gathered_backward_rows<scalar_t, index_t, WT, true>(r0, r1, ptr, col, val,
+                        grad.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(), o, i, size, outp, gw);
+                    else gathered_backward_rows<scalar_t, index_t, WT, false>(r0, r1, ptr, col, val,
+                        grad.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(), o, i, size, outp, gw);
+                });
+            };
+            if (n_threads == 1) {
+                run(0, n, 0);
+            } else {
+                at::parallel_for(0, n_threads, 1, [&](int64_t t0, int64_t t1) {
+                    for (int64_t t = t0; t < t1; ++t)
+                        run(split_point(ptr, n, (int)t, n_threads), split_point(ptr, n, (int)t + 1, n_threads), t);
+                });
+            }
+        });
+    });
+    Tensor grad_w = !weight_grad ? at::empty({0}, grad.options()) : n_threads == 1 ? partial.select(0, 0)
+                                                                                   : partial.sum(0);
+    return {out, grad_w};
 }
 
 // The gradient of a segment max / min: ties share it (mask * (grad / ties)[segment]).
@@ -1238,8 +1300,8 @@ TORCH_LIBRARY(neurovec_cpu, m) {
     m.def("chunk_input_grad(Tensor grad, Tensor w, Tensor t_ptr, Tensor t_col, Tensor? t_values) -> Tensor");
     m.def("chunk_weight_grad(Tensor grad, Tensor t_ptr, Tensor t_col, Tensor? t_values, Tensor x, int chunks) -> Tensor");
     m.def("gathered_chunk_product(Tensor x, Tensor ptr, Tensor col, Tensor? values, Tensor w, int chunks) -> Tensor");
-    m.def("gathered_chunk_weight_grad(Tensor grad, Tensor x, Tensor ptr, Tensor col, Tensor? values, int chunks) "
-          "-> Tensor");
+    m.def("gathered_chunk_backward(Tensor grad, Tensor x, Tensor w, Tensor t_ptr, Tensor t_col, Tensor? t_values, "
+          "bool source_grad, bool weight_grad) -> (Tensor, Tensor)");
     // With their autograd in C++ (eager only).
     m.def("gather_sum(Tensor x, Tensor ptr, Tensor col, Tensor? values, Tensor t_ptr, Tensor t_col, "
           "Tensor? t_values, Tensor? bias=None) -> Tensor");
@@ -1260,7 +1322,7 @@ TORCH_LIBRARY_IMPL(neurovec_cpu, CPU, m) {
     m.impl("chunk_input_grad", chunk_input_grad);
     m.impl("chunk_weight_grad", chunk_weight_grad);
     m.impl("gathered_chunk_product", gathered_chunk_product);
-    m.impl("gathered_chunk_weight_grad", gathered_chunk_weight_grad);
+    m.impl("gathered_chunk_backward", gathered_chunk_backward);
     m.impl("gather_sum", gather_sum_cpu);
     m.impl("segment_sum", segment_sum_cpu);
     m.impl("segment_extremum", extremum);

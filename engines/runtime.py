@@ -272,11 +272,11 @@ class _GatheredChunkedProduct(torch.autograd.Function):
 # w, chunks)`` (engines/torch_module.py). Eagerly, with the C++ kernels, it is ``_GatheredProduct``: the
 # forward sums the rows of one chunk at a time into a buffer that stays in cache and multiplies them there
 # (``neurovec_cpu::gathered_chunk_product``, NOTE: [a chunked product of gathered rows] in native_ops.cpp),
-# so the (rows, i) gathered rows (66 MB at hetero-100) are never written; the backward sums the source's
-# gradient over the transposed CSR (``chunk_input_grad``, NOTE: [a chunked product's input gradient into
-# its sources]) and the weights' gradient chunk by chunk from the source again
-# (``gathered_chunk_weight_grad``). Each product is one dot product over its row in order, where bmm may add
-# in another order: equal to the two ops to rounding, not bit for bit. Elsewhere (no C++ kernels, another
+# so the (rows, i) gathered rows (66 MB at hetero-100) are never written; the backward
+# (``gathered_chunk_backward``) walks the transposed CSR once, source row by source row, and adds both
+# gradients there: the source's as ``chunk_input_grad`` does (NOTE: [a chunked product's input gradient into
+# its sources]), the weights' as the outer products of each product's gradient and its source row. The sums
+# run in other orders than bmm's: equal to the two ops to rounding, not bit for bit. Elsewhere (no C++ kernels, another
 # device or dtype, torch.compile) it is the two ops themselves.
 
 def gathered_chunked_product(source: torch.Tensor, csr: CSRIndices, w: torch.Tensor, chunks: int) -> torch.Tensor:
@@ -315,10 +315,9 @@ class _GatheredProduct(torch.autograd.Function):
                 grad_source = ops.gather_sum(grad_x, t_ptr, t_col, t_values, ptr, col, values)
             if ctx.needs_input_grad[1]:
                 grad_w = torch.bmm(g.transpose(1, 2), x.view(chunks, -1, w.shape[2]))
-        else:
-            grad = grad.contiguous()
-            if ctx.needs_input_grad[0]:
-                grad_source = torch.ops.neurovec_cpu.chunk_input_grad(grad, w, t_ptr, t_col, t_values)
-            if ctx.needs_input_grad[1]:
-                grad_w = torch.ops.neurovec_cpu.gathered_chunk_weight_grad(grad, source, ptr, col, values, chunks)
+        elif ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
+            grad_source, grad_w = torch.ops.neurovec_cpu.gathered_chunk_backward(
+                grad, source, w, t_ptr, t_col, t_values, ctx.needs_input_grad[0], ctx.needs_input_grad[1])
+            grad_source = grad_source if ctx.needs_input_grad[0] else None
+            grad_w = grad_w if ctx.needs_input_grad[1] else None
         return grad_source, grad_w, None, None, None, None, None, None, None
