@@ -12,9 +12,12 @@
 //       torch::autograd::Function): what programs call eagerly. On small graphs a training step
 //       is mostly per-call overhead, and a call costs ~2 µs of dispatch where a Python
 //       autograd.Function costs ~6 µs forward and runs Python again backward;
-//   chunk_weight_grad, chunk_input_grad                 the backwards of a chunked relational product
-//       read by or reading a gather sum, without the (rows, width) intermediates (called from
-//       engines/runtime.py's autograd Functions, eagerly).
+//   chunk_weight_grad                                   the weights' gradient of a chunked relational
+//       product read by a gather sum, without the (rows, width) intermediate (called from
+//       engines/runtime.py's autograd Functions, eagerly);
+//   chunk_product                                       a chunked relational product (its forward);
+//   gathered_chunk_product, gathered_chunk_backward     a chunked relational product of gathered
+//       rows and its two gradients, without the gathered rows (the same, eagerly).
 //
 // Where this file cannot be built, every caller uses its pure-torch equivalent (engines/kernels.py);
 // tests compare them. Values are float32 or float64; index tensors int32 or int64
@@ -817,12 +820,165 @@ Tensor chunk_weight_grad(const Tensor& grad_in, const Tensor& t_ptr_in, const Te
     return out;
 }
 
-// The input gradient of a chunked product whose input is a gather sum (engines/runtime.py, NOTE: [a
-// chunked product's input gradient into its sources]): products p (chunks * C rows, o wide) are
-// w[p / C] (o, i) times row p of x = A source, so source's gradient is A^T applied to the rows
-// w[p / C]^T grad[p]. out[j] = sum_e t_values[e] * w[k]^T grad[p] over the entries e of row j of A^T
-// (p = t_col[e], k = p / C): each product's gradient row (o values) read where it is needed, never a
-// (chunks * C, i) tensor of them written and read back. Threads own disjoint rows of out.
+// NOTE: [a chunked product of gathered rows] A relational layer whose inputs have a gradient (hetero-100's
+// second layer) multiplies gathered rows: product p is w[p / C] (o, i) times row p of x = A source, a gather
+// sum of the source's rows (246,805 of 16 into 1,035,166 rows in chunk order). Materialised, those rows are a
+// (rows, i) tensor (66 MB) written by the gather and read once by a batched GEMM. Here each thread sums the
+// rows of one chunk at a time into a buffer that stays in cache (sum_rows, as csr_sum does) and multiplies
+// them there (gathered_chunk_product, y = rows times w_k^T; threads own disjoint chunks). The backward
+// (gathered_chunk_backward, below) reads the source once more, row by row, for both gradients.
+
+// The rows of chunk k of A source, summed into buffer (size, i): sum_rows over a CSR whose first row is k * size.
+template <typename T, typename I>
+void chunk_rows(int64_t k, int64_t size, const I* ptr, const I* col, const T* val, const T* x, int64_t i, T* buffer,
+                bool prefetch) {
+    const I* p = ptr + k * size;
+    with_width(i, [&](auto width) {
+        using WT = decltype(width);
+        if (val) sum_rows<T, I, WT, true, true>(0, size, p, col, val, x, i, buffer, nullptr, prefetch);
+        else sum_rows<T, I, WT, true, false>(0, size, p, col, val, x, i, buffer, nullptr, prefetch);
+    });
+}
+
+// y (size, O) = rows (size, I) times wt (I, O), wt a chunk's weight transposed: each row's O sums in registers,
+// one feature of the row at a time (acc += x[f] * wt[f], O wide: a vector FMA with the feature broadcast), both
+// widths fixed so that the loops unroll. Each sum adds its I products in feature order.
+template <int O, int I, typename T>
+void rows_times_weight(int64_t size, const T* __restrict__ rows, const T* __restrict__ wt, T* __restrict__ y) {
+    for (int64_t r = 0; r < size; ++r) {
+        const T* __restrict__ xr = rows + r * I;
+        T acc[O];
+#pragma omp simd
+        for (int c = 0; c < O; ++c) acc[c] = T(0);
+        for (int f = 0; f < I; ++f) {
+            const T v = xr[f];
+            const T* __restrict__ wf = wt + f * O;
+#pragma omp simd
+            for (int c = 0; c < O; ++c) acc[c] += v * wf[c];
+        }
+        T* __restrict__ yr = y + r * O;
+#pragma omp simd
+        for (int c = 0; c < O; ++c) yr[c] = acc[c];
+    }
+}
+
+// Whether rows_times_weight has a case for these widths (else a chunk is one at::mm).
+bool fixed_widths(int64_t o, int64_t i) {
+    return (i == 16 || i == 32) && (o == 4 || o == 8 || o == 16 || o == 32);
+}
+
+// rows_times_weight with the widths fixed_widths names.
+template <typename T>
+void chunk_times_weight(int64_t size, const T* rows, const T* wt, T* y, int64_t o, int64_t i) {
+    auto run = [&](auto oc, auto ic) {
+        rows_times_weight<decltype(oc)::value, decltype(ic)::value, T>(size, rows, wt, y);
+    };
+    auto with_o = [&](auto ic) {
+        if (o == 4) run(Width<4>{}, ic);
+        else if (o == 8) run(Width<8>{}, ic);
+        else if (o == 16) run(Width<16>{}, ic);
+        else run(Width<32>{}, ic);
+    };
+    if (i == 16) with_o(Width<16>{});
+    else with_o(Width<32>{});
+}
+
+// NOTE: [a chunked product in C++] A chunked product of a value with no gradient (hetero-100's first layer:
+// its folded inputs, 1,035,166 rows of 16, times 223 weights of 16 x 16) is one batched GEMM, whose narrow
+// shapes MKL runs at a fraction of the machine's speed. Where fixed_widths has the widths, chunk_product runs
+// rows_times_weight on each chunk instead (threads own disjoint chunks); elsewhere one at::mm per chunk.
+Tensor chunk_product(const Tensor& x_in, const Tensor& w_in, int64_t chunks) {
+    check_values(x_in, "chunk_product");
+    const Tensor x = x_in.contiguous().detach(), w = as(w_in, x.scalar_type()).detach();
+    TORCH_CHECK(x.dim() == 2 && w.dim() == 3 && w.size(0) == chunks && chunks > 0 && x.size(0) % chunks == 0 &&
+                w.size(2) == x.size(1),
+                "neurovec_cpu::chunk_product: x (chunks * C, i) and w (chunks, o, i) expected, got x ", x.sizes(),
+                ", w ", w.sizes(), ", chunks ", chunks);
+    const int64_t o = w.size(1), i = x.size(1), size = x.size(0) / chunks;
+    Tensor y = empty_output({x.size(0), o}, x.options());
+    const Tensor wt = w.transpose(1, 2).contiguous();
+    AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "neurovec_cpu::chunk_product", [&] {
+        at::parallel_for(0, chunks, 1, [&](int64_t k0, int64_t k1) {
+            for (int64_t k = k0; k < k1; ++k) {
+                if (fixed_widths(o, i)) {
+                    chunk_times_weight<scalar_t>(size, x.data_ptr<scalar_t>() + k * size * i,
+                                                 wt.data_ptr<scalar_t>() + k * o * i,
+                                                 y.data_ptr<scalar_t>() + k * size * o, o, i);
+                } else {
+                    Tensor target = y.narrow(0, k * size, size);
+                    at::mm_out(target, x.narrow(0, k * size, size), w.select(0, k).t());
+                }
+            }
+        });
+    });
+    return y;
+}
+
+struct GatheredChunks {
+    Tensor x, ptr, col, values;
+    int64_t chunks, size, i;
+    bool prefetch;
+};
+
+GatheredChunks gathered_chunks(const Tensor& x_in, const Tensor& ptr_in, const Tensor& col_in,
+                               const OptionalTensor& values_in, int64_t chunks, const char* op) {
+    check_values(x_in, op);
+    GatheredChunks g;
+    g.x = x_in.contiguous();
+    g.ptr = ptr_in.contiguous();
+    g.col = as(col_in, g.ptr.scalar_type());
+    g.values = like(values_in, g.x);
+    const int64_t rows = g.ptr.size(0) - 1;
+    TORCH_CHECK(g.x.dim() == 2 && chunks > 0 && rows % chunks == 0 && rows > 0,
+                "neurovec_cpu::", op, ": x (n, i) and a CSR of chunks * C rows over x's rows expected, got x ",
+                g.x.sizes(), ", ptr ", g.ptr.sizes(), ", chunks ", chunks);
+    g.chunks = chunks;
+    g.size = rows / chunks;
+    g.i = g.x.size(1);
+    g.prefetch = g.x.numel() * (int64_t)g.x.element_size() > kCachedBytes;
+    return g;
+}
+
+// y (chunks * C, o): row p is w[p / C] times row p of A x (NOTE: [a chunked product of gathered rows]).
+Tensor gathered_chunk_product(const Tensor& x_in, const Tensor& ptr_in, const Tensor& col_in,
+                              const OptionalTensor& values_in, const Tensor& w_in, int64_t chunks) {
+    const GatheredChunks g = gathered_chunks(x_in, ptr_in, col_in, values_in, chunks, "gathered_chunk_product");
+    const Tensor w = as(w_in, g.x.scalar_type()).detach();  // for at::mm_out, which refuses inputs with a gradient
+    TORCH_CHECK(w.dim() == 3 && w.size(0) == chunks && w.size(2) == g.i,
+                "neurovec_cpu::gathered_chunk_product: w (chunks, o, i) expected, got ", w.sizes(), " for x ",
+                g.x.sizes(), " and ", chunks, " chunks");
+    const int64_t o = w.size(1), size = g.size, i = g.i;
+    Tensor y = empty_output({chunks * size, o}, g.x.options());
+    AT_DISPATCH_FLOATING_TYPES(g.x.scalar_type(), "neurovec_cpu::gathered_chunk_product", [&] {
+        AT_DISPATCH_INDEX_TYPES(g.ptr.scalar_type(), "neurovec_cpu::gathered_chunk_product", [&] {
+            const index_t* ptr = g.ptr.data_ptr<index_t>();
+            const index_t* col = g.col.data_ptr<index_t>();
+            const scalar_t* val = data_or_null<scalar_t>(g.values);
+            const scalar_t* xp = g.x.data_ptr<scalar_t>();
+            const Tensor wt_all = w.transpose(1, 2).contiguous();  // (chunks, i, o)
+            const scalar_t* wp = wt_all.data_ptr<scalar_t>();
+            scalar_t* yp = y.data_ptr<scalar_t>();
+            const bool fixed = fixed_widths(o, i);
+            at::parallel_for(0, chunks, 1, [&](int64_t k0, int64_t k1) {
+                Tensor buffer = at::empty({size, i}, g.x.options());
+                scalar_t* b = buffer.data_ptr<scalar_t>();
+                for (int64_t k = k0; k < k1; ++k) {
+                    chunk_rows<scalar_t, index_t>(k, size, ptr, col, val, xp, i, b, g.prefetch);
+                    scalar_t* yk = yp + k * size * o;
+                    const scalar_t* wk = wp + k * o * i;
+                    if (fixed) {
+                        chunk_times_weight<scalar_t>(size, b, wk, yk, o, i);
+                    } else {
+                        Tensor target = y.narrow(0, k * size, size);
+                        at::mm_out(target, buffer, w.select(0, k).t());
+                    }
+                }
+            });
+        });
+    });
+    return y;
+}
+
 // Accumulates g_p's row times w_k into acc (i values): the width a template argument where with_width has
 // it, so that acc stays in registers.
 template <int KI, typename T, bool WEIGHTED>
@@ -838,59 +994,99 @@ inline void add_product_row(T* __restrict__ acc, const T* __restrict__ gp, const
 
 constexpr int64_t kPrefetchProducts = 16;
 
+// Both gradients of gathered_chunk_product (NOTE: [a chunked product of gathered rows]) in one pass over the
+// transposed CSR (t_ptr, t_col, t_values): for entry e of source row j, product p = t_col[e] of chunk
+// k = p / C and value v, the source's gradient gets v w_k^T g_p (each product's o-wide gradient read where it
+// is needed, never a (rows, i) tensor of g_p w_k written and read back) and the weights'
+// gradient of chunk k gets (v g_p) x_j^T, the outer product of the product's gradient and the source row, which
+// is read once, in order, where the rows of the chunks would be gathered from it again. Each thread adds into
+// a (chunks, o, i) block of its own (a weight's size: in cache), summed at the end.
 template <typename T, typename I, typename WT, bool WEIGHTED>
-void chunk_input_grad_rows(int64_t r0, int64_t r1, const I* __restrict__ ptr, const I* __restrict__ col,
-                           const T* __restrict__ val, const T* __restrict__ g, const T* __restrict__ w, int64_t o,
-                           int64_t i_any, int64_t size, T* __restrict__ out) {
+void gathered_backward_rows(int64_t r0, int64_t r1, const I* __restrict__ ptr, const I* __restrict__ col,
+                            const T* __restrict__ val, const T* __restrict__ g, const T* __restrict__ w,
+                            const T* __restrict__ x, int64_t o, int64_t i_any, int64_t size, T* __restrict__ out,
+                            T* __restrict__ gw) {
     constexpr int kI = WT::value;
     const int64_t i = kI ? kI : i_any;
     const int64_t end = ptr[r1];
     for (int64_t r = r0; r < r1; ++r) {
         T local[kI ? kI : 1];
-        T* __restrict__ acc = kI ? local : out + r * i;
-        for (int64_t f = 0; f < i; ++f) acc[f] = T(0);
+        T* __restrict__ acc = out ? (kI ? local : out + r * i) : nullptr;
+        if (acc) for (int64_t f = 0; f < i; ++f) acc[f] = T(0);
+        const T* __restrict__ xr = x + r * i;
         const int64_t e1 = ptr[r + 1];
         for (int64_t e = ptr[r]; e < e1; ++e) {
             if (e + kPrefetchProducts < end) __builtin_prefetch(g + (int64_t)col[e + kPrefetchProducts] * o, 0, 3);
             const int64_t p = col[e];
             const T v = WEIGHTED ? val[e] : T(1);
-            if constexpr (kI != 0) add_product_row<kI, T, WEIGHTED>(local, g + p * o, w + (p / size) * o * i, o, i, v);
-            else add_product_row<0, T, WEIGHTED>(acc, g + p * o, w + (p / size) * o * i, o, i, v);
+            const T* __restrict__ gp = g + p * o;
+            if (acc) add_product_row<kI, T, WEIGHTED>(acc, gp, w + (p / size) * o * i, o, i, v);
+            if (gw) {
+                T* __restrict__ gk = gw + (p / size) * o * i;
+                for (int64_t c = 0; c < o; ++c) {
+                    const T s = WEIGHTED ? v * gp[c] : gp[c];
+                    T* __restrict__ gr = gk + c * i;
+#pragma omp simd
+                    for (int64_t f = 0; f < i; ++f) gr[f] += s * xr[f];
+                }
+            }
         }
         if constexpr (kI != 0) {
-            T* __restrict__ y = out + r * i;
-            for (int f = 0; f < kI; ++f) y[f] = local[f];
+            if (acc) {
+                T* __restrict__ y = out + r * i;
+                for (int f = 0; f < kI; ++f) y[f] = local[f];
+            }
         }
     }
 }
 
-Tensor chunk_input_grad(const Tensor& grad_in, const Tensor& w_in, const Tensor& t_ptr_in, const Tensor& t_col_in,
-                        const OptionalTensor& t_values_in) {
-    check_values(grad_in, "chunk_input_grad");
-    const Tensor grad = grad_in.contiguous(), w = as(w_in, grad.scalar_type()), t_ptr = t_ptr_in.contiguous();
-    const Tensor t_col = as(t_col_in, t_ptr.scalar_type()), t_values = like(t_values_in, grad);
-    TORCH_CHECK(grad.dim() == 2 && w.dim() == 3 && w.size(1) == grad.size(1) && grad.size(0) % w.size(0) == 0,
-                "neurovec_cpu::chunk_input_grad: grad (chunks * C, o) and w (chunks, o, i) expected, got grad ",
-                grad.sizes(), " and w ", w.sizes());
-    const int64_t n = t_ptr.size(0) - 1, o = w.size(1), i = w.size(2), size = grad.size(0) / w.size(0);
-    Tensor out = empty_output({n, i}, grad.options());
-    AT_DISPATCH_FLOATING_TYPES(grad.scalar_type(), "neurovec_cpu::chunk_input_grad", [&] {
-        AT_DISPATCH_INDEX_TYPES(t_ptr.scalar_type(), "neurovec_cpu::chunk_input_grad", [&] {
+std::tuple<Tensor, Tensor> gathered_chunk_backward(const Tensor& grad_in, const Tensor& x_in, const Tensor& w_in,
+                                                   const Tensor& t_ptr_in, const Tensor& t_col_in,
+                                                   const OptionalTensor& t_values_in, bool source_grad,
+                                                   bool weight_grad) {
+    check_values(grad_in, "gathered_chunk_backward");
+    const Tensor grad = grad_in.contiguous(), x = as(x_in, grad.scalar_type()), w = as(w_in, grad.scalar_type());
+    const Tensor t_ptr = t_ptr_in.contiguous(), t_col = as(t_col_in, t_ptr.scalar_type());
+    const Tensor t_values = like(t_values_in, grad);
+    TORCH_CHECK(grad.dim() == 2 && w.dim() == 3 && x.dim() == 2 && w.size(1) == grad.size(1) &&
+                w.size(2) == x.size(1) && grad.size(0) % w.size(0) == 0 && t_ptr.size(0) == x.size(0) + 1,
+                "neurovec_cpu::gathered_chunk_backward: grad (chunks * C, o), x (n, i), w (chunks, o, i) and a "
+                "transposed CSR over x's rows expected, got grad ", grad.sizes(), ", x ", x.sizes(), ", w ",
+                w.sizes(), ", t_ptr ", t_ptr.sizes());
+    const int64_t n = x.size(0), chunks = w.size(0), o = w.size(1), i = w.size(2), size = grad.size(0) / chunks;
+    Tensor out = source_grad ? empty_output({n, i}, grad.options()) : at::empty({0}, grad.options());
+    const int64_t work = (int64_t)t_ptr[n].item<int64_t>() * i * o;
+    const int n_threads = (at::get_num_threads() > 1 && work >= kParallelWork && n >= 2) ? at::get_num_threads() : 1;
+    Tensor partial = at::zeros({weight_grad ? n_threads : 0, chunks, o, i}, grad.options());
+    AT_DISPATCH_FLOATING_TYPES(grad.scalar_type(), "neurovec_cpu::gathered_chunk_backward", [&] {
+        AT_DISPATCH_INDEX_TYPES(t_ptr.scalar_type(), "neurovec_cpu::gathered_chunk_backward", [&] {
             const index_t* ptr = t_ptr.data_ptr<index_t>();
             const index_t* col = t_col.data_ptr<index_t>();
             const scalar_t* val = data_or_null<scalar_t>(t_values);
-            for_segments(ptr, n, i * o, [&](int64_t r0, int64_t r1, auto) {
+            scalar_t* outp = source_grad ? out.data_ptr<scalar_t>() : nullptr;
+            auto run = [&](int64_t r0, int64_t r1, int64_t t) {
+                scalar_t* gw = weight_grad ? partial.data_ptr<scalar_t>() + t * chunks * o * i : nullptr;
                 with_width(i, [&](auto width) {
                     using WT = decltype(width);
-                    if (val) chunk_input_grad_rows<scalar_t, index_t, WT, true>(r0, r1, ptr, col, val,
-                        grad.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(), o, i, size, out.data_ptr<scalar_t>());
-                    else chunk_input_grad_rows<scalar_t, index_t, WT, false>(r0, r1, ptr, col, val,
-                        grad.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(), o, i, size, out.data_ptr<scalar_t>());
+                    if (val) gathered_backward_rows<scalar_t, index_t, WT, true>(r0, r1, ptr, col, val,
+                        grad.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(), o, i, size, outp, gw);
+                    else gathered_backward_rows<scalar_t, index_t, WT, false>(r0, r1, ptr, col, val,
+                        grad.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(), o, i, size, outp, gw);
                 });
-            });
+            };
+            if (n_threads == 1) {
+                run(0, n, 0);
+            } else {
+                at::parallel_for(0, n_threads, 1, [&](int64_t t0, int64_t t1) {
+                    for (int64_t t = t0; t < t1; ++t)
+                        run(split_point(ptr, n, (int)t, n_threads), split_point(ptr, n, (int)t + 1, n_threads), t);
+                });
+            }
         });
     });
-    return out;
+    Tensor grad_w = !weight_grad ? at::empty({0}, grad.options()) : n_threads == 1 ? partial.select(0, 0)
+                                                                                   : partial.sum(0);
+    return {out, grad_w};
 }
 
 // The gradient of a segment max / min: ties share it (mask * (grad / ties)[segment]).
@@ -1081,8 +1277,11 @@ TORCH_LIBRARY(neurovec_cpu, m) {
     m.def("pair_prod(Tensor x, bool strided) -> Tensor");
     m.def("pair_prod_backward(Tensor grad, Tensor x, bool strided) -> Tensor");
     m.def("rows(Tensor x, Tensor index) -> Tensor");
-    m.def("chunk_input_grad(Tensor grad, Tensor w, Tensor t_ptr, Tensor t_col, Tensor? t_values) -> Tensor");
     m.def("chunk_weight_grad(Tensor grad, Tensor t_ptr, Tensor t_col, Tensor? t_values, Tensor x, int chunks) -> Tensor");
+    m.def("chunk_product(Tensor x, Tensor w, int chunks) -> Tensor");
+    m.def("gathered_chunk_product(Tensor x, Tensor ptr, Tensor col, Tensor? values, Tensor w, int chunks) -> Tensor");
+    m.def("gathered_chunk_backward(Tensor grad, Tensor x, Tensor w, Tensor t_ptr, Tensor t_col, Tensor? t_values, "
+          "bool source_grad, bool weight_grad) -> (Tensor, Tensor)");
     // With their autograd in C++ (eager only).
     m.def("gather_sum(Tensor x, Tensor ptr, Tensor col, Tensor? values, Tensor t_ptr, Tensor t_col, "
           "Tensor? t_values, Tensor? bias=None) -> Tensor");
@@ -1100,8 +1299,10 @@ TORCH_LIBRARY_IMPL(neurovec_cpu, CPU, m) {
     m.impl("pair_prod", pair_prod);
     m.impl("pair_prod_backward", pair_prod_backward);
     m.impl("rows", rows);
-    m.impl("chunk_input_grad", chunk_input_grad);
     m.impl("chunk_weight_grad", chunk_weight_grad);
+    m.impl("chunk_product", chunk_product);
+    m.impl("gathered_chunk_product", gathered_chunk_product);
+    m.impl("gathered_chunk_backward", gathered_chunk_backward);
     m.impl("gather_sum", gather_sum_cpu);
     m.impl("segment_sum", segment_sum_cpu);
     m.impl("segment_extremum", extremum);

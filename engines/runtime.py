@@ -6,7 +6,7 @@ from torch import nn
 
 from . import kernels, ops
 
-__all__ = ["strided_reduce", "CSRIndices", "gather_sum", "gather_rows", "chunked_product"]
+__all__ = ["strided_reduce", "CSRIndices", "gather_sum", "gather_rows", "chunked_product", "gathered_chunked_product"]
 
 
 class CSRIndices(nn.Module):
@@ -60,8 +60,6 @@ def gather_sum(x: torch.Tensor, csr: CSRIndices, bias: torch.Tensor | None = Non
             if product is not None:
                 return _ChunkedProductSum.apply(product[1], x.detach(), product[0], product[2], b["ptr"], b["index"],
                                                 values, b["t_ptr"], b["t_col"], t_values, bias)
-            if bias is None and _feeds_products(x, b["ptr"]):
-                return _GatherSum.apply(x, b["ptr"], b["index"], values, b["t_ptr"], b["t_col"], t_values)
         return ops.gather_sum(x, b["ptr"], b["index"], values, b["t_ptr"], b["t_col"], t_values, bias)
     y = kernels.gather_segment_sum(x, b["ptr"], b["index"], b["seg_id"], b["t_ptr"], b["t_col"], b["t_perm"],
                                    values=values, t_values=t_values)
@@ -105,6 +103,8 @@ class _ChunkedProduct(torch.autograd.Function):
     def forward(ctx, x, w, chunks):
         ctx.save_for_backward(x, w)
         ctx.chunks = chunks
+        if ops.native_ok(x) and w.dtype == x.dtype and not torch.compiler.is_compiling():
+            return torch.ops.neurovec_cpu.chunk_product(x, w, chunks)  # NOTE: [a chunked product in C++]
         return torch.bmm(x.view(chunks, -1, w.shape[2]), w.transpose(1, 2)).view(x.shape[0], w.shape[1])
 
     @staticmethod
@@ -127,13 +127,7 @@ class _ChunkedProduct(torch.autograd.Function):
 def chunked_product(x: torch.Tensor, w: torch.Tensor, chunks: int) -> torch.Tensor:
     """``x`` (rows, i) in ``chunks`` equal chunks times ``w`` (chunks, o, i): row e of chunk k is
     ``w[k] @ x[e]``; returns (rows, o) (NOTE: [chunked product's weight gradient]; where ``x`` is a
-    gather sum, NOTE: [a chunked product's input gradient into its sources])."""
-    if not torch.compiler.is_compiling():  # dynamo traces the plain product (and reads no autograd node)
-        node = x.grad_fn
-        if isinstance(node, _GatherSum._backward_cls) and torch.is_grad_enabled():
-            source, t_ptr, t_col, t_values = node.source, *node.saved_tensors[2:]
-            return _GatheredChunkedProduct.apply(source, x.detach(), w, chunks, *node.saved_tensors[:2],
-                                                 node.values, t_ptr, t_col, t_values)
+    gather sum that nothing else reads, the code generator writes ``gathered_chunked_product`` instead)."""
     return _ChunkedProduct.apply(x, w, chunks)
 
 
@@ -187,80 +181,59 @@ class _ChunkedProductSum(torch.autograd.Function):
         return grad_w, None, None, None, None, None, None, None, None, None, grad_bias
 
 
-# NOTE: [a chunked product's input gradient into its sources] A relational layer whose inputs have a
-# gradient (hetero-100's second layer) is ``chunked_product(gather_sum(source, csr), w, chunks)``: the
-# gather puts the source's rows (246,805 of 16) into chunk order (1,035,166 rows). Through the two
-# ops' own backwards, the product's input gradient ``g w_k`` is a (rows, i) tensor (66 MB, written by
-# a batched GEMM with K = o = 4 and read once by the gather's transpose): the slowest GEMM of the step
-# and a transposed gather sum behind it. So a large gather sum (``_GatherSum``: what it read is on its
-# autograd node) read by ``chunked_product`` gives the product its source directly
-# (``_GatheredChunkedProduct``), whose backward sums ``w_k^T g_p`` into each source row over the
-# transposed CSR (``neurovec_cpu::chunk_input_grad``): each product's o-wide gradient read where it
-# is needed. The forward values are those of the two ops, bit for bit; the gathered rows keep their
-# own autograd node, so any other reader of them still gets its gradient through it.
+# NOTE: [a chunked product of gathered rows, compiled] A relational layer whose inputs have a gradient
+# (hetero-100's second layer) is ``chunked_product(gather_sum(source, csr), w, chunks)`` where nothing else
+# reads the gathered rows: the code generator writes it as one call, ``gathered_chunked_product(source, csr,
+# w, chunks)`` (engines/torch_module.py). Eagerly, with the C++ kernels, it is ``_GatheredProduct``: the
+# forward sums the rows of one chunk at a time into a buffer that stays in cache and multiplies them there
+# (``neurovec_cpu::gathered_chunk_product``, NOTE: [a chunked product of gathered rows] in native_ops.cpp),
+# so the (rows, i) gathered rows (66 MB at hetero-100) are never written; the backward
+# (``gathered_chunk_backward``) walks the transposed CSR once, source row by source row, and adds both
+# gradients there: the source's, ``w_k^T g_p`` summed into each source row (each product's o-wide gradient read
+# where it is needed, never a (rows, i) tensor of ``g w_k``), and the weights', the outer products of each
+# product's gradient and its source row. The sums
+# run in other orders than bmm's: equal to the two ops to rounding, not bit for bit. Elsewhere (no C++ kernels, another
+# device or dtype, torch.compile) it is the two ops themselves.
 
-#: From this many values on, a gather sum (with no bias) records what it read on a Python autograd node,
-#: for a ``chunked_product`` that reads it (``runtime._CHUNKED_FROM``'s size; below, the C++ autograd).
-_GATHERED_FROM = 1 << 20
+def gathered_chunked_product(source: torch.Tensor, csr: CSRIndices, w: torch.Tensor, chunks: int) -> torch.Tensor:
+    """``chunked_product(gather_sum(source, csr), w, chunks)`` without the gathered rows (NOTE: [a chunked
+    product of gathered rows, compiled])."""
+    b = csr._buffers
+    values, t_values = b.get("values"), b.get("t_values")
+    if (values is None) == (t_values is None) and ops.native_ok(source) and w.dtype == source.dtype \
+            and not torch.compiler.is_compiling():
+        return _GatheredProduct.apply(source, w, chunks, b["ptr"], b["index"], values, b["t_ptr"], b["t_col"],
+                                      t_values)
+    return chunked_product(gather_sum(source, csr), w, chunks)
 
 
-def _feeds_products(x: torch.Tensor, ptr: torch.Tensor) -> bool:
-    """Whether a gather sum of ``x`` into ``ptr``'s rows may feed a chunked product: large, with a graph, and
-    into more rows than ``x`` has (the node keeps ``x`` until the backward: no more memory than its output
-    holds; NOTE: [a chunked product's input gradient into its sources])."""
-    rows = ptr.shape[0] - 1
-    return rows > x.shape[0] and rows * (x.numel() // max(x.shape[0], 1)) >= _GATHERED_FROM and x.requires_grad \
-        and torch.is_grad_enabled()
-
-
-class _GatherSum(torch.autograd.Function):
-    """``gather_sum`` with what it read on its autograd node (``source``, the CSR and its transpose), for
-    a ``chunked_product`` that reads it. Its backward is the C++ transposed gather sum, differentiable
-    again where a graph of the backward is asked for."""
-
-    @staticmethod
-    def forward(ctx, x, ptr, col, values, t_ptr, t_col, t_values):
-        ctx.save_for_backward(ptr, col, t_ptr, t_col, t_values)
-        ctx.values = values
-        ctx.source = x  # an input, not an output: no reference cycle
-        return torch.ops.neurovec_cpu.csr_sum(x, ptr, col, values, None, None)
+class _GatheredProduct(torch.autograd.Function):
+    """``gathered_chunked_product`` in the C++ kernels (NOTE: [a chunked product of gathered rows, compiled]).
+    Where a graph of the backward is asked for (``create_graph``), the backward is the two ops'
+    differentiable backwards instead: differentiable again."""
 
     @staticmethod
-    def backward(ctx, grad):
-        ptr, col, t_ptr, t_col, t_values = ctx.saved_tensors
-        if not ctx.needs_input_grad[0]:
-            return (None,) * 7
-        if torch.is_grad_enabled():
-            grad_x = ops.gather_sum(grad, t_ptr, t_col, t_values, ptr, col, ctx.values)
-        else:
-            grad_x = torch.ops.neurovec_cpu.csr_sum(grad, t_ptr, t_col, t_values, None, None)
-        return grad_x, None, None, None, None, None, None
-
-
-class _GatheredChunkedProduct(torch.autograd.Function):
-    """``chunked_product(x, w, chunks)`` of ``x = gather_sum(source, csr)``, differentiated in ``source``
-    and ``w`` (NOTE: [a chunked product's input gradient into its sources]). The source's gradient is the
-    C++ kernel, or, where a graph of the backward is asked for, the two ops' differentiable backwards."""
-
-    @staticmethod
-    def forward(ctx, source, x, w, chunks, ptr, col, values, t_ptr, t_col, t_values):
-        ctx.save_for_backward(source, x, w, ptr, col, t_ptr, t_col, t_values)
+    def forward(ctx, source, w, chunks, ptr, col, values, t_ptr, t_col, t_values):
+        ctx.save_for_backward(source, w, ptr, col, t_ptr, t_col, t_values)
         ctx.values, ctx.chunks = values, chunks
-        return torch.bmm(x.view(chunks, -1, w.shape[2]), w.transpose(1, 2)).view(x.shape[0], w.shape[1])
+        return torch.ops.neurovec_cpu.gathered_chunk_product(source, ptr, col, values, w, chunks)
 
     @staticmethod
     def backward(ctx, grad):
-        source, x, w, ptr, col, t_ptr, t_col, t_values = ctx.saved_tensors
-        g = grad.reshape(ctx.chunks, -1, w.shape[1])
+        source, w, ptr, col, t_ptr, t_col, t_values = ctx.saved_tensors
+        values, chunks = ctx.values, ctx.chunks
         grad_source = grad_w = None
-        if torch.is_grad_enabled():  # create_graph: x as a function of the source, for w's gradient's graph
-            x = ops.gather_sum(source, ptr, col, ctx.values, t_ptr, t_col, t_values)
-        if ctx.needs_input_grad[0]:
-            if torch.is_grad_enabled():  # create_graph
+        if torch.is_grad_enabled():  # create_graph: the gathered rows and the products' backward as torch ops
+            x = ops.gather_sum(source, ptr, col, values, t_ptr, t_col, t_values)
+            g = grad.reshape(chunks, -1, w.shape[1])
+            if ctx.needs_input_grad[0]:
                 grad_x = torch.bmm(g, w).view(x.shape)
-                grad_source = ops.gather_sum(grad_x, t_ptr, t_col, t_values, ptr, col, ctx.values)
-            else:
-                grad_source = torch.ops.neurovec_cpu.chunk_input_grad(grad.contiguous(), w, t_ptr, t_col, t_values)
-        if ctx.needs_input_grad[2]:
-            grad_w = torch.bmm(g.transpose(1, 2), x.view(ctx.chunks, -1, w.shape[2]))
-        return grad_source, None, grad_w, None, None, None, None, None, None, None
+                grad_source = ops.gather_sum(grad_x, t_ptr, t_col, t_values, ptr, col, values)
+            if ctx.needs_input_grad[1]:
+                grad_w = torch.bmm(g.transpose(1, 2), x.view(chunks, -1, w.shape[2]))
+        elif ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
+            grad_source, grad_w = torch.ops.neurovec_cpu.gathered_chunk_backward(
+                grad, source, w, t_ptr, t_col, t_values, ctx.needs_input_grad[0], ctx.needs_input_grad[1])
+            grad_source = grad_source if ctx.needs_input_grad[0] else None
+            grad_w = grad_w if ctx.needs_input_grad[1] else None
+        return grad_source, grad_w, None, None, None, None, None, None, None

@@ -59,7 +59,8 @@ def _single_element(node: Node) -> bool:
 def _expression(node: Node, nodes: dict[str, Node], rows: dict[str, str] | None = None,
                 in_place: set[str] = frozenset(), biased: dict[str, str] | None = None,
                 stacked: dict[str, tuple[str, list[str], bool]] | None = None,
-                reductions: dict[str, str] | None = None, copied: set[str] = frozenset()) -> str:
+                reductions: dict[str, str] | None = None, copied: set[str] = frozenset(),
+                gathered: dict[str, str] | None = None) -> str:
     rows = rows or {}
     srcs = [nodes[s] for s in node.srcs]
     if biased and node.name in biased:  # NOTE: [bias in the GEMM]
@@ -121,6 +122,9 @@ def _expression(node: Node, nodes: dict[str, Node], rows: dict[str, str] | None 
         return f"{names[0]}.repeat({node.attrs['times']}{ones})"
     if node.op is Op.INTERLEAVE:
         return f"{names[0]}.repeat_interleave({node.attrs['times']}, dim=0)"
+    if gathered and node.name in gathered:  # NOTE: [a chunked product of gathered rows, compiled]
+        reduction, (w, _) = nodes[gathered[node.name]], srcs
+        return f"gathered_chunked_product({reduction.srcs[0]}, self.csr_{reduction.name}, {w.name}, {w.count})"
     if node.op is Op.LINEAR:
         return _linear(node, *srcs)
     if node.op is Op.REDUCE:  # written by _reduction, with the kernel choose_kernels gave it
@@ -213,7 +217,7 @@ def _linear(node: Node, w: Node, x: Node) -> str:
             and len(x.shape) == 1:
         # Chunks of rows, one weight per chunk (compiler/passes/relation_products.py): one batched GEMM.
         (o, i), c = w.shape, w.count
-        if out * i >= _CHUNKED_FROM:  # NOTE: [chunked product's weight gradient]
+        if _chunked(node, w, x):  # NOTE: [chunked product's weight gradient]
             return f"chunked_product({x.name}, {w.name}, {c})"
         return f"torch.bmm({x.name}.view({c}, {out // c}, {i}), {w.name}.transpose(1, 2)).view({out}, {o})"
     if kind == "matmul" and w_layout == "tile" and x_layout == "interleave" and len(w.shape) == 2 \
@@ -231,6 +235,32 @@ def _linear(node: Node, w: Node, x: Node) -> str:
     product = _product(kind, view(w, w_layout), w.shape, view(x, x_layout), x.shape, 2)
     shape = "".join(f", {d}" for d in node.shape)
     return f"({product}).reshape({out}{shape})"
+
+
+def _chunked(node: Node, w: Node, x: Node) -> bool:
+    """Whether ``node`` is written as ``chunked_product`` (chunks of rows, one weight per chunk, from
+    _CHUNKED_FROM input values on: NOTE: [chunked product's weight gradient])."""
+    return node.op is Op.LINEAR and node.attrs["kind"] == "matmul" and node.attrs.get("w_layout") == "interleave" \
+        and node.attrs.get("x_layout", "full") == "full" and w.count > 1 and len(w.shape) == 2 \
+        and len(x.shape) == 1 and node.count * w.shape[1] >= _CHUNKED_FROM
+
+
+def _gathered_products(program: Program, nodes: dict[str, Node], rows: dict[str, str],
+                       chosen: dict[str, str]) -> dict[str, str]:
+    """``{product: reduction}`` for the chunked products of a sparse sum that nothing else reads, written as
+    one ``gathered_chunked_product`` (NOTE: [a chunked product of gathered rows, compiled] in runtime.py)."""
+    readers = program.users()
+    result = {}
+    for node in program.nodes:
+        if node.op is not Op.LINEAR or len(node.srcs) != 2 or node.name in rows:
+            continue
+        w, x = (nodes[s] for s in node.srcs)
+        if not _chunked(node, w, x) or w.name in rows or x.op is not Op.REDUCE or chosen.get(x.name) != "sparse_mm":
+            continue
+        if readers[x.name] != [node.name] or x.name in rows or x.name == program.output or x.count != node.count:
+            continue
+        result[node.name] = x.name
+    return result
 
 
 # NOTE: [row-stored values] A value with one row that every reader can take without its
@@ -643,6 +673,7 @@ def generate_source(program: Program, standard_ops: bool = False, chosen: dict[s
     biased = {**_biased_products(program, nodes, rows), **_biased_sums(program, nodes, rows, chosen)}
     stacked = _stacked_row_products(program, nodes, rows)
     copied = _copied_gathers(program, nodes, chosen)
+    gathered = _gathered_products(program, nodes, rows, chosen)
     inline = {name for name, expression in rows.items() if expression != name}
     # A weight used in place (NOTE: [row-stored values]) needs no statement, nor does a value
     # (a stack) that only such weights, or other values left out this way, read.
@@ -658,6 +689,7 @@ def generate_source(program: Program, standard_ops: bool = False, chosen: dict[s
     # a biased product inside its addition. That statement reads what they read.
     computed_by = {product: concatenation for concatenation in stacked for product in program.node(concatenation).srcs}
     computed_by.update({product: addition for addition, product in biased.items()})
+    computed_by.update({reduction: product for product, reduction in gathered.items()})
     left_out.update(computed_by)
     for name, names in readers.items():
         readers[name] = [computed_by.get(r, r) for r in names]
@@ -674,7 +706,7 @@ def generate_source(program: Program, standard_ops: bool = False, chosen: dict[s
         if node.name in inputs:
             code = f"    {node.name} = inputs[{node.attrs['fact_layer']!r}]"
         else:
-            code = f"    {node.name} = {_expression(node, nodes, rows, in_place, biased, stacked, reductions, copied)}"
+            code = f"    {node.name} = {_expression(node, nodes, rows, in_place, biased, stacked, reductions, copied, gathered)}"
         shape = ", ".join(map(str, node.shape if node.name in rows else (node.count,) + node.shape))
         if node.name in stacked and stacked[node.name][2]:  # stored as its one row
             shape += f") as (1, {node.count * node.shape[-1]}"
@@ -1059,6 +1091,7 @@ def _load(source: str):
                  "scatter_reduce": kernels.scatter_reduce_native, "dense_reduce": kernels.dense_reduce,
                  "strided_reduce": runtime.strided_reduce, "gather_sum": runtime.gather_sum,
                  "gather_rows": runtime.gather_rows, "chunked_product": runtime.chunked_product,
+                 "gathered_chunked_product": runtime.gathered_chunked_product,
                  "preferred_zeros": preferred_zeros, "order_signed_zeros": order_signed_zeros}
     exec(compile(source, filename, "exec"), namespace)
     return namespace["forward"]

@@ -1,9 +1,11 @@
-"""The chunked products' fused backwards (issue 27, hetero-100): a chunked product of constant inputs
-summed by a gather sum takes its weights' gradient chunk by chunk from the sum's gradient (NOTE: [a
-chunked product's weights' gradient from its readers]); a chunked product of a gather sum sums its input
-gradient straight into the gather's sources (NOTE: [a chunked product's input gradient into its
-sources]). Each is checked against the same ops without the fusion (float64, 1, 2 and 4 threads),
-differentiable again, and, in a compiled RGCN, against the reference engine."""
+"""The chunked products' fused kernels (issue 27, hetero-100): a chunked product in C++ (NOTE: [a chunked
+product in C++]); a chunked product of constant inputs summed by a gather sum takes its weights' gradient
+chunk by chunk from the sum's gradient (NOTE: [a chunked product's weights' gradient from its readers]); a
+chunked product of a gather sum that nothing else reads is one compiled op that never writes the gathered
+rows, and sums both gradients in one pass over the source (NOTE: [a chunked product of gathered rows,
+compiled]). Each is checked against the same
+ops without the fusion (float64, 1, 2 and 4 threads), differentiable again, and, in a compiled RGCN, against
+the reference engine."""
 from __future__ import annotations
 
 import numpy as np
@@ -53,6 +55,23 @@ def _close(a, b, dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("shape", [(7, 13, 5, 3), (9, 24, 16, 16), (4, 10, 16, 4), (3, 8, 32, 8)])
+@pytest.mark.parametrize("n_threads", [1, 2, 4])
+def test_chunk_product_equals_bmm(dtype, shape, n_threads, threads):
+    """neurovec_cpu::chunk_product (fixed widths: rows_times_weight; else one at::mm a chunk) is what
+    chunked_product runs eagerly, equal to the batched GEMM it replaces; its backward is autograd's."""
+    threads(n_threads)
+    chunks, size, i, o = shape
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(chunks * size, i, generator=gen, dtype=dtype, requires_grad=True)
+    w = torch.randn(chunks, o, i, generator=gen, dtype=dtype, requires_grad=True)
+    y = runtime.chunked_product(x, w, chunks)
+    assert torch.equal(y, torch.ops.neurovec_cpu.chunk_product(x, w, chunks))
+    plain = torch.bmm(x.view(chunks, size, i), w.transpose(1, 2)).reshape(chunks * size, o)
+    _close(_grads(y, [x, w]), _grads(plain, [x, w]), dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("weighted", [False, True])
 @pytest.mark.parametrize("shape", [(7, 13, 5, 3), (9, 24, 16, 16), (4, 10, 16, 4)])
 @pytest.mark.parametrize("n_threads", [1, 2, 4])
@@ -74,61 +93,57 @@ def test_weights_gradient_from_the_sums_gradient(dtype, weighted, shape, n_threa
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("weighted", [False, True])
-@pytest.mark.parametrize("shape", [(7, 13, 5, 3), (9, 24, 16, 4), (4, 10, 16, 16)])
+@pytest.mark.parametrize("shape", [(7, 13, 5, 3), (9, 24, 16, 4), (4, 10, 16, 16), (3, 8, 32, 8)])
 @pytest.mark.parametrize("n_threads", [1, 2, 4])
-def test_input_gradient_into_the_gathers_sources(dtype, weighted, shape, n_threads, threads, monkeypatch):
-    monkeypatch.setattr(runtime, "_GATHERED_FROM", 0)
+def test_chunked_product_of_gathered_rows(dtype, weighted, shape, n_threads, threads):
+    """gathered_chunked_product (the C++ forward: fixed widths and at::mm; one backward for both gradients)
+    against the gather sum and the chunked product it replaces."""
     threads(n_threads)
     chunks, size, i, o = shape
-    gen = torch.Generator().manual_seed(1)
+    gen = torch.Generator().manual_seed(3)
     source = torch.randn(30, i, generator=gen, dtype=dtype, requires_grad=True)
     w = torch.randn(chunks, o, i, generator=gen, dtype=dtype, requires_grad=True)
-    csr = _csr(chunks * size, 30, weighted, dtype, seed=i, unread=2)  # sources nobody reads get 0
-    fused = runtime.chunked_product(runtime.gather_sum(source * 1, csr), w, chunks)
-    assert type(fused.grad_fn).__name__ == "_GatheredChunkedProductBackward"
+    csr = _csr(chunks * size, 30, weighted, dtype, seed=i + o, unread=2)  # sources nobody reads get 0
+    fused = runtime.gathered_chunked_product(source * 1, csr, w, chunks)
+    assert type(fused.grad_fn).__name__ == "_GatheredProductBackward"
     plain = runtime.chunked_product(runtime.gather_sum(source * 1, csr) * 1, w, chunks)
     assert type(plain.grad_fn).__name__ == "_ChunkedProductBackward"
     _close(_grads(fused, [source, w]), _grads(plain, [source, w]), dtype)
-    assert torch.equal(fused, plain)
+    with torch.no_grad():  # either gradient alone
+        gy = torch.randn(fused.shape, generator=gen, dtype=dtype)
+    for wanted in ([source], [w]):
+        _close(torch.autograd.grad(runtime.gathered_chunked_product(source, csr, w, chunks), wanted, gy),
+               torch.autograd.grad(plain, wanted, gy, retain_graph=True), dtype)
 
 
-def test_only_expanding_gathers_keep_their_source(monkeypatch):
-    """A gather sum into no more rows than its source has keeps the C++ autograd (which holds no input)."""
-    monkeypatch.setattr(runtime, "_GATHERED_FROM", 0)
+def test_chunked_product_of_gathered_rows_elsewhere_is_the_two_ops(monkeypatch):
+    """Where the C++ kernels do not run, the op is the gather sum and the chunked product themselves."""
     source = torch.randn(12, 3, dtype=torch.float64, requires_grad=True)
-    assert type(runtime.gather_sum(source, _csr(12, 12, False, torch.float64, seed=0)).grad_fn).__name__ \
-        != "_GatherSumBackward"
-    assert type(runtime.gather_sum(source, _csr(13, 12, False, torch.float64, seed=0)).grad_fn).__name__ \
-        == "_GatherSumBackward"
+    w = torch.randn(3, 2, 3, dtype=torch.float64, requires_grad=True)
+    csr = _csr(12, 12, True, torch.float64, seed=0)
+    fused = runtime.gathered_chunked_product(source, csr, w, 3)
+    monkeypatch.setattr(runtime.ops, "native_ok", lambda x: False)
+    plain = runtime.gathered_chunked_product(source, csr, w, 3)
+    assert type(plain.grad_fn).__name__ == "_ChunkedProductBackward"
+    _close(_grads(fused, [source, w]), _grads(plain, [source, w]), torch.float64)
 
 
-def test_other_readers_of_the_fused_tensors_keep_their_gradients(monkeypatch):
-    """The product (or the gathered rows) read by something else too: that reader's gradient still flows."""
-    monkeypatch.setattr(runtime, "_GATHERED_FROM", 0)
+def test_other_readers_of_the_fused_product_keep_their_gradients():
+    """The product read by something else too: that reader's gradient still flows."""
     gen = torch.Generator().manual_seed(2)
     x = torch.randn(12, 3, generator=gen, dtype=torch.float64)
     w = torch.randn(3, 2, 3, generator=gen, dtype=torch.float64, requires_grad=True)
     csr = _csr(5, 12, False, torch.float64, seed=0)
-    products = runtime.chunked_product(x, w, 3)
     torch.autograd.gradcheck(lambda w: runtime.gather_sum(runtime.chunked_product(x, w, 3), csr).sum()
                              + runtime.chunked_product(x, w, 3).pow(2).sum(), (w,))
-    source = torch.randn(6, 3, generator=gen, dtype=torch.float64, requires_grad=True)
-    gather = _csr(12, 6, True, torch.float64, seed=1)
-
-    def both(source, w):
-        rows = runtime.gather_sum(source, gather)
-        return runtime.chunked_product(rows, w, 3).sum() + rows.pow(2).sum()
-    assert products.grad_fn is not None
-    torch.autograd.gradcheck(both, (source, w))
-    torch.autograd.gradgradcheck(both, (source, w))
 
 
 @pytest.mark.parametrize("n_threads", [1, 2, 4])
 def test_rgcn_with_the_fused_backwards_equals_the_reference(monkeypatch, threads, n_threads):
-    """A small RGCN with the thresholds at 0: both fused backwards in its graph, outputs and weight
+    """A small RGCN with the thresholds at 0: the fused backward of layer 1 and the gathered product of layer 2 in
+    its graph, outputs and weight
     gradients equal to the reference engine's (float64, 1e-9), differentiable again."""
     monkeypatch.setattr(torch_module, "_CHUNKED_FROM", 0)
-    monkeypatch.setattr(runtime, "_GATHERED_FROM", 0)
     monkeypatch.setattr(kernels, "_GATHER_MIN_ELEMENTS", 0)  # layer 2's gather as a gather sum, as at scale
     monkeypatch.setattr(kernels, "_GATHER_MIN_FEATURES", 0)
     threads(n_threads)
@@ -136,6 +151,7 @@ def test_rgcn_with_the_fused_backwards_equals_the_reference(monkeypatch, threads
     graph = rgcn.rgcn(data.x, data.edge_index, data.edge_type, rgcn.RGCNSpec.create(4, 12, hidden=[5, 3]), seed=1)
     module = neurovec.compile(graph, dtype=torch.float64)
     assert module.code.count("chunked_product(") == 2 and "index_select(0, self.idx_conv2_lin_x" not in module.code
+    assert "gathered_chunked_product(conv2_x_cat, self.csr_conv2_lin_x" in module.code
     seen, pending = set(), [module().grad_fn]
     while pending:
         node = pending.pop()
@@ -143,7 +159,7 @@ def test_rgcn_with_the_fused_backwards_equals_the_reference(monkeypatch, threads
             seen.add(node)
             pending.extend(n for n, _ in node.next_functions)
     kinds = {type(n).__name__ for n in seen}
-    assert {"_ChunkedProductSumBackward", "_GatheredChunkedProductBackward"} <= kinds, kinds
+    assert {"_ChunkedProductSumBackward", "_GatheredProductBackward"} <= kinds, kinds
     assert_equivalent(graph, module)  # outputs and every weight's gradient
     reference = ReferenceModule(graph, torch.float64)
     projection = torch.randn(module().shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
@@ -167,9 +183,14 @@ def test_kernels_check_their_shapes():
     with pytest.raises(RuntimeError, match="chunk_weight_grad"):
         ops.chunk_weight_grad(torch.ones(4, 2, dtype=torch.float64), csr.t_ptr, csr.t_col, None,
                               torch.ones(9, 3, dtype=torch.float64), 2)
-    with pytest.raises(RuntimeError, match="chunk_input_grad"):
-        ops.chunk_input_grad(torch.ones(9, 2, dtype=torch.float64), torch.ones(2, 2, 3, dtype=torch.float64),
-                             csr.ptr, csr.index, None)
+    with pytest.raises(RuntimeError, match="chunk_product"):  # 10 rows in 3 chunks
+        ops.chunk_product(torch.ones(10, 3, dtype=torch.float64), torch.ones(3, 2, 3, dtype=torch.float64), 3)
+    with pytest.raises(RuntimeError, match="gathered_chunk_product"):  # 4 rows in 3 chunks
+        ops.gathered_chunk_product(torch.ones(10, 3, dtype=torch.float64), csr.ptr, csr.index, None,
+                                   torch.ones(3, 2, 3, dtype=torch.float64), 3)
+    with pytest.raises(RuntimeError, match="gathered_chunk_backward"):
+        ops.gathered_chunk_backward(torch.ones(4, 2, dtype=torch.float64), torch.ones(9, 3, dtype=torch.float64),
+                                    torch.ones(2, 2, 3, dtype=torch.float64), csr.t_ptr, csr.t_col, None, True, True)
 
 
 @pytest.mark.slow
@@ -177,7 +198,6 @@ def test_torch_compiled_rgcn_with_the_thresholds_at_zero_equals_eager(monkeypatc
     """Under torch.compile the fused backwards are not taken (dynamo reads no grad_fn): the compiled module's
     outputs and weight gradients equal the eager (fused) module's."""
     monkeypatch.setattr(torch_module, "_CHUNKED_FROM", 0)
-    monkeypatch.setattr(runtime, "_GATHERED_FROM", 0)
     monkeypatch.setattr(kernels, "_GATHER_MIN_ELEMENTS", 0)
     monkeypatch.setattr(kernels, "_GATHER_MIN_FEATURES", 0)
     data = kgmod.synthetic_hetero(300, 3000, 12, n_features=4, n_classes=3, seed=5)
