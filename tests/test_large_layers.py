@@ -87,7 +87,8 @@ def test_gathers_from_facts_as_row_copies_equal_the_reference(tu_dir, monkeypatc
 
 def test_row_scale_plus_bias_is_one_addcmul(threads):
     """A node-level GCN whose normalisation stays a per-row scale after the sparse sum (products-like at
-    1/500): ``torch.addcmul(bias, scale[:, None], sum)`` in the forward, whose outputs and gradients equal
+    1/500, with ``reduce_coefficients`` off: on, the scale goes into the sum's coefficients instead):
+    ``torch.addcmul(bias, scale[:, None], sum)`` in the forward, whose outputs and gradients equal
     those of the same program written as ``scale[:, None] * sum + bias`` (what the equivalence suites check
     against the reference engine) at 1, 2 and 4 threads."""
     from neurovec.benchmarks.node_scale import dataset_sizes
@@ -96,7 +97,7 @@ def test_row_scale_plus_bias_is_one_addcmul(threads):
 
     data = rmat_dataset(**dataset_sizes("products-like", 0.002), seed=0)
     graph = gnn.build_gnn(data, gnn.GNNSpec.create("gcn", data, 4, 3), None, 0)
-    module = neurovec.compile(graph, dtype=torch.float64)
+    module = neurovec.compile(graph, {"reduce_coefficients": False}, dtype=torch.float64)
     fused = re.findall(r"torch\.addcmul\((.+?), (\w+\[:, None\]), (\w+)\)", module.code)
     assert len(fused) == 3, module.code  # one per layer
     code = module.code
