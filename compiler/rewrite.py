@@ -12,7 +12,7 @@ from .grouping import is_identity
 from .indexing import SideRows
 from .ir import IRError, Node, Op, Program, read_only, stored, users_of
 
-__all__ = ["COMPILE_NUMBERS", "eliminate_dead_code", "unique_name", "single_use",
+__all__ = ["eliminate_dead_code", "unique_name", "single_use",
            "zero_sign_matters", "unit_reduction_is_identity", "Rewriter", "freeze_facts",
            "side_node"]
 
@@ -42,11 +42,6 @@ def unique_name(base: str, taken) -> str:
     if isinstance(taken, set):
         taken.add(name)
     return name
-
-
-#: Retired (one numbering now): passes kernels, stack_products, compose_sums and join_sums still
-#: pass it to ``Rewriter``, which ignores it; to go once they stop.
-COMPILE_NUMBERS = None
 
 
 def single_use(program: Program) -> set[str]:
@@ -113,7 +108,7 @@ class Rewriter:
     only those read, and returns the old program itself if nothing changed.
     """
 
-    def __init__(self, program: Program, _retired=None, *, in_place: bool = False, keep_inputs: bool = True):
+    def __init__(self, program: Program, *, in_place: bool = False, keep_inputs: bool = True):
         self.program = program
         self.output = program.output
         self.constants = dict(program.constants)

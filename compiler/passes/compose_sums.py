@@ -30,7 +30,7 @@ import numpy as np
 
 from ..grouping import expand_segments
 from ..ir import Node, Op, Program, is_sparse_sum
-from ..rewrite import COMPILE_NUMBERS, Rewriter, single_use
+from ..rewrite import Rewriter, single_use
 from ..settings import Settings
 
 __all__ = ["compose_sums", "CHUNK_ENTRIES"]
@@ -55,7 +55,7 @@ CHUNK_ENTRIES = 1 << 16
 def compose_sums(program: Program, settings: Settings) -> Program:
     nodes = program.by_name()
     once = single_use(program)
-    rw = Rewriter(program, COMPILE_NUMBERS)
+    rw = Rewriter(program)
     for node in program.nodes:
         inner, bias = _inner_sum(node, nodes, once)
         composed = None if inner is None else _composed_matrix(program, node, inner)

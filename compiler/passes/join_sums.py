@@ -34,7 +34,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir import Node, Op, Program, is_sparse_sum, shared_product
-from ..rewrite import COMPILE_NUMBERS, Rewriter, single_use
+from ..rewrite import Rewriter, single_use
 from ..settings import Settings
 
 __all__ = ["join_sums"]
@@ -43,7 +43,7 @@ __all__ = ["join_sums"]
 def join_sums(program: Program, settings: Settings) -> Program:
     nodes = program.by_name()
     once = single_use(program)
-    rw = Rewriter(program, COMPILE_NUMBERS)
+    rw = Rewriter(program)
     for node in program.nodes:
         terms = _terms(node, nodes, once, program) if node.op is Op.ADD else None
         if terms is None:

@@ -31,7 +31,7 @@ import numpy as np
 
 from .. import backend
 from ..ir import Op, Program, is_sparse_sum, shared_product
-from ..rewrite import COMPILE_NUMBERS, Rewriter, single_use, zero_sign_matters
+from ..rewrite import Rewriter, single_use, zero_sign_matters
 from ..settings import Settings
 
 __all__ = ["choose_kernels"]
@@ -46,7 +46,7 @@ def choose_kernels(program: Program, settings: Settings) -> Program:
     once = single_use(program)
     forced = settings.reduce_kernel
     engine = backend.current() if forced == "auto" else None
-    rw = Rewriter(program, COMPILE_NUMBERS)
+    rw = Rewriter(program)
     for node in program.nodes:
         if node.op is not Op.REDUCE or node.attrs.get("kernel") == "strided" or is_sparse_sum(node):
             rw.keep(node)
@@ -121,7 +121,7 @@ def _gathers_as_sums(program: Program, engine, keep: set[str]) -> Program:
     grad = _needs_grad(program)
     keep_sign = zero_sign_matters(program)
     nodes = program.by_name()
-    rw = Rewriter(program, COMPILE_NUMBERS)
+    rw = Rewriter(program)
     ones: dict[int, str] = {}
     for node in program.nodes:
         if (node.op is Op.GATHER and node.name not in keep_sign and node.name not in keep

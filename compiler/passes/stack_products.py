@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir import Node, Op, Program, is_sparse_sum, shared_product
-from ..rewrite import COMPILE_NUMBERS, Rewriter
+from ..rewrite import Rewriter
 from ..settings import Settings
 
 __all__ = ["stack_products"]
@@ -35,7 +35,7 @@ __all__ = ["stack_products"]
 def stack_products(program: Program, settings: Settings) -> Program:
     nodes = program.by_name()
     users = program.users()
-    rw = Rewriter(program, COMPILE_NUMBERS)
+    rw = Rewriter(program)
     renumber: dict[str, np.ndarray] = {}  # CONCAT name -> new row of each old row
     for node in program.nodes:
         if node.srcs and node.srcs[0] in renumber and node.op in (Op.GATHER, Op.REDUCE):  # a reader of one
