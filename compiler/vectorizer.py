@@ -24,7 +24,7 @@ from ..sources.graph import NO_WEIGHT, FactLayer, Graph
 from .grouping import CHUNK, row_dtype
 from .ir import Node, Op, Program, compact_index, stored
 from .rewrite import unique_name
-from .passes.prune import prune_unreachable
+from .prune import prune_unreachable
 
 __all__ = ["vectorize"]
 
@@ -84,7 +84,7 @@ def _concat_index(e: _Emitter, base: str, sources: list[Node], which, ordinal: n
 def vectorize(graph: Graph) -> Program:
     """Turn a validated :class:`Graph` into an unoptimized :class:`Program`.
 
-    Only the neurons some output reaches are computed (``passes/prune.py``: an unread neuron's
+    Only the neurons some output reaches are computed (``prune.py``: an unread neuron's
     backward can still put a NaN into a used weight's gradient).
     """
     graph = prune_unreachable(graph)

@@ -30,7 +30,7 @@ def assert_equivalent(graph: neurovec.Graph, compiled: torch.nn.Module, tol: flo
         expected, actual = grad_ref[name], grad[name]
         if expected is None or actual is None:
             # Unused by the outputs: torch reports None; the other side must then be None or zero
-            # (the compiler computes no neuron the outputs do not reach: passes/prune.py).
+            # (the compiler computes no neuron the outputs do not reach: compiler/prune.py).
             other = actual if expected is None else expected
             assert other is None or torch.all(other == 0), \
                 f"gradient of {name!r}: {expected} vs {actual}"

@@ -1,18 +1,18 @@
-"""Neurons no output reaches are not computed (compiler/passes/prune.py)."""
+"""Neurons no output reaches are not computed (compiler/prune.py)."""
 import numpy as np
 import torch
 from hypothesis import HealthCheck, given, settings
 
 import neurovec
 from neurovec.compiler.ir import Op
-from neurovec.compiler.passes.prune import prune_unreachable, reachable
+from neurovec.compiler.prune import prune_unreachable, reachable
 from neurovec.compiler.settings import Settings
 from neurovec.compiler.vectorizer import vectorize
 from neurovec.engines.reference import ReferenceModule
 from neurovec.sources.graph import FactLayer, Graph, NeuronLayer, Weight
 
-from ..equivalence import assert_equivalent, outputs_and_grads
-from ..strategies import graphs
+from .equivalence import assert_equivalent, outputs_and_grads
+from .strategies import graphs
 
 
 def _layer(name, counts, src, ordinal, weight=None, transformation="identity", bias=None):

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...sources.graph import FactLayer, Graph, NeuronLayer
-from ..grouping import CHUNK
+from ..sources.graph import FactLayer, Graph, NeuronLayer
+from .grouping import CHUNK
 
 __all__ = ["prune_unreachable", "reachable"]
 
