@@ -8,13 +8,15 @@ materialising per-edge rows, on as many threads as ``torch.get_num_threads()``
 ``torch.ops.neurovec_cpu.*``: four kernels without autograd, which programs call
 under ``torch.compile`` (their fake kernels are registered here), and three with
 their autograd in C++, which programs call eagerly (see ``native_ops.cpp`` and
-``engines/ops.py``).
+``engines/ops.py``). Another, ``fold_sums`` (``native_fold.cpp``, called through :func:`fold_sums`), is the
+compiler's: the folded sums of ``fold_constants``, bit for bit those of its numpy path (built with
+floating-point contraction off).
 
-Build: :func:`operators` (or :func:`available`) builds the source on first use with
+Build: :func:`operators` (or :func:`available`) builds the sources (:data:`SOURCES`) on first use with
 ``torch.utils.cpp_extension`` (the system C++ compiler, ``$CXX`` else ``c++``, and ninja;
 ``-O3 -march=native -fopenmp``; about a minute, said in a warning before it starts) into
 ``$NEUROVEC_CACHE_DIR`` (default ``$XDG_CACHE_HOME/neurovec`` or ``~/.cache/neurovec``)
-``/native/<key>/``, where ``key`` hashes the source, the flags, the compiler's version,
+``/native/<key>/``, where ``key`` hashes the sources, the flags, the compiler's version,
 the CPU's instruction set, and the torch and Python versions; later processes load it from
 there. A file lock lets concurrent processes share one build. ``python -m
 neurovec.engines.native_build`` builds ahead of time.
@@ -36,15 +38,20 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 
 import torch
 
-__all__ = ["operators", "available", "enabled", "set_enabled", "disabled", "build_info", "cache_dir", "SOURCE"]
+__all__ = ["operators", "available", "enabled", "set_enabled", "disabled", "build_info", "cache_dir", "SOURCE", "SOURCES",
+           "fold_sums"]
 
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("native_ops.cpp")
+#: Every file of the library: the kernels, and the compile-time fold kernel (``native_fold.cpp``: built with
+#: floating-point contraction off, see :func:`fold_sums`).
+SOURCES = (SOURCE, Path(__file__).with_name("native_fold.cpp"))
 NAME = "neurovec_ops"
 FLAGS = ("-O3", "-march=native", "-fopenmp")
 
@@ -101,6 +108,41 @@ def operators():
     return _loaded["operators"]
 
 
+def fold_sums(facts, index, coef, counts):
+    """``value[j] = (((0.0 + p[s]) + p[s + 1]) + ...) + p[s + counts[j] - 1]`` (float64 numpy, one row
+    per segment), where ``s`` is segment ``j``'s first entry and ``p[e] = coef[e] * facts[index[e]]``
+    (each product rounded on its own) or ``facts[index[e]]`` without ``coef``: the sums of
+    ``fold_constants.sequential_sums``, bit for bit, in C++ (``native_fold.cpp``: one pass over the
+    gathered rows, split over torch's threads by segments). None where the kernels are switched off or
+    not built: the caller computes them itself."""
+    ops = operators()
+    if ops is None:
+        return None
+    import numpy as np  # noqa: PLC0415 - only the compiler's folds call this
+
+    facts = np.ascontiguousarray(facts, dtype=np.float64)
+    x = facts.reshape(facts.shape[0], -1) if facts.ndim != 2 else facts
+    counts = np.asarray(counts, dtype=np.int64)
+    ptr = np.zeros(counts.size + 1, dtype=np.int64)
+    np.cumsum(counts, out=ptr[1:])
+    index = np.asarray(index)
+    if index.dtype not in (np.int32, np.int64):
+        index = index.astype(np.int64)
+    index = np.ascontiguousarray(index).reshape(-1)
+    if counts.size and counts.min() < 0 or ptr[-1] != index.size:
+        raise ValueError(f"fold_sums: the segment counts add up to {int(ptr[-1])}, not to the {index.size} entries")
+    if index.size and (index.min() < 0 or index.max() >= x.shape[0]):
+        raise ValueError(f"fold_sums: an index is outside the {x.shape[0]} fact rows")
+    if coef is not None:
+        coef = np.ascontiguousarray(coef, dtype=np.float64).reshape(-1)
+        if coef.size != index.size:
+            raise ValueError(f"fold_sums: {coef.size} coefficients for {index.size} entries")
+    with warnings.catch_warnings():  # read-only constants: torch warns, and nothing here writes them
+        warnings.simplefilter("ignore", UserWarning)
+        tensors = [torch.from_numpy(a) for a in (x, index, ptr)] + [None if coef is None else torch.from_numpy(coef)]
+    return ops.fold_sums(tensors[0], tensors[1], tensors[3], tensors[2]).numpy()
+
+
 def cache_dir() -> Path:
     root = os.environ.get("NEUROVEC_CACHE_DIR")
     if root:
@@ -131,7 +173,7 @@ def _key(compiler: str) -> str:
     except (OSError, subprocess.SubprocessError):
         version = ""
     digest = hashlib.sha256()
-    for part in (SOURCE.read_text(), " ".join(FLAGS), version, _cpu_signature(), torch.__version__, sys.version,
+    for part in (*(source.read_text() for source in SOURCES), " ".join(FLAGS), version, _cpu_signature(), torch.__version__, sys.version,
                  platform.machine()):
         digest.update(part.encode())
         digest.update(b"\0")
@@ -174,7 +216,7 @@ def _build(folder: Path) -> None:
 
     def build() -> None:
         try:
-            cpp_extension.load(NAME, [str(SOURCE)], extra_cflags=list(FLAGS), extra_ldflags=["-fopenmp"],
+            cpp_extension.load(NAME, [str(source) for source in SOURCES], extra_cflags=list(FLAGS), extra_ldflags=["-fopenmp"],
                                build_directory=str(folder), is_python_module=False, verbose=False)
         except BaseException as error:  # noqa: BLE001 - raised again below, in the caller's thread
             failure.append(error)
@@ -184,7 +226,7 @@ def _build(folder: Path) -> None:
     with Progress("neurovec: building C++ kernels", _BUILD_S, "s", delay_s=2.0) as bar:
         while worker.is_alive():
             worker.join(1.0)
-            bar.update(min(time.perf_counter() - start, _BUILD_S), f"g++ {SOURCE.name}")
+            bar.update(min(time.perf_counter() - start, _BUILD_S), "g++ " + ", ".join(s.name for s in SOURCES))
     if failure:
         raise failure[0]
     build_info.update(built=True, seconds=time.perf_counter() - start)
@@ -210,6 +252,7 @@ def _register_fakes() -> None:
         "pair_prod": lambda x, strided: rows(x, x.shape[0] // 2),
         "pair_prod_backward": lambda grad, x, strided: torch.empty_like(x),
         "rows": lambda x, index: rows(x, index.shape[0]),
+        "fold_sums": lambda x, index, coef, ptr: rows(x, ptr.shape[0] - 1),
     }
     for name, fake in fakes.items():
         try:

@@ -83,6 +83,17 @@ PRODUCT_ROWS_VALUES = 1 << 26
 # this evaluation (the whole evaluation through the engine held the gathered rows, their products
 # and a copy of them in the module).
 
+# NOTE: [sequential sums in C++] Where the engine offers them (``Backend.sequential_sums``; the torch
+# engine's is ``engines/native.py``'s ``fold_sums``, the C++ kernel ``engines/native_fold.cpp``), the
+# sums of NOTE: [sequential sums] come from one fused loop instead: it reads each gathered row once
+# into its segment's running sums (numpy's path copies it into a buffer, multiplies the buffer and
+# adds it up), asks for rows a few entries ahead (the gather is bound by memory latency), and splits
+# the segments over torch's threads, each segment summed by one thread. Its values are the same bit
+# for bit, on any machine: that file is compiled with floating-point contraction off (each product
+# rounded on its own) and vectorised across the features only, never across a sum's entries
+# (tests/test_native_fold.py fails if either changes). Where the engine has no such kernel, or its C++
+# kernels are switched off or not built, the pass computes the sums itself, as before.
+
 # NOTE: [folding in chunks] (now for a folded max, min or product over gathered facts: sums and means
 # are NOTE: [sequential sums]) GCN's first aggregation over the node features, folded, gathers the
 # features to every edge and weights them before summing: two (E, F) float64 temporaries, at
@@ -193,12 +204,23 @@ def _gathered_sum(sub: Program, name: str) -> np.ndarray | None:
     facts = sub.constants[nodes[gather.srcs[0]].attrs["const"]]
     coef = sub.constants[node.attrs["coef"]] if "coef" in node.attrs else None
     counts = sub.constants[node.attrs["counts"]]
-    value = sequential_sums(facts, sub.constants[gather.attrs["index"]], coef, counts)
+    value = _engine_sums(facts, sub.constants[gather.attrs["index"]], coef, counts)
+    if value is None:
+        value = sequential_sums(facts, sub.constants[gather.attrs["index"]], coef, counts)
     if node.attrs["aggregation"] == "mean":
         value /= counts.astype(np.float64).reshape((-1,) + (1,) * (value.ndim - 1))
     # In place, not ``reshape``: a view would make ``Rewriter.const`` copy it (products-like: 2 GB, 6% of the pass).
     value.shape = (node.count, *node.shape)
     return value
+
+
+def _engine_sums(facts: np.ndarray, index: np.ndarray, coef: np.ndarray | None, counts: np.ndarray
+                 ) -> np.ndarray | None:
+    """``sequential_sums``' values, bit for bit, from the engine's fold kernel where it offers one
+    (``Backend.sequential_sums``: the torch engine's is C++, NOTE: [sequential sums in C++]); None where
+    it does not, or cannot now (its kernels switched off or not built)."""
+    kernel = getattr(backend.current(), "sequential_sums", None)
+    return None if kernel is None else kernel(facts, index, coef, counts)
 
 
 def sequential_sums(facts: np.ndarray, index: np.ndarray, coef: np.ndarray | None, counts: np.ndarray,

@@ -236,20 +236,25 @@ def test_sequential_sums_are_the_engines_bit_for_bit(trial):
 def test_folded_sums_equal_the_engines_evaluation(monkeypatch, tu_dir, chunk_values):
     """PROTEINS GCN's first aggregation folded by ``sequential_sums`` (pieces of 7 values: every
     segment in pieces of a few entries) gives every constant of the program byte for byte as the
-    engine's whole evaluation does."""
+    engine's whole evaluation does, and so does the engine's fold kernel where it offers one
+    (NOTE: [sequential sums in C++])."""
     from neurovec import datasets
     from neurovec.compiler.passes import fold_constants as fc
     data = datasets.load_tu("PROTEINS", tu_dir, download=False)
     graph = datasets.gcn(data, samples=np.arange(200))
     settings = Settings.preset("default", verify=False)
+    kernel = build_program(graph, settings)  # the engine's kernel where it has one, else the same as ``folded``
     calls = []
-    ours = fc.sequential_sums
+    ours, engine_sums = fc.sequential_sums, fc._engine_sums
+    monkeypatch.setattr(fc, "_engine_sums", lambda *a: None)
     monkeypatch.setattr(fc, "sequential_sums",
                         lambda *a, **k: calls.append(a[3].size) or ours(*a, chunk_values=chunk_values))
     folded = build_program(graph, settings)
     assert calls
+    monkeypatch.setattr(fc, "_engine_sums", engine_sums)
     monkeypatch.setattr(fc, "_gathered_sum", lambda sub, name: None)
     whole = build_program(graph, settings)
-    assert str(folded) == str(whole) and folded.constants.keys() == whole.constants.keys()
-    for key, array in whole.constants.items():
-        assert folded.constants[key].dtype == array.dtype and folded.constants[key].tobytes() == array.tobytes(), key
+    for program in (folded, kernel):
+        assert str(program) == str(whole) and program.constants.keys() == whole.constants.keys()
+        for key, array in whole.constants.items():
+            assert program.constants[key].dtype == array.dtype and program.constants[key].tobytes() == array.tobytes(), key

@@ -1,0 +1,136 @@
+// neurovec's compile-time fold kernel: the sequential sum of gathered, weighted fact rows.
+//
+// fold_constants (compiler/passes/fold_constants.py) folds GCN's, SAGE's and GIN's first
+// aggregation over the node features into a constant: value[j] = sum over the entries e of
+// segment j of coef[e] * facts[index[e]], in float64. Its values must be bit for bit what
+// `sequential_sums` there computes (NOTE: [sequential sums]), on every machine:
+//
+//   * every product coef[e] * x rounded on its own, never fused with the addition that follows
+//     (no contracted multiply-add: this file is compiled with floating-point contraction off, by
+//     the pragmas below, whatever the build's flags);
+//   * per segment and feature, added in entry order, starting from 0.0: ((0.0 + p0) + p1) + ...
+//     (vectorised across the features only, never across the entries of a sum).
+//
+// It reads each gathered row once, straight into the segment's running sums (the numpy path
+// copies it into a buffer, multiplies the buffer and adds it up: three passes), asks for the row
+// kPrefetchAhead entries ahead while it adds the current one (the rows come at random from a table
+// far larger than the caches: the loop is bound by memory latency), and splits the segments over
+// torch's intra-op threads (at::parallel_for: torch.get_num_threads() of them), each segment
+// computed by one thread, so the order of its sum does not depend on the number of threads.
+// engines/native.py builds this file with native_ops.cpp into one library, torch.ops.neurovec_cpu.
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/zeros.h>
+#include <torch/library.h>
+
+#include <cstdint>
+
+// Floating-point contraction off from here on (a*b+c stays two roundings). GCC's default in its
+// GNU dialects is -ffp-contract=fast, which with -march=native on a CPU with FMA may fuse
+// `acc + c * x` into one rounding; tests/test_native_fold.py checks the values against the numpy
+// path on data where a fused multiply-add would differ.
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#elif defined(__GNUC__)
+#pragma GCC optimize("fp-contract=off")
+#endif
+
+namespace {
+
+constexpr int64_t kFoldPrefetchAhead = 8;
+// Below this many gathered values the kernel runs on the calling thread.
+constexpr int64_t kFoldParallelValues = 1 << 16;
+
+inline void prefetch_bytes(const void* row, int64_t bytes) {
+    const char* p = static_cast<const char*>(row);
+    for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b, 0, 0);
+}
+
+// Segments [r0, r1): y[j, k] = ((0.0 + c[s] * x[i[s], k]) + c[s + 1] * x[i[s + 1], k]) + ...
+template <typename I, bool WEIGHTED>
+void fold_rows(const double* __restrict__ x, const I* __restrict__ index, const double* __restrict__ coef,
+               const int64_t* __restrict__ ptr, int64_t w, double* __restrict__ y, int64_t r0, int64_t r1) {
+    const int64_t row_bytes = w * (int64_t)sizeof(double);
+    const int64_t e_end = ptr[r1];
+    for (int64_t j = r0; j < r1; ++j) {
+        double* __restrict__ yr = y + j * w;  // zeros: the sums start from 0.0
+        const int64_t e1 = ptr[j + 1];
+        for (int64_t e = ptr[j]; e < e1; ++e) {
+            if (e + kFoldPrefetchAhead < e_end) prefetch_bytes(x + (int64_t)index[e + kFoldPrefetchAhead] * w, row_bytes);
+            const double* __restrict__ xr = x + (int64_t)index[e] * w;
+            if constexpr (WEIGHTED) {
+                const double c = coef[e];
+#pragma omp simd
+                for (int64_t k = 0; k < w; ++k) {
+                    const double p = c * xr[k];
+                    yr[k] = yr[k] + p;
+                }
+            } else {
+#pragma omp simd
+                for (int64_t k = 0; k < w; ++k) yr[k] = yr[k] + xr[k];
+            }
+        }
+    }
+}
+
+// The first segment of thread t's share: about total * t / n entries before it.
+int64_t fold_split(const int64_t* ptr, int64_t n_rows, int64_t t, int64_t n) {
+    if (t <= 0) return 0;
+    if (t >= n) return n_rows;
+    const int64_t target = ptr[n_rows] / n * t + (ptr[n_rows] % n) * t / n;
+    int64_t lo = 0, hi = n_rows;
+    while (lo < hi) {
+        const int64_t mid = lo + (hi - lo) / 2;
+        if (ptr[mid] < target) lo = mid + 1; else hi = mid;
+    }
+    return lo;
+}
+
+// fold_sums(x (rows, w) float64, index (E,) int32/int64, coef (E,) float64 or None, ptr (n + 1,) int64)
+// -> (n, w) float64: the segment sums described at the top of this file. The caller (engines/native.py)
+// checks the index range and that ptr runs from 0 to E, sorted.
+at::Tensor fold_sums(const at::Tensor& x, const at::Tensor& index, const c10::optional<at::Tensor>& coef,
+                     const at::Tensor& ptr) {
+    TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kDouble && x.is_contiguous(), "fold_sums: x must be a contiguous 2-d float64 tensor");
+    TORCH_CHECK(ptr.dim() == 1 && ptr.scalar_type() == at::kLong && ptr.is_contiguous() && ptr.numel() >= 1, "fold_sums: ptr must be a contiguous 1-d int64 tensor");
+    TORCH_CHECK(index.dim() == 1 && index.is_contiguous(), "fold_sums: index must be a contiguous 1-d tensor");
+    const bool weighted = coef.has_value() && coef->defined();
+    if (weighted)
+        TORCH_CHECK(coef->dim() == 1 && coef->scalar_type() == at::kDouble && coef->is_contiguous() && coef->numel() == index.numel(),
+                    "fold_sums: coef must be a contiguous float64 tensor as long as index");
+    const int64_t n = ptr.numel() - 1, w = x.size(1);
+    const int64_t* p = ptr.data_ptr<int64_t>();
+    TORCH_CHECK(p[0] == 0 && p[n] == index.numel(), "fold_sums: ptr must run from 0 to the number of entries");
+    at::Tensor y = at::zeros({n, w}, x.options());
+    if (n == 0 || w == 0 || index.numel() == 0) return y;
+    const double* xd = x.data_ptr<double>();
+    const double* cd = weighted ? coef->data_ptr<double>() : nullptr;
+    double* yd = y.data_ptr<double>();
+    const int64_t threads = (index.numel() * w < kFoldParallelValues || n < 2) ? 1 : at::get_num_threads();
+    AT_DISPATCH_INDEX_TYPES(index.scalar_type(), "fold_sums", [&] {
+        const index_t* id = index.data_ptr<index_t>();
+        auto run = [&](int64_t r0, int64_t r1) {
+            if (weighted) fold_rows<index_t, true>(xd, id, cd, p, w, yd, r0, r1);
+            else fold_rows<index_t, false>(xd, id, cd, p, w, yd, r0, r1);
+        };
+        if (threads <= 1) {
+            run(0, n);
+            return;
+        }
+        at::parallel_for(0, threads, 1, [&](int64_t t0, int64_t t1) {
+            for (int64_t t = t0; t < t1; ++t) run(fold_split(p, n, t, threads), fold_split(p, n, t + 1, threads));
+        });
+    });
+    return y;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(neurovec_cpu, m) {
+    m.def("fold_sums(Tensor x, Tensor index, Tensor? coef, Tensor ptr) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(neurovec_cpu, CPU, m) {
+    m.impl("fold_sums", fold_sums);
+}
