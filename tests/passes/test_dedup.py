@@ -378,3 +378,31 @@ def test_labels_in_chunks_merge_as_whole_labels(monkeypatch, tu_dir):
     for chunk in (1, 7, 64):
         monkeypatch.setattr(grouping, "CHUNK", chunk)
         assert _same_program(passes(), whole)
+
+
+def test_recent_pairs_are_given_again_only_for_equal_arguments(monkeypatch):
+    """NOTE: [repeated labellings]: a call with arguments equal to the last one's (other objects) gets a copy
+    of its value without computing it; a call with any argument different computes it."""
+    from neurovec.compiler.passes import dedup as dd
+    monkeypatch.setattr(dd, "_RECENT_ROWS", 4)
+    calls = []
+
+    def _pair(*args):
+        calls.append(args)
+        return dd._pair(*args)
+
+    recent = dd._Recent()
+    rng = np.random.default_rng(0)
+    a, b, rows = rng.integers(0, 5, 7), rng.integers(0, 9, 50), rng.integers(0, 7, 50)
+    first = recent(_pair, 50, a, 5, b, 9, rows, None, False)
+    again = recent(_pair, 50, a.copy(), 5, b.copy(), 9, rows.copy(), None, False)
+    assert len(calls) == 1 and again[1] == first[1] and np.array_equal(again[0], first[0])
+    assert not first[0].flags.writeable and again[0].flags.writeable  # the kept value stays as it is
+    changed = rows.copy()
+    changed[-1] = (changed[-1] + 1) % 7
+    for args in [(a, 5, b, 9, changed, None, False), (a, 5, b, 9, rows, None, True), (a, 6, b, 9, rows, None, True)]:
+        recent(_pair, 50, *args)
+    assert len(calls) == 4
+    recent(_pair, 3, a, 6, b[:3], 9, rows[:3], None, True)  # below _RECENT_ROWS: computed, not kept
+    recent(_pair, 3, a, 6, b[:3], 9, rows[:3], None, True)
+    assert len(calls) == 6
