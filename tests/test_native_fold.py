@@ -8,7 +8,7 @@ from neurovec.compiler import backend
 from neurovec.compiler.passes import fold_constants as fc
 from neurovec.engines import native
 
-pytestmark = pytest.mark.skipif(not native.available(), reason="neurovec's C++ kernels are not built here")
+pytestmark = pytest.mark.skipif(not native.available(), reason="neurovec's C++ kernels are switched off or not built here")
 
 WIDTH = 19  # wider than a vector register: the kernel's vector loop and its remainder both run
 
