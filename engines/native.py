@@ -121,7 +121,7 @@ def fold_sums(facts, index, coef, counts):
     import numpy as np  # noqa: PLC0415 - only the compiler's folds call this
 
     facts = np.ascontiguousarray(facts, dtype=np.float64)
-    x = facts.reshape(facts.shape[0], -1) if facts.ndim != 2 else facts
+    x = facts.reshape(facts.shape[0], int(np.prod(facts.shape[1:], dtype=np.int64)))
     counts = np.asarray(counts, dtype=np.int64)
     ptr = np.zeros(counts.size + 1, dtype=np.int64)
     np.cumsum(counts, out=ptr[1:])

@@ -87,3 +87,14 @@ def test_fold_constants_takes_the_engine_sums_where_offered(monkeypatch):
     assert np.array_equal(_bits(fc._engine_sums(facts, index, coef, counts)), _bits(expected)) and len(calls) == 1
     monkeypatch.setattr(backend, "_registered", [object()])
     assert fc._engine_sums(facts, index, coef, counts) is None
+
+
+def test_rows_of_several_axes_and_empty_inputs():
+    rng = np.random.default_rng(1)
+    facts, index, counts = rng.standard_normal((5, 2, 3)), np.array([0, 4, 4, 1]), np.array([1, 0, 3])
+    coef = rng.standard_normal(4)
+    value = native.fold_sums(facts, index, coef, counts)
+    assert value.shape == (3, 6)
+    assert np.array_equal(_bits(value), _bits(fc.sequential_sums(facts, index, coef, counts)))
+    empty = native.fold_sums(np.zeros((0, 3)), np.zeros(0, np.int64), None, np.zeros(4, np.int64))
+    assert empty.shape == (4, 3) and not empty.any() and not np.signbit(empty).any()
