@@ -18,7 +18,7 @@ from .compiler import backend
 from .compiler.ir import Program
 from .compiler.pipeline import build_program, resolve_settings
 from .compiler.settings import Settings
-from .engines import kernels, torch_module
+from .engines import kernels, native, torch_module
 from .engines.torch_module import CompiledModule
 from .memory import reusing_freed_memory
 from .sources.graph import Graph
@@ -39,6 +39,10 @@ class TorchBackend:
     def fuses_gather(self, n_edges: int, counts: np.ndarray, feature_size: int, reduce: str) -> bool:
         return kernels.choose_kernel(n_edges, counts.size, counts, feature_size, "cpu", reduce=reduce,
                                      after_gather=True, native_kernels=True) == "sparse_mm"
+
+    def sequential_sums(self, facts: np.ndarray, index: np.ndarray, coef: np.ndarray | None,
+                        counts: np.ndarray) -> np.ndarray | None:
+        return native.fold_sums(facts, index, coef, counts)
 
     def gathers_as_sum(self, count: int, feature_size: int, needs_grad: bool) -> bool:
         return kernels.choose_gather_kernel(count, feature_size, needs_grad, native_kernels=True) == "sparse_mm"

@@ -5,7 +5,8 @@ registers the torch engine's answers here when it is imported (``neurovec`` impo
 need them:
 
 * ``fold_constants`` computes constant values by running the program itself (``evaluate``), so
-  that they are exactly what the module would compute;
+  that they are exactly what the module would compute, and the folded sums of gathered facts from
+  the engine's fold kernel where it has one (``sequential_sums``, optional);
 * ``choose_kernels`` shapes reductions for the engine's kernels: whether a sum after a gather is
   one fused sparse sum (``fuses_gather``), and whether a large gather with a backward is better run
   as a sparse sum of one row per segment (``gathers_as_sum``). Which kernel then runs a reduction
@@ -35,6 +36,12 @@ class Backend(Protocol):
     def gathers_as_sum(self, count: int, feature_size: int, needs_grad: bool) -> bool:
         """Whether a gather of ``count`` rows (of a value that needs a gradient, or not) runs best as
         a sparse sum of one row per segment."""
+
+    def sequential_sums(self, facts: np.ndarray, index: np.ndarray, coef: np.ndarray | None,
+                        counts: np.ndarray) -> np.ndarray | None:
+        """Optional: ``fold_constants.sequential_sums(facts, index, coef, counts)``'s values bit for bit
+        (float64, one row per segment), or None where the engine cannot compute them now; the pass asks
+        for it with ``getattr`` and computes them itself without it."""
 
 
 _registered: list[Backend] = []
