@@ -275,6 +275,9 @@ class Program:
             if srcs[0].count != 1 or len(srcs[0].shape) != 2 or (n.count, *n.shape) != srcs[0].shape[::-1]:
                 raise IRError(f"%{n.name} TRANSPOSE of %{srcs[0].name} {(srcs[0].count, *srcs[0].shape)} "
                               f"is not ({n.count}, {', '.join(map(str, n.shape))})")
+        elif n.op is Op.FACT and n.attrs.get("unit"):
+            if n.shape != () or not np.all(self.constants[n.attrs["const"]] == 1.0):
+                raise IRError(f"unit fact %{n.name} does not hold scalar ones")  # (thesis 5.2.8 A: nothing to build)
         elif n.op in (Op.ADD, Op.TRANSFORM):
             if srcs[0].count != n.count or (n.op is Op.ADD and srcs[1].count not in (1, n.count)):
                 raise IRError(f"%{n.name} {n.op.name} inputs have row counts "

@@ -61,7 +61,8 @@ def _concat_index(rw: Rewriter, base: str, sources: list[Node], which, ordinal: 
     joined = _concat(rw, f"{base}_cat", sources, layer)
     if len(sources) == 1:
         index = compact_index(ordinal)  # int32 at once: no edge-sized int64 copy first
-        return _gather(rw, base, joined, index.copy() if index is ordinal else index, layer)  # the graph's array stays its own
+        # (a copy where that is the graph's own array: the program's stays its own)
+        return _gather(rw, base, joined, index.copy() if index is ordinal else index, layer)
     offsets = np.concatenate([[0], np.cumsum([s.count for s in sources])])[:-1]
     # offsets[which] + ordinal a chunk at a time into one index of the stored type (NOTE: [chunks]).
     index = np.empty(ordinal.size, dtype=row_dtype(joined.count))

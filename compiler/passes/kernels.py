@@ -37,10 +37,6 @@ from ..settings import Settings
 __all__ = ["choose_kernels"]
 
 
-def _feature_size(shape: tuple) -> int:
-    return int(np.prod(shape)) if shape else 1
-
-
 def choose_kernels(program: Program, settings: Settings) -> Program:
     nodes = program.by_name()
     once = single_use(program)
@@ -56,7 +52,7 @@ def choose_kernels(program: Program, settings: Settings) -> Program:
         fusable = (source.op is Op.GATHER and source.name in once
                    and node.attrs["aggregation"] in ("sum", "mean"))
         if forced == "auto":
-            fuse = fusable and engine.fuses_gather(source.count, counts, _feature_size(node.shape), "sum")
+            fuse = fusable and engine.fuses_gather(source.count, counts, int(np.prod(node.shape)), "sum")
             kernel = "auto"
         else:
             # A forced kernel that cannot express this reduction falls back to the general one.
@@ -111,7 +107,7 @@ def _gathers_as_sums(program: Program, engine, keep: set[str]) -> Program:
     ones: dict[int, str] = {}
     for node in program.nodes:
         if (node.op is Op.GATHER and node.name not in keep_sign and node.name not in keep
-                and engine.gathers_as_sum(node.count, _feature_size(node.shape), nodes[node.srcs[0]].name in grad)):
+                and engine.gathers_as_sum(node.count, int(np.prod(node.shape)), nodes[node.srcs[0]].name in grad)):
             if node.count not in ones:
                 ones[node.count] = rw.const(f"ones_{node.count}", np.ones(node.count, dtype=np.int64))
             node = node.with_(op=Op.REDUCE, attrs={"aggregation": "sum", "counts": ones[node.count],

@@ -12,6 +12,7 @@ from neurovec.engines.torch_module import CompiledModule
 
 from ..equivalence import assert_equivalent
 from ..builders import Builder, assert_same_function
+from .test_fuse_fact_products import two_products
 
 SETTINGS = Settings()
 
@@ -142,28 +143,13 @@ def test_a_bias_after_a_sum_goes_to_its_product_term():
     assert "torch.addmm(" in CompiledModule(after).code
 
 
-def fact_products_plus_bias(dynamic=()):
-    """y = (x @ A.T + m @ B.T) + b over facts x and m: fuse_fact_products' form, plus a one-row bias."""
-    b = Builder()
-    b.fact("x", np.linspace(-1, 1, 15).reshape(5, 3))
-    b.fact("m", np.linspace(2, -1, 10).reshape(5, 2))
-    b.weights("A", (4, 3))
-    b.weights("B", (4, 2))
-    b.linear("ax", "A", "x", w_layout="tile")
-    b.linear("bm", "B", "m", w_layout="tile")
-    b.add("s", "ax", "bm")
-    b.weights("C", (4,))
-    b.add("y", "s", "C")
-    return b.build("y").replace(dynamic_facts=dynamic)
-
-
 def test_a_bias_stays_outside_what_fuse_fact_products_takes():
     """Over static facts the sum is left for fuse_fact_products (one addmm with the bias); over a
     dynamic fact it never is, so the bias goes to a product term as anywhere else
     (``ir.fact_product_sides``, the one test of that form)."""
-    before = fact_products_plus_bias()
+    before = two_products(bias=True)
     assert merge_row_adds(before, SETTINGS) is before
-    before = fact_products_plus_bias(dynamic=("x",))
+    before = two_products(dynamic=("x",), bias=True)
     after = merge_row_adds(before, SETTINGS)
     assert after.node(after.node("y").srcs[1]).srcs == ("bm", "C")
     assert_same_function(before, after)
