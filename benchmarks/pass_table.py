@@ -46,8 +46,7 @@ WHY_IT_STAYS = {
     "merge_unit_facts": "Mutagenesis's two unit-fact layers (the only ones here) give the same program "
                         "without it, as simplify_unit_linear drops the products over either; without "
                         "simplify_unit_linear it changes both programs",
-    "clean_up": "materialize_units is a check only (units stay scalar ones: thesis 5.2.8 A needs nothing built "
-                "here); no CONCAT of facts or of weights that only it reads is left here (preconcatenate); "
+    "clean_up": "no CONCAT of facts or of weights that only it reads is left here (preconcatenate); "
                 "every pass here drops what it leaves unread (remove_unused)",
     "scatter_to_segment": "choose_kernels leaves the kernel to the engine (\"auto\") anyway, and no "
                           "equal-count reduction here reads a gather that the transposed (k, n) order "

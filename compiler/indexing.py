@@ -264,13 +264,8 @@ def is_constant(program: Program, nodes: dict[str, Node]) -> set[str]:
     learnable = {w.name: w.learnable for w in program.weights}
     constant: set[str] = set()
     for node in nodes.values():
-        if node.op is Op.FACT:
-            if static_fact(node, program.dynamic_facts):
-                constant.add(node.name)
-        elif node.op is Op.WEIGHTS:
-            if fixed_weights(node, learnable):
-                constant.add(node.name)
-        elif all(s in constant for s in node.srcs):
+        if static_fact(node, program.dynamic_facts) or fixed_weights(node, learnable) or (
+                node.op not in (Op.FACT, Op.WEIGHTS) and all(s in constant for s in node.srcs)):
             constant.add(node.name)
     return constant
 

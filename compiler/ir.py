@@ -66,7 +66,7 @@ from typing import Mapping
 import numpy as np
 
 __all__ = ["Op", "Node", "Program", "IRError", "INDEXING", "REDUCE_KERNELS", "LAYOUTS", "CONST_ATTRS", "linear_grid",
-           "users_of", "compact_index", "stored", "read_only", "is_sparse_sum", "shared_product"]
+           "users_of", "compact_index", "stored", "read_only", "is_sparse_sum", "shared_product", "fact_product_sides"]
 
 REDUCE_KERNELS = ("scatter", "segment", "dense", "strided", "sparse_mm", "auto")
 LAYOUTS = ("full", "tile", "interleave")
@@ -275,6 +275,9 @@ class Program:
             if srcs[0].count != 1 or len(srcs[0].shape) != 2 or (n.count, *n.shape) != srcs[0].shape[::-1]:
                 raise IRError(f"%{n.name} TRANSPOSE of %{srcs[0].name} {(srcs[0].count, *srcs[0].shape)} "
                               f"is not ({n.count}, {', '.join(map(str, n.shape))})")
+        elif n.op is Op.FACT and n.attrs.get("unit"):
+            if n.shape != () or not np.all(self.constants[n.attrs["const"]] == 1.0):
+                raise IRError(f"unit fact %{n.name} does not hold scalar ones")  # (thesis 5.2.8 A: nothing to build)
         elif n.op in (Op.ADD, Op.TRANSFORM):
             if srcs[0].count != n.count or (n.op is Op.ADD and srcs[1].count not in (1, n.count)):
                 raise IRError(f"%{n.name} {n.op.name} inputs have row counts "
@@ -365,3 +368,28 @@ def shared_product(node: Node, nodes: dict[str, Node]) -> bool:
         return False
     w, x = (nodes[s] for s in node.srcs)
     return w.count == 1 and x.count == node.count and len(w.shape) == 2
+
+
+def fact_product_sides(add: Node, nodes: Mapping[str, Node], once: set[str], dynamic
+                       ) -> list[tuple[Node, str | None]] | None:
+    """Each side of ``add`` as ``(product, gather index key or None)`` where ``add`` is an ADD of two
+    different values, each a shared-weight product over a whole static fact (``x @ W.T``, ``x`` a
+    vector fact not in ``dynamic``), or a gather of one, with the ADD's rows and shape, each node
+    read once (``once``); else None. ``fuse_fact_products`` makes such an addition one product over
+    the facts side by side (GraphSAGE's first layer), which ``choose_kernels`` and ``merge_row_adds``
+    leave in this form."""
+    if add.op is not Op.ADD or add.srcs[0] == add.srcs[1]:
+        return None
+    sides = []
+    for name in add.srcs:
+        side, index = nodes[name], None
+        if side.op is Op.GATHER and name in once:
+            side, index = nodes[side.srcs[0]], side.attrs["index"]
+        if side.name not in once or not shared_product(side, nodes) or side.attrs.get("x_layout", "full") != "full":
+            return None
+        x = nodes[side.srcs[1]]
+        if (x.op is not Op.FACT or x.attrs.get("fact_layer") in dynamic or len(x.shape) != 1
+                or (index is None and x.count != add.count) or side.shape != add.shape):
+            return None
+        sides.append((side, index))
+    return sides

@@ -73,10 +73,9 @@ PIPELINE: list[tuple[str, Callable[[Settings], bool], Pass]] = [
     ("simplify_gathers", *_SIMPLIFY),
     # Reductions last: the gathers before them are final now.
     ("scatter_to_segment", lambda s: s.transposed_reductions, segments.scatter_to_segment),
-    # Thesis 5.2.10 steps 19-20 on the final row structure: units checked, facts or weights that
-    # are only read together pre-concatenated, then what nothing reads dropped.
-    ("clean_up", *_together((lambda s: s.merge_unit_facts or s.simplify_unit_linear, unit_facts.materialize_units),
-                            (lambda s: s.preconcatenate, cleanup.preconcatenate),
+    # Thesis 5.2.10 steps 19-20 on the final row structure: facts or weights that are only read
+    # together pre-concatenated, then what nothing reads dropped (units stay scalar ones: verify).
+    ("clean_up", *_together((lambda s: s.preconcatenate, cleanup.preconcatenate),
                             (lambda s: s.remove_unused, cleanup.remove_unused))),
     # Algebra on the final row structure (reductions keep their rows from here on).
     ("reduce_coefficients", lambda s: s.reduce_coefficients, coefficients.reduce_coefficients),

@@ -22,73 +22,67 @@ import numpy as np
 
 from ..sources.graph import NO_WEIGHT, FactLayer, Graph
 from .grouping import CHUNK, row_dtype
-from .ir import Node, Op, Program, compact_index, stored
-from .rewrite import unique_name
+from .ir import Node, Op, Program, compact_index
+from .rewrite import Rewriter
 from .prune import prune_unreachable
 
 __all__ = ["vectorize"]
 
 
-class _Emitter:
-    """Appends nodes and constants under unique, readable names."""
-
-    def __init__(self):
-        self.nodes: list[Node] = []
-        self.constants: dict[str, np.ndarray] = {}
-        self._taken: set[str] = set()
-
-    def name(self, base: str) -> str:
-        base = re.sub(r"\W+", "_", base).strip("_") or "v"
-        if base[0].isdigit():
-            base = "_" + base
-        return unique_name(base, self._taken)
-
-    def const(self, base: str, array: np.ndarray) -> str:
-        key = self.name(base)
-        self.constants[key] = stored(array)
-        return key
-
-    def add(self, base: str, op: Op, srcs, count: int, shape, layer: str = "", **attrs) -> Node:
-        node = Node(self.name(base), op, tuple(srcs), int(count), tuple(shape), attrs, layer)
-        self.nodes.append(node)
-        return node
-
-    def gather(self, base: str, src: Node, index: np.ndarray, layer: str) -> Node:
-        key = self.const(f"idx_{base}", index)
-        return self.add(base, Op.GATHER, [src.name], len(index), src.shape, layer, index=key)
-
-    def concat(self, base: str, srcs: list[Node], layer: str) -> Node:
-        if len(srcs) == 1:
-            return srcs[0]
-        return self.add(base, Op.CONCAT, [s.name for s in srcs], sum(s.count for s in srcs),
-                        srcs[0].shape, layer)
+def _clean(base: str) -> str:
+    """A name base made of word characters, not starting with a digit (layer names may have others)."""
+    base = re.sub(r"\W+", "_", base).strip("_") or "v"
+    return "_" + base if base[0].isdigit() else base
 
 
-def _concat_index(e: _Emitter, base: str, sources: list[Node], which, ordinal: np.ndarray,
+def _const(rw: Rewriter, base: str, array: np.ndarray) -> str:
+    return rw.const(_clean(base), array)
+
+
+def _add(rw: Rewriter, base: str, op: Op, srcs, count: int, shape, layer: str = "", **attrs) -> Node:
+    return rw.emit(rw.fresh(_clean(base)), op, srcs, count, shape, layer, **attrs)
+
+
+def _gather(rw: Rewriter, base: str, src: Node, index: np.ndarray, layer: str) -> Node:
+    key = _const(rw, f"idx_{base}", index)
+    return _add(rw, base, Op.GATHER, [src.name], len(index), src.shape, layer, index=key)
+
+
+def _concat(rw: Rewriter, base: str, srcs: list[Node], layer: str) -> Node:
+    if len(srcs) == 1:
+        return srcs[0]
+    return _add(rw, base, Op.CONCAT, [s.name for s in srcs], sum(s.count for s in srcs), srcs[0].shape, layer)
+
+
+def _concat_index(rw: Rewriter, base: str, sources: list[Node], which, ordinal: np.ndarray,
                   layer: str) -> Node:
     """GATHER(CONCAT(sources), offset[which] + ordinal): rows of several tensors, in any order.
     ``which(rows)`` gives the source of the rows ``rows`` (a slice); it is not called for a single source."""
-    joined = e.concat(f"{base}_cat", sources, layer)
+    joined = _concat(rw, f"{base}_cat", sources, layer)
     if len(sources) == 1:
         index = compact_index(ordinal)  # int32 at once: no edge-sized int64 copy first
-        return e.gather(base, joined, index.copy() if index is ordinal else index, layer)  # the graph's array stays its own
+        # (a copy where that is the graph's own array: the program's stays its own)
+        return _gather(rw, base, joined, index.copy() if index is ordinal else index, layer)
     offsets = np.concatenate([[0], np.cumsum([s.count for s in sources])])[:-1]
     # offsets[which] + ordinal a chunk at a time into one index of the stored type (NOTE: [chunks]).
     index = np.empty(ordinal.size, dtype=row_dtype(joined.count))
     for lo in range(0, ordinal.size, CHUNK):
         np.add(offsets[which(slice(lo, lo + CHUNK))], ordinal[lo:lo + CHUNK], out=index[lo:lo + CHUNK],
                casting="unsafe")
-    return e.gather(base, joined, index, layer)
+    return _gather(rw, base, joined, index, layer)
 
 
 def vectorize(graph: Graph) -> Program:
     """Turn a validated :class:`Graph` into an unoptimized :class:`Program`.
 
     Only the neurons some output reaches are computed (``prune.py``: an unread neuron's
-    backward can still put a NaN into a used weight's gradient).
+    backward can still put a NaN into a used weight's gradient). The nodes are emitted, in
+    order, into an empty program by the one program editor (``rewrite.Rewriter``), which mints
+    their names.
     """
     graph = prune_unreachable(graph)
-    e = _Emitter()
+    fact_shapes = {layer.name: tuple(layer.values.shape) for layer in graph.layers if isinstance(layer, FactLayer)}
+    rw = Rewriter(Program((), {}, graph.weights, "", fact_shapes))
     values: list[Node] = []  # the value node of each graph layer
     weight_stacks: dict[tuple, tuple[Node, np.ndarray]] = {}  # shape -> (WEIGHTS node, weight -> row)
     weight_shapes = [w.shape for w in graph.weights]
@@ -99,8 +93,8 @@ def vectorize(graph: Graph) -> Program:
             row = np.full(len(graph.weights), -1, dtype=np.int64)
             row[members] = np.arange(len(members))
             label = "x".join(map(str, shape)) or "scalar"
-            node = e.add(f"w_{label}", Op.WEIGHTS, [], len(members), shape,
-                         names=tuple(graph.weights[i].name for i in members))
+            node = _add(rw, f"w_{label}", Op.WEIGHTS, [], len(members), shape,
+                        names=tuple(graph.weights[i].name for i in members))
             weight_stacks[shape] = (node, row)
         return weight_stacks[shape]
 
@@ -111,8 +105,8 @@ def vectorize(graph: Graph) -> Program:
     for index, layer in enumerate(graph.layers):
         name = layer.name
         if isinstance(layer, FactLayer):
-            key = e.const(f"facts_{name}", layer.values)
-            values.append(e.add(f"f_{name}", Op.FACT, [], layer.size, layer.value_shape, name,
+            key = _const(rw, f"facts_{name}", layer.values)
+            values.append(_add(rw, f"f_{name}", Op.FACT, [], layer.size, layer.value_shape, name,
                                 const=key, fact_layer=name, unit=layer.unit))
             continue
         out_shape = graph.layer_shapes[index]
@@ -146,16 +140,16 @@ def vectorize(graph: Graph) -> Program:
                 used = np.flatnonzero(np.bincount(g_src, minlength=index))
             local = np.full(index, -1, dtype=np.int64)
             local[used] = np.arange(used.size)
-            x = _concat_index(e, f"{tag}_x", [values[i] for i in used], lambda rows: local[g_src[rows]], g_ordinal,
+            x = _concat_index(rw, f"{tag}_x", [values[i] for i in used], lambda rows: local[g_src[rows]], g_ordinal,
                               name)
             if w_cls < 0:
                 products.append(x)
                 continue
             w_shape = shape_of_cls[w_cls]
             stack, row = weights_of_shape(w_shape)
-            w = e.gather(f"{tag}_w", stack, compact_index(row)[g_weight], name)  # stored as int32: no int64 copy
+            w = _gather(rw, f"{tag}_w", stack, compact_index(row)[g_weight], name)  # stored as int32: no int64 copy
             kind = "matmul" if len(w_shape) == 2 and x.shape != () else "mul"
-            products.append(e.add(f"{tag}_lin", Op.LINEAR, [w.name, x.name], g_src.size, out_shape, name,
+            products.append(_add(rw, f"{tag}_lin", Op.LINEAR, [w.name, x.name], g_src.size, out_shape, name,
                                   kind=kind))
         if len(products) == 1:
             edge_values = products[0]
@@ -163,38 +157,38 @@ def vectorize(graph: Graph) -> Program:
             # Back to edge order: row k of the concatenated products is edge order[k].
             position = np.empty(layer.n_edges, dtype=np.int64)
             position[np.concatenate(order)] = np.arange(layer.n_edges)
-            joined = e.concat(f"{name}_products", products, name)
-            edge_values = e.gather(f"{name}_edges", joined, position, name)
-        counts = e.const(f"counts_{name}", layer.counts.copy())
-        value = e.add(f"{name}_agg", Op.REDUCE, [edge_values.name], layer.size, out_shape, name,
+            joined = _concat(rw, f"{name}_products", products, name)
+            edge_values = _gather(rw, f"{name}_edges", joined, position, name)
+        counts = _const(rw, f"counts_{name}", layer.counts.copy())
+        value = _add(rw, f"{name}_agg", Op.REDUCE, [edge_values.name], layer.size, out_shape, name,
                       aggregation=layer.aggregation, counts=counts)
         if np.any(layer.bias != NO_WEIGHT):
-            value = _add_bias(e, name, value, layer.bias, graph, weights_of_shape)
+            value = _add_bias(rw, name, value, layer.bias, graph, weights_of_shape)
         if layer.transformation != "identity":
-            value = e.add(f"{name}_out", Op.TRANSFORM, [value.name], layer.size, out_shape, name,
+            value = _add(rw, f"{name}_out", Op.TRANSFORM, [value.name], layer.size, out_shape, name,
                           fn=layer.transformation)
         values.append(value)
 
     output_source = _local(graph.output_layer)
-    out = _concat_index(e, "output", [values[i] for i in np.unique(graph.output_layer)],
+    out = _concat_index(rw, "output", [values[i] for i in np.unique(graph.output_layer)],
                         lambda rows: output_source[rows], graph.output_ordinal, "output")
-    fact_shapes = {layer.name: tuple(layer.values.shape) for layer in graph.layers if isinstance(layer, FactLayer)}
-    return Program(tuple(e.nodes), e.constants, graph.weights, out.name, fact_shapes)
+    rw.output = out.name
+    return rw.finish()
 
 
-def _add_bias(e: _Emitter, name: str, value: Node, bias: np.ndarray, graph: Graph, weights_of_shape) -> Node:
+def _add_bias(rw: Rewriter, name: str, value: Node, bias: np.ndarray, graph: Graph, weights_of_shape) -> Node:
     shape = graph.weights[int(bias[bias != NO_WEIGHT][0])].shape  # validated: one bias shape per layer
     stack, row = weights_of_shape(shape)
     if np.all(bias != NO_WEIGHT):
-        b = e.gather(f"{name}_bias", stack, row[bias], name)
+        b = _gather(rw, f"{name}_bias", stack, row[bias], name)
     else:
         # Neurons without a bias read an appended row of -0.0: the exact additive identity
         # (-0.0 + x is x for every x, -0.0 included; 0.0 + -0.0 would be 0.0, and 1 / it +inf).
-        zero = e.add(f"{name}_nobias", Op.FACT, [], 1, shape, name,
-                     const=e.const(f"zeros_{name}", np.full((1,) + shape, -0.0)), fact_layer=None, unit=False)
-        joined = e.concat(f"{name}_bias_cat", [stack, zero], name)
-        b = e.gather(f"{name}_bias", joined, np.where(bias == NO_WEIGHT, stack.count, row[bias]), name)
-    return e.add(f"{name}_biased", Op.ADD, [value.name, b.name], value.count, value.shape, name)
+        zero = _add(rw, f"{name}_nobias", Op.FACT, [], 1, shape, name,
+                     const=_const(rw, f"zeros_{name}", np.full((1,) + shape, -0.0)), fact_layer=None, unit=False)
+        joined = _concat(rw, f"{name}_bias_cat", [stack, zero], name)
+        b = _gather(rw, f"{name}_bias", joined, np.where(bias == NO_WEIGHT, stack.count, row[bias]), name)
+    return _add(rw, f"{name}_biased", Op.ADD, [value.name, b.name], value.count, value.shape, name)
 
 
 def _one_group(key_of_layer: np.ndarray, src: np.ndarray, key_of_weight: np.ndarray, weight: np.ndarray

@@ -85,6 +85,14 @@ def test_weights_stack_and_verify_errors():
         Program(tuple(bad), {"c_x": np.ones((5, 2)), "c_w": np.ones((2, 2))}, (), "y").verify()
 
 
+def test_verify_checks_that_unit_facts_hold_scalar_ones():
+    """Units are stored as scalar ones from the start (thesis 5.2.8 A builds nothing here)."""
+    unit = Node("f_u", Op.FACT, (), 2, (), {"const": "c_u", "fact_layer": "u", "unit": True})
+    Program((unit,), {"c_u": np.ones(2)}, (), "f_u").verify()
+    with pytest.raises(IRError, match="scalar ones"):
+        Program((unit,), {"c_u": np.array([1.0, 2.0])}, (), "f_u").verify()
+
+
 def test_verify_since_an_earlier_program_checks_what_changed():
     x = fact("x", np.ones((3, 2)))
     g = Node("g", Op.GATHER, ("x",), 2, (2,), {"index": "i"})

@@ -26,7 +26,7 @@ neither ``h @ W.T + b`` nor either order of the sum is.
 """
 from __future__ import annotations
 
-from ..ir import Node, Op, Program, shared_product
+from ..ir import Node, Op, Program, fact_product_sides, shared_product
 from ..rewrite import Rewriter, single_use
 from ..settings import Settings
 
@@ -58,6 +58,7 @@ def _one_row(rw: Rewriter, name: str) -> str | None:
 def merge_row_adds(program: Program, settings: Settings) -> Program:
     nodes = program.by_name()
     once = single_use(program)
+    dynamic = set(program.dynamic_facts)
     rw = Rewriter(program)
     merged: set[str] = set()
     for node in program.nodes:
@@ -66,7 +67,7 @@ def merge_row_adds(program: Program, settings: Settings) -> Program:
             rw.keep(node)
             continue
         a, b = nodes[inner.srcs[1]], nodes[node.srcs[1]]
-        product = _product_term(inner, b, nodes, once)
+        product = _product_term(inner, b, nodes, once, dynamic)
         if product is not None and node.name not in merged:
             other = inner.srcs[1 - inner.srcs.index(product)]
             biased = rw.emit(rw.fresh(f"{product}_biased"), Op.ADD, (product, b.name), inner.count,
@@ -82,11 +83,13 @@ def merge_row_adds(program: Program, settings: Settings) -> Program:
     return rw.finish()
 
 
-def _product_term(inner: Node, b: Node, nodes: dict[str, Node], once: set[str]) -> str | None:
+def _product_term(inner: Node, b: Node, nodes: dict[str, Node], once: set[str], dynamic: set[str]) -> str | None:
     """The term of addition ``inner`` (of two whole values) that is a shared-weight product read by
     ``inner`` alone, to which the one-row ``b`` can be added instead; None where there is none, or
-    where ``inner`` is a side-by-side product of facts (attr ``hcat``: one ``addmm`` with ``b`` already)."""
-    if b.count != 1 or inner.srcs[0] == inner.srcs[1] or "hcat" in inner.attrs or _fact_sides(inner, nodes, once):
+    where ``inner`` is a side-by-side product of facts (attr ``hcat``: one ``addmm`` with ``b`` already),
+    or may become one (``fact_product_sides``: ``fuse_fact_products`` runs later)."""
+    if b.count != 1 or inner.srcs[0] == inner.srcs[1] or "hcat" in inner.attrs \
+            or fact_product_sides(inner, nodes, once, dynamic):
         return None
     terms = [nodes[s] for s in inner.srcs]
     if any(t.count != inner.count or t.shape != inner.shape for t in terms) or b.shape != inner.shape:
@@ -95,14 +98,3 @@ def _product_term(inner: Node, b: Node, nodes: dict[str, Node], once: set[str]) 
         if shared_product(t, nodes) and t.name in once:
             return t.name
     return None
-
-
-def _fact_sides(inner: Node, nodes: dict[str, Node], once: set[str]) -> bool:
-    """Whether both terms of ``inner`` are shared-weight products of facts (one possibly through a
-    gather): ``fuse_fact_products``, later, may make them one product over the facts side by side."""
-    def fact_product(name: str) -> bool:
-        node = nodes[name]
-        if node.op is Op.GATHER and name in once:
-            node = nodes[node.srcs[0]]
-        return shared_product(node, nodes) and nodes[node.srcs[1]].op is Op.FACT
-    return all(fact_product(s) for s in inner.srcs)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ir import Node, Op, Program
+from ..ir import Node, Program, fact_product_sides
 from ..rewrite import Rewriter, single_use, zero_sign_matters
 from ..settings import Settings
 
@@ -39,9 +39,8 @@ def fuse_fact_products(program: Program, settings: Settings) -> Program:
     dynamic = set(program.dynamic_facts)
     rw = Rewriter(program)
     for node in program.nodes:
-        sides = [_fact_product(nodes[s], node, nodes, once, dynamic) for s in node.srcs] \
-            if node.op is Op.ADD and node.name not in matters and node.srcs[0] != node.srcs[1] else [None]
-        if all(side is not None for side in sides) and _cheaper(program, node, nodes, sides):
+        sides = fact_product_sides(node, nodes, once, dynamic) if node.name not in matters else None
+        if sides and _cheaper(program, node, nodes, sides):
             facts = []
             for product, index in sides:
                 values = program.constants[nodes[product.srcs[1]].attrs["const"]]
@@ -50,25 +49,6 @@ def fuse_fact_products(program: Program, settings: Settings) -> Program:
             node = node.with_(attrs=dict(node.attrs, hcat=key, hcat_weights=tuple(p.srcs[0] for p, _ in sides)))
         rw.keep(node)
     return rw.finish()
-
-
-def _fact_product(side: Node, add: Node, nodes: dict[str, Node], once: set[str], dynamic: set[str]
-                  ) -> tuple[Node, str | None] | None:
-    """``(product, gather index or None)`` if ``side`` is a one-weight GEMM over a static fact, or a
-    gather of one, read only by ``add`` (and the gather only by ``side``); else None."""
-    index = None
-    if side.op is Op.GATHER and side.name in once:
-        index, side = side.attrs["index"], nodes[side.srcs[0]]
-    elif side.name not in once:
-        return None
-    if side.op is not Op.LINEAR or side.attrs["kind"] != "matmul" or side.name not in once:
-        return None
-    w, x = (nodes[s] for s in side.srcs)
-    if (w.count == 1 and len(w.shape) == 2 and side.attrs.get("x_layout", "full") == "full"
-            and x.op is Op.FACT and x.attrs.get("fact_layer") not in dynamic and len(x.shape) == 1
-            and (index is not None or x.count == add.count) and side.shape == add.shape):
-        return side, index
-    return None
 
 
 #: The fixed cost of one more op (and its backward), in values read or written: a few

@@ -30,15 +30,11 @@ from __future__ import annotations
 import numpy as np
 
 from .. import backend
-from ..ir import Op, Program, is_sparse_sum, shared_product
+from ..ir import Op, Program, fact_product_sides, is_sparse_sum
 from ..rewrite import Rewriter, single_use, zero_sign_matters
 from ..settings import Settings
 
 __all__ = ["choose_kernels"]
-
-
-def _feature_size(shape: tuple) -> int:
-    return int(np.prod(shape)) if shape else 1
 
 
 def choose_kernels(program: Program, settings: Settings) -> Program:
@@ -56,7 +52,7 @@ def choose_kernels(program: Program, settings: Settings) -> Program:
         fusable = (source.op is Op.GATHER and source.name in once
                    and node.attrs["aggregation"] in ("sum", "mean"))
         if forced == "auto":
-            fuse = fusable and engine.fuses_gather(source.count, counts, _feature_size(node.shape), "sum")
+            fuse = fusable and engine.fuses_gather(source.count, counts, int(np.prod(node.shape)), "sum")
             kernel = "auto"
         else:
             # A forced kernel that cannot express this reduction falls back to the general one.
@@ -90,26 +86,12 @@ def _needs_grad(program: Program) -> set[str]:
 
 
 def _fact_product_sides(program: Program) -> set[str]:
-    """The gathers that are one side of an addition of two shared-weight products of static facts
-    (each read once, a side possibly through a gather read once): ``fuse_fact_products``' form."""
+    """The gathers that are one side of ``fuse_fact_products``' form (``fact_product_sides``)."""
     nodes = program.by_name()
     once = single_use(program)
     dynamic = set(program.dynamic_facts)
-
-    def fact_product(name: str) -> bool:
-        node = nodes[name]
-        if node.op is Op.GATHER and name in once:
-            node = nodes[node.srcs[0]]
-        if node.name not in once or not shared_product(node, nodes):
-            return False
-        x = nodes[node.srcs[1]]
-        return x.op is Op.FACT and x.attrs.get("fact_layer") not in dynamic and len(x.shape) == 1
-
-    result = set()
-    for node in program.nodes:
-        if node.op is Op.ADD and node.srcs[0] != node.srcs[1] and all(fact_product(s) for s in node.srcs):
-            result.update(s for s in node.srcs if nodes[s].op is Op.GATHER)
-    return result
+    return {s for node in program.nodes if fact_product_sides(node, nodes, once, dynamic)
+            for s in node.srcs if nodes[s].op is Op.GATHER}
 
 
 def _gathers_as_sums(program: Program, engine, keep: set[str]) -> Program:
@@ -125,7 +107,7 @@ def _gathers_as_sums(program: Program, engine, keep: set[str]) -> Program:
     ones: dict[int, str] = {}
     for node in program.nodes:
         if (node.op is Op.GATHER and node.name not in keep_sign and node.name not in keep
-                and engine.gathers_as_sum(node.count, _feature_size(node.shape), nodes[node.srcs[0]].name in grad)):
+                and engine.gathers_as_sum(node.count, int(np.prod(node.shape)), nodes[node.srcs[0]].name in grad)):
             if node.count not in ones:
                 ones[node.count] = rw.const(f"ones_{node.count}", np.ones(node.count, dtype=np.int64))
             node = node.with_(op=Op.REDUCE, attrs={"aggregation": "sum", "counts": ones[node.count],

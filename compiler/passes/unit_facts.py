@@ -1,6 +1,6 @@
 """Thesis 5.2.8 unit facts: one shared unit row, and products with units dropped.
 
-A unit fact multiplied by a weight yields the weight. Three passes:
+A unit fact multiplied by a weight yields the weight. Two passes:
 
 ``merge_unit_facts`` (5.2.10 step 1): every static unit FACT becomes one FACT
 ``unit`` of a single row (1.0). Gathers from a unit fact read row 0 of it; a
@@ -28,28 +28,27 @@ A side that mixes units and other values is left as it is: units are scalar
 ones, which every product broadcasts (``product_shape``), so the mixed product
 is computed exactly.
 
-``materialize_units`` (5.2.8 A) has nothing to build in this IR: units are
+Thesis 5.2.8 A (materializing units) has nothing to build in this IR: units are
 stored as scalar ones from the start, and the Vectorizer never mixes values of
 different shapes on one side of a LINEAR (it splits them into shape groups,
 5.2.10 step 7), so no unit ever needs to become a vector of ones or an identity
-matrix; nor can a LINEAR of units on both sides have an unknown shape. The pass
-only checks that every static unit FACT still holds scalar ones.
+matrix; nor can a LINEAR of units on both sides have an unknown shape. That every
+unit FACT still holds scalar ones is one of ``Program.verify``'s checks.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from ..ir import IRError, Node, Op, Program
+from ..indexing import static_fact
+from ..ir import Node, Op, Program
 from ..rewrite import Rewriter
 from ..settings import Settings
 
-__all__ = ["merge_unit_facts", "simplify_unit_linear", "materialize_units"]
+__all__ = ["merge_unit_facts", "simplify_unit_linear"]
 
 
 def _static_units(program: Program, settings: Settings) -> list[Node]:
-    dynamic = set(settings.dynamic_facts)
-    return [n for n in program.nodes if n.op is Op.FACT and n.attrs.get("unit")
-            and n.attrs.get("fact_layer") not in dynamic]
+    return [n for n in program.nodes if static_fact(n, settings.dynamic_facts) and n.attrs.get("unit")]
 
 
 def merge_unit_facts(program: Program, settings: Settings) -> Program:
@@ -177,11 +176,3 @@ class _UnitRows:
                 part = np.searchsorted(ends, self.constants[node.attrs["index"]], side="right")
                 return bool(np.all(flags[part]))
         return False
-
-
-def materialize_units(program: Program, settings: Settings) -> Program:
-    for node in _static_units(program, settings):
-        values = program.constants[node.attrs["const"]]
-        if node.shape != () or not np.all(values == 1.0):
-            raise IRError(f"unit fact %{node.name} does not hold scalar ones")
-    return program

@@ -12,6 +12,7 @@ from neurovec.engines.torch_module import CompiledModule
 
 from ..equivalence import assert_equivalent
 from ..builders import Builder, assert_same_function
+from .test_fuse_fact_products import two_products
 
 SETTINGS = Settings()
 
@@ -140,3 +141,15 @@ def test_a_bias_after_a_sum_goes_to_its_product_term():
     assert y.srcs[0] == "a" and inner.op is Op.ADD and inner.srcs == ("hv", "B") and "s" not in after.by_name()
     assert_same_function(before, after)
     assert "torch.addmm(" in CompiledModule(after).code
+
+
+def test_a_bias_stays_outside_what_fuse_fact_products_takes():
+    """Over static facts the sum is left for fuse_fact_products (one addmm with the bias); over a
+    dynamic fact it never is, so the bias goes to a product term as anywhere else
+    (``ir.fact_product_sides``, the one test of that form)."""
+    before = two_products(bias=True)
+    assert merge_row_adds(before, SETTINGS) is before
+    before = two_products(dynamic=("x",), bias=True)
+    after = merge_row_adds(before, SETTINGS)
+    assert after.node(after.node("y").srcs[1]).srcs == ("bm", "C")
+    assert_same_function(before, after)

@@ -17,7 +17,8 @@ from ..builders import Builder, assert_same_function
 SETTINGS = Settings()
 
 
-def two_products(reader="tanh", dynamic=()):
+def two_products(reader="tanh", dynamic=(), bias=False):
+    """y = reader(x @ A.T + m @ B.T) over facts x and m; with ``bias``, y = (x @ A.T + m @ B.T) + C."""
     b = Builder()
     b.fact("x", np.linspace(-1, 1, 15).reshape(5, 3))
     b.fact("m", np.linspace(2, -1, 10).reshape(5, 2))
@@ -26,7 +27,11 @@ def two_products(reader="tanh", dynamic=()):
     b.linear("ax", "A", "x", w_layout="tile")
     b.linear("bm", "B", "m", w_layout="tile")
     b.add("s", "ax", "bm")
-    b.transform("y", "s", reader)
+    if bias:
+        b.weights("C", (4,))
+        b.add("y", "s", "C")
+    else:
+        b.transform("y", "s", reader)
     return b.build("y").replace(dynamic_facts=dynamic)
 
 

@@ -5,8 +5,8 @@ import torch
 from hypothesis import HealthCheck, assume, given, settings
 
 import neurovec
-from neurovec.compiler.ir import IRError, Node, Op
-from neurovec.compiler.passes.unit_facts import materialize_units, merge_unit_facts, simplify_unit_linear
+from neurovec.compiler.ir import Node, Op
+from neurovec.compiler.passes.unit_facts import merge_unit_facts, simplify_unit_linear
 from neurovec.compiler.settings import Settings
 from neurovec.sources.graph import FactLayer, Graph, NeuronLayer, Weight
 
@@ -93,14 +93,6 @@ def test_linear_mixing_units_and_values_is_left_alone():
                      {"c_f_u": np.ones(2), "c_f_a": a, "i": np.array([0, 1, 0, 1])}, [Weight("w", np.ones(3))])
     assert simplify_unit_linear(before, Settings(dynamic_facts=("f_u",))) is before
     assert simplify_unit_linear(before, Settings()).node("lin").op is Op.TILE
-
-
-def test_materialize_units_checks_and_keeps_the_program():
-    before = program([unit_fact("f_u", 2)], {"c_f_u": np.ones(2)})
-    assert materialize_units(before, Settings()) is before
-    broken = program([unit_fact("f_u", 2)], {"c_f_u": np.array([1.0, 2.0])})
-    with pytest.raises(IRError, match="scalar ones"):
-        materialize_units(broken, Settings())
 
 
 def test_embedding_layer_on_units_compiles_to_the_weights():
