@@ -264,6 +264,11 @@ class _GatheredProduct(torch.autograd.Function):
 # the plain ops themselves. Their backwards are the plain ops' backwards, in differentiable ops where
 # a graph of the backward is asked for (``create_graph``): differentiable again.
 
+# A storage's use count (the tensors that share it), private in torch 2.13: without it the pool
+# keeps no block (each output fresh, as the plain ops).
+_STORAGE_USE_COUNT = getattr(torch._C, "_storage_Use_Count", None)
+
+
 class BufferPool:
     """Blocks of memory for large outputs, each handed out again only once nothing else holds it
     (NOTE: [a pool of large outputs])."""
@@ -283,10 +288,10 @@ class BufferPool:
         with self._lock:  # one caller at a time may find a block free and take it
             blocks = self._blocks.setdefault(key, [])
             for block in blocks:
-                if torch._C._storage_Use_Count(block._cdata) == 1 and block.nbytes() == nbytes:
+                if _STORAGE_USE_COUNT(block._cdata) == 1 and block.nbytes() == nbytes:
                     return torch.empty(0, dtype=like.dtype, device=like.device).set_(block, 0, shape)
             y = torch.empty(shape, dtype=like.dtype, device=like.device)
-            if len(blocks) < self.per_shape:
+            if len(blocks) < self.per_shape and _STORAGE_USE_COUNT is not None:
                 blocks.append(y.untyped_storage())
             return y
 
