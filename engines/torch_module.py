@@ -735,7 +735,7 @@ def generate_source(program: Program, standard_ops: bool = False, chosen: dict[s
             rows_in = _input_rows(node, nodes, program.constants)
             block.extend(_order_signed_zeros(node, nodes, chosen[node.name], rows_in))
         statements.append((node, block))
-    lines += _freeing_dead_values(statements, program.output)
+    lines += _freeing_dead_values(_shared_products_first(statements), program.output)
     lines.append(f"    return {program.output}")
     return "\n".join(lines) + "\n"
 
@@ -806,6 +806,34 @@ def _copied_gathers(program: Program, nodes: dict[str, Node], chosen: dict[str, 
 _DELETED_FROM = 1 << 20
 
 _WORD = re.compile(r"[A-Za-z_]\w*")
+
+
+# NOTE: [a shared value's GEMM first] A value that several statements read gets one gradient from
+# each, and autograd sums them: into the first one to arrive, in place, if nothing else holds it, else
+# into a fresh block (87 MB at arxiv-like, with its page faults). A ``dense`` gradient lives in the
+# program's pool (NOTE: [a pool of large outputs]), which holds it, so it must not arrive first. The
+# backwards run in the reverse order of the forward's ops, so a ``dense`` that reads such a value is
+# written as early as its inputs allow, before the value's other readers (SAGE: the root term's
+# ``addmm`` before the neighbours' mean): its gradient then arrives last and is added into the
+# others'. Statements only move past statements that do not name what they define, and the value
+# it reads has several readers, so no in-place op (whose operand has one reader) runs in between.
+
+def _shared_products_first(statements: list[tuple[Node, list[str]]]) -> list[tuple[Node, list[str]]]:
+    """``statements`` with each ``dense`` of a value several statements read moved up to just after
+    the last statement it needs (NOTE: [a shared value's GEMM first])."""
+    named = [set(_WORD.findall("\n".join(block))) for _, block in statements]
+    defined = {node.name for node, _ in statements}
+    order = list(range(len(statements)))  # statement indices, in the order written
+    for k, (node, block) in enumerate(statements):
+        match = re.match(rf"\s*{re.escape(node.name)} = dense\((\w+),", block[0])
+        if match is None or sum(match.group(1) in words for words in named) < 3:  # its own and 2+ readers
+            continue
+        needs = (named[k] & defined) - {node.name}
+        position = order.index(k)
+        earliest = 1 + max((p for p in range(position) if statements[order[p]][0].name in needs), default=-1)
+        if earliest < position and not any(node.name in named[order[p]] for p in range(earliest, position)):
+            order.insert(earliest, order.pop(position))
+    return [statements[k] for k in order]
 
 
 def _freeing_dead_values(statements: list[tuple[Node, list[str]]], output: str) -> list[str]:

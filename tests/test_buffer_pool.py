@@ -6,6 +6,7 @@ differentiable again, pickled and under torch.compile."""
 from __future__ import annotations
 
 import pickle
+import re
 
 import pytest
 import torch
@@ -122,6 +123,12 @@ def test_large_value_code_equals_the_reference(model, monkeypatch, threads, n_th
     assert "dense(" in module.code and "relu_(" in module.code, module.code
     if model == "sage":  # NOTE: [additions into a pooled output]: the two terms of its middle layer
         assert ".add_(" in module.code, module.code
+        # NOTE: [a shared value's GEMM first]: the root term's product before the neighbours' sum
+        shared = re.findall(r"dense\((\w+),", module.code)
+        firsts = [v for v in shared if f"gather_sum({v}," in module.code]
+        assert firsts, module.code
+        for value in firsts:
+            assert module.code.index(f"dense({value},") < module.code.index(f"gather_sum({value},"), module.code
     first = outputs_and_grads(module)
     assert_equivalent(graph, module)
     second = outputs_and_grads(module)
