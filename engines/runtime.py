@@ -1,12 +1,16 @@
 """Functions the generated programs call, besides plain torch and ``kernels``."""
 from __future__ import annotations
 
+import math
+import threading
+
 import torch
 from torch import nn
 
 from . import kernels, ops
 
-__all__ = ["strided_reduce", "CSRIndices", "gather_sum", "gather_rows", "chunked_product", "gathered_chunked_product"]
+__all__ = ["strided_reduce", "CSRIndices", "gather_sum", "gather_rows", "chunked_product", "gathered_chunked_product",
+           "BufferPool", "dense", "relu_"]
 
 
 class CSRIndices(nn.Module):
@@ -237,3 +241,128 @@ class _GatheredProduct(torch.autograd.Function):
             grad_source = grad_source if ctx.needs_input_grad[0] else None
             grad_w = grad_w if ctx.needs_input_grad[1] else None
         return grad_source, grad_w, None, None, None, None, None, None, None
+
+
+# NOTE: [a pool of large outputs] A full-batch step on one large graph (arxiv-like: 169,343 rows of
+# 128 floats, 87 MB a value) makes several such values per step in torch's own ops: the GEMMs'
+# outputs, their inputs' gradients and ReLU's gradient. Each is a fresh block (glibc maps blocks over
+# 32 MiB anew on every allocation and unmaps them when freed), and the first write to each 4 KiB page
+# is a page fault: at arxiv-like 128k faults a step, a quarter of its CPU time in the kernel (GCN, 1
+# thread; SAGE 209k). (Transparent huge pages for them, as the C++ kernels ask for their own outputs,
+# cut the faults to 5k, but on a loaded machine the kernel then compacts memory to find huge pages,
+# and the step took more system time than before.) So ``dense`` and ``relu_`` are autograd Functions
+# that compute the same torch ops (``out=``: the same kernels, the same values bit for bit) into
+# memory of the program's own ``BufferPool``, which keeps the blocks it handed out and hands a block
+# out again only when nothing else holds it: the storage's use count is 1, the pool's own reference
+# (a tensor the caller kept, a view of it, a tensor autograd saved for a backward, a gradient a leaf
+# kept as its ``.grad``: each holds the storage). A block handed out again is a new tensor on it, with
+# its own version counter; no tensor that still exists ever shares memory with it. A pool belongs to
+# one generated program (its class, engines/torch_module.py) and lives as long as it; it keeps at most
+# ``BufferPool.per_shape`` blocks of each shape and dtype. The code generator writes ``dense`` and
+# ``relu_`` only for values of at least ``_LARGE_VALUES`` elements, so small programs keep their
+# plain ops. Under torch.compile, on other devices than the CPU, or with no graph to record, they are
+# the plain ops themselves. Their backwards are the plain ops' backwards, in differentiable ops where
+# a graph of the backward is asked for (``create_graph``): differentiable again.
+
+# A storage's use count (the tensors that share it), private in torch 2.13: without it the pool
+# keeps no block (each output fresh, as the plain ops).
+_STORAGE_USE_COUNT = getattr(torch._C, "_storage_Use_Count", None)
+
+
+class BufferPool:
+    """Blocks of memory for large outputs, each handed out again only once nothing else holds it
+    (NOTE: [a pool of large outputs])."""
+
+    per_shape = 8
+
+    def __init__(self):
+        self._blocks: dict[tuple, list[torch.UntypedStorage]] = {}
+        self._lock = threading.Lock()
+
+    def empty(self, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+        """An uninitialised contiguous tensor of ``shape`` and ``like``'s dtype and device, on a block
+        no other tensor shares."""
+        shape = tuple(int(n) for n in shape)
+        nbytes = math.prod(shape) * like.element_size()
+        key = (shape, like.dtype, like.device)
+        with self._lock:  # one caller at a time may find a block free and take it
+            blocks = self._blocks.setdefault(key, [])
+            for block in blocks:
+                if _STORAGE_USE_COUNT(block._cdata) == 1 and block.nbytes() == nbytes:
+                    return torch.empty(0, dtype=like.dtype, device=like.device).set_(block, 0, shape)
+            y = torch.empty(shape, dtype=like.dtype, device=like.device)
+            if len(blocks) < self.per_shape and _STORAGE_USE_COUNT is not None:
+                blocks.append(y.untyped_storage())
+            return y
+
+    def __len__(self) -> int:
+        return sum(len(blocks) for blocks in self._blocks.values())
+
+
+def _plain(x: torch.Tensor) -> bool:
+    """Whether ``dense`` / ``relu_`` are the plain torch ops for ``x`` (NOTE: [a pool of large outputs])."""
+    return x.device.type != "cpu" or torch.compiler.is_compiling() or not torch.is_grad_enabled()
+
+
+class _Dense(torch.autograd.Function):
+    """``x @ w_t`` (plus ``bias``, as ``torch.addmm``) into memory of a ``BufferPool``."""
+
+    @staticmethod
+    def forward(ctx, x, w_t, bias, pool):
+        ctx.save_for_backward(x, w_t)
+        ctx.bias, ctx.pool = bias is not None, pool
+        y = pool.empty((x.shape[0], w_t.shape[1]), x)
+        return torch.mm(x, w_t, out=y) if bias is None else torch.addmm(bias, x, w_t, out=y)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, w_t = ctx.saved_tensors
+        grad_x = grad_w = grad_bias = None
+        if ctx.needs_input_grad[0]:
+            if torch.is_grad_enabled():  # create_graph: a differentiable product
+                grad_x = grad @ w_t.T
+            else:
+                grad_x = torch.mm(grad, w_t.T, out=ctx.pool.empty(x.shape, grad))
+        if ctx.needs_input_grad[1]:
+            grad_w = x.T @ grad
+        if ctx.bias and ctx.needs_input_grad[2]:
+            grad_bias = grad.sum(0)
+        return grad_x, grad_w, grad_bias, None
+
+
+def dense(x: torch.Tensor, w_t: torch.Tensor, bias: torch.Tensor | None = None,
+          pool: BufferPool | None = None) -> torch.Tensor:
+    """``x @ w_t`` (``torch.addmm(bias, x, w_t)`` with a bias) for a large ``x`` (rows, i) and a
+    (i, o) ``w_t``: the same values, its large outputs in ``pool``'s memory (NOTE: [a pool of large
+    outputs])."""
+    if pool is None or _plain(x) or x.dim() != 2 or w_t.dim() != 2 or (bias is not None and bias.dim() != 1):
+        return x @ w_t if bias is None else torch.addmm(bias, x, w_t)
+    return _Dense.apply(x, w_t, bias, pool)
+
+
+class _ReluInPlace(torch.autograd.Function):
+    """``torch.relu_(x)``, its gradient into memory of a ``BufferPool``."""
+
+    @staticmethod
+    def forward(ctx, x, pool):
+        torch.relu_(x)
+        ctx.mark_dirty(x)
+        ctx.save_for_backward(x)
+        ctx.pool = pool
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        (y,) = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph: ReLU's own backward, differentiable in grad
+            return torch.ops.aten.threshold_backward(grad, y, 0), None
+        out = ctx.pool.empty(y.shape, grad)
+        return torch.ops.aten.threshold_backward.grad_input(grad, y, 0, grad_input=out), None
+
+
+def relu_(x: torch.Tensor, pool: BufferPool | None = None) -> torch.Tensor:
+    """``torch.relu_(x)`` of a large ``x``: the same values, its gradient in ``pool``'s memory (NOTE:
+    [a pool of large outputs])."""
+    if pool is None or _plain(x) or not x.requires_grad:
+        return torch.relu_(x)
+    return _ReluInPlace.apply(x, pool)

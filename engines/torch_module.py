@@ -17,6 +17,7 @@ belongs to a class of its own (see NOTE: [A class per program]).
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import linecache
 import re
@@ -60,7 +61,7 @@ def _expression(node: Node, nodes: dict[str, Node], rows: dict[str, str] | None 
                 in_place: set[str] = frozenset(), biased: dict[str, str] | None = None,
                 stacked: dict[str, tuple[str, list[str], bool]] | None = None,
                 reductions: dict[str, str] | None = None, copied: set[str] = frozenset(),
-                gathered: dict[str, str] | None = None) -> str:
+                gathered: dict[str, str] | None = None, large: set[str] = frozenset()) -> str:
     rows = rows or {}
     srcs = [nodes[s] for s in node.srcs]
     if biased and node.name in biased:  # NOTE: [bias in the GEMM]
@@ -71,19 +72,27 @@ def _expression(node: Node, nodes: dict[str, Node], rows: dict[str, str] | None 
             m, v = (rows[s] for s in product.srcs)
             return f"torch.addmv({bias}, {m}, {v})"
         if product.op is Op.ADD:  # a side-by-side product
+            if node.name in large:  # NOTE: [a pool of large outputs]
+                return f"dense(self.{product.attrs['hcat']}, {_side_by_side_weight(product, rows)}, {bias})"
             return f"torch.addmm({bias}, self.{product.attrs['hcat']}, {_side_by_side_weight(product, rows)})"
         w, x = (nodes[s] for s in product.srcs)
         if product.attrs["kind"] != "matmul":  # a per-row scale (_row_scale)
             return f"torch.addcmul({bias}, {w.name}[:, None], {x.name})"
+        if node.name in large:
+            return f"dense({x.name}, {rows[w.name]}.T{_contiguous(w.shape, x.count)}, {bias})"
         return f"torch.addmm({bias}, {x.name}, {rows[w.name]}.T{_contiguous(w.shape, x.count)})"
     if _side_by_side(node, rows):  # see compiler/passes/fuse_fact_products.py
+        if node.name in large:
+            return f"dense(self.{node.attrs['hcat']}, {_side_by_side_weight(node, rows)})"
         return f"self.{node.attrs['hcat']} @ {_side_by_side_weight(node, rows)}"
     if node.name in rows:  # a one-row value kept as that row (see _row_values)
         return _row_expression(node, srcs, rows)
     if node.op is Op.TRANSFORM and node.srcs[0] in in_place:
+        if node.attrs["fn"] == "relu" and node.name in large:
+            return f"relu_({node.srcs[0]})"
         return f"{_READABLE_TRANSFORMS[node.attrs['fn']]}_({node.srcs[0]})"
     if node.op is Op.LINEAR and any(s.name in rows for s in srcs):
-        return _linear_with_row(node, *srcs, rows, nodes)
+        return _linear_with_row(node, *srcs, rows, nodes, node.name in large)
     if node.op is Op.ADD and srcs[1].name in rows:
         return f"{srcs[0].name} + {rows[srcs[1].name]}"
     names = list(node.srcs)
@@ -126,7 +135,7 @@ def _expression(node: Node, nodes: dict[str, Node], rows: dict[str, str] | None 
         reduction, (w, _) = nodes[gathered[node.name]], srcs
         return f"gathered_chunked_product({reduction.srcs[0]}, self.csr_{reduction.name}, {w.name}, {w.count})"
     if node.op is Op.LINEAR:
-        return _linear(node, *srcs)
+        return _linear(node, *srcs, node.name in large)
     if node.op is Op.REDUCE:  # written by _reduction, with the kernel choose_kernels gave it
         return reductions[node.name]
     if node.op is Op.ADD:
@@ -192,7 +201,7 @@ def _side_by_side_replaces(node: Node, nodes: dict[str, Node]) -> dict[str, str]
     return replaced
 
 
-def _linear(node: Node, w: Node, x: Node) -> str:
+def _linear(node: Node, w: Node, x: Node, large: bool = False) -> str:
     kind, out = node.attrs["kind"], node.count
     w_layout, x_layout = node.attrs.get("w_layout", "full"), node.attrs.get("x_layout", "full")
     if w_layout == x_layout == "full":
@@ -224,7 +233,10 @@ def _linear(node: Node, w: Node, x: Node) -> str:
             and len(x.shape) == 1:
         # Row e * c + k is W_k x_e: the (n, c * o) product read row-major (compiler/passes/stack_products.py).
         (c, (o, i)), n = (w.count, w.shape), x.count
-        return f"({x.name} @ {w.name}.view({c * o}, {i}).T{_contiguous((c * o, i), n)}).view({c * n}, {o})"
+        weight_t = f"{w.name}.view({c * o}, {i}).T{_contiguous((c * o, i), n)}"
+        if large:  # NOTE: [a pool of large outputs]
+            return f"dense({x.name}, {weight_t}).view({c * n}, {o})"
+        return f"({x.name} @ {weight_t}).view({c * n}, {o})"
     g1, g2 = linear_grid(node, w, x)
     views = {"full": f"{g1}, {g2}", "tile": f"1, {g2}", "interleave": f"{g1}, 1"}
 
@@ -356,13 +368,15 @@ def _row_expression(node: Node, srcs: list[Node], rows: dict[str, str]) -> str:
     return f"{rows[w.name]} {_row_product(node, {w.name: w, x.name: x})} {rows[x.name]}"
 
 
-def _linear_with_row(node: Node, w: Node, x: Node, rows: dict[str, str], nodes: dict[str, Node]) -> str:
+def _linear_with_row(node: Node, w: Node, x: Node, rows: dict[str, str], nodes: dict[str, Node],
+                     large: bool = False) -> str:
     """A product whose weight side is a row-stored value (one weight for all rows)."""
     weight, value = rows[w.name], x.name
     if node.attrs["kind"] == "matmul":
         if len(x.shape) == 1:
             learnable = w.op is Op.WEIGHTS or (w.op is Op.SLICE and nodes[w.srcs[0]].op is Op.WEIGHTS)
-            return f"{value} @ {weight}.T{_contiguous(w.shape, x.count) if learnable else ''}"
+            weight_t = f"{weight}.T{_contiguous(w.shape, x.count) if learnable else ''}"
+            return f"dense({value}, {weight_t})" if large else f"{value} @ {weight_t}"
         return f"torch.matmul({weight}, {value})"
     return f"{weight} * {value}"  # a 0-d weight broadcasts over everything
 
@@ -674,6 +688,7 @@ def generate_source(program: Program, standard_ops: bool = False, chosen: dict[s
     stacked = _stacked_row_products(program, nodes, rows)
     copied = _copied_gathers(program, nodes, chosen)
     gathered = _gathered_products(program, nodes, rows, chosen)
+    large = _large_values(program, rows)
     inline = {name for name, expression in rows.items() if expression != name}
     # A weight used in place (NOTE: [row-stored values]) needs no statement, nor does a value
     # (a stack) that only such weights, or other values left out this way, read.
@@ -700,13 +715,18 @@ def generate_source(program: Program, standard_ops: bool = False, chosen: dict[s
     signed_zeros = {node.name for node in program.nodes if node.op is Op.REDUCE and node.name in matters
                     and node.attrs["aggregation"] in ("max", "min")}
     statements = []  # (value, its lines)
+    expressions: dict[str, str] = {}
+    users = program.users()  # NOTE: [additions into a pooled output]
     for node in program.nodes:
         if node.name in left_out:
             continue
         if node.name in inputs:
             code = f"    {node.name} = inputs[{node.attrs['fact_layer']!r}]"
+        elif (into := _added_into(node, nodes, program.output, users, large, expressions)) is not None:
+            code = f"    {node.name} = {into}.add_({next(s for s in node.srcs if s != into)})"
         else:
-            code = f"    {node.name} = {_expression(node, nodes, rows, in_place, biased, stacked, reductions, copied, gathered)}"
+            code = f"    {node.name} = {_expression(node, nodes, rows, in_place, biased, stacked, reductions, copied, gathered, large)}"
+        expressions[node.name] = code
         shape = ", ".join(map(str, node.shape if node.name in rows else (node.count,) + node.shape))
         if node.name in stacked and stacked[node.name][2]:  # stored as its one row
             shape += f") as (1, {node.count * node.shape[-1]}"
@@ -715,9 +735,44 @@ def generate_source(program: Program, standard_ops: bool = False, chosen: dict[s
             rows_in = _input_rows(node, nodes, program.constants)
             block.extend(_order_signed_zeros(node, nodes, chosen[node.name], rows_in))
         statements.append((node, block))
-    lines += _freeing_dead_values(statements, program.output)
+    lines += _freeing_dead_values(_shared_products_first(statements), program.output)
     lines.append(f"    return {program.output}")
     return "\n".join(lines) + "\n"
+
+
+# The values (from this many elements on) whose GEMMs and ReLUs are written as ``dense`` and ``relu_``
+# (NOTE: [a pool of large outputs] in runtime.py): 2M elements, 8 MiB in float32, above which fresh
+# memory is a mapping of its own with its page faults; below it the plain ops (one Python autograd
+# Function fewer per op).
+_LARGE_VALUES = 1 << 21
+
+
+def _large_values(program: Program, rows: dict[str, str]) -> set[str]:
+    """The values of at least ``_LARGE_VALUES`` elements, not stored as one row."""
+    return {node.name for node in program.nodes
+            if node.name not in rows and node.count * int(np.prod(node.shape)) >= _LARGE_VALUES}
+
+
+# NOTE: [additions into a pooled output] The sum of two large values of the same shape, one of them
+# a ``dense`` output that nothing else reads (SAGE: the neighbours' term plus the root's ``addmm``),
+# is written as an in-place ``add_`` into that output: no fresh block (87 MB at arxiv-like) and its
+# page faults per step. ``dense`` saves no output for its backward, and the addition's backward
+# needs neither operand; ``a + b`` and ``b + a`` are the same IEEE addition, so the values are
+# bitwise those of the separate add.
+
+def _added_into(node: Node, nodes: dict[str, Node], output: str, readers: dict[str, list[str]], large: set[str],
+                expressions: dict[str, str]) -> str | None:
+    """The operand that the addition ``node`` is written into, if any (NOTE: [additions into a pooled
+    output]); ``expressions`` holds the statements written before it."""
+    if node.op is not Op.ADD or node.name not in large or len(set(node.srcs)) != 2:
+        return None
+    if any((nodes[s].count, nodes[s].shape) != (node.count, node.shape) for s in node.srcs):
+        return None  # a broadcast
+    for src in node.srcs:
+        if readers[src] == [node.name] and src != output \
+                and expressions.get(src, "").lstrip().startswith(f"{src} = dense("):
+            return src
+    return None
 
 
 # NOTE: [gathers from constants] A large gather from a constant (a fact no call replaces, such as
@@ -751,6 +806,34 @@ def _copied_gathers(program: Program, nodes: dict[str, Node], chosen: dict[str, 
 _DELETED_FROM = 1 << 20
 
 _WORD = re.compile(r"[A-Za-z_]\w*")
+
+
+# NOTE: [a shared value's GEMM first] A value that several statements read gets one gradient from
+# each, and autograd sums them: into the first one to arrive, in place, if nothing else holds it, else
+# into a fresh block (87 MB at arxiv-like, with its page faults). A ``dense`` gradient lives in the
+# program's pool (NOTE: [a pool of large outputs]), which holds it, so it must not arrive first. The
+# backwards run in the reverse order of the forward's ops, so a ``dense`` that reads such a value is
+# written as early as its inputs allow, before the value's other readers (SAGE: the root term's
+# ``addmm`` before the neighbours' mean): its gradient then arrives last and is added into the
+# others'. Statements only move past statements that do not name what they define, and the value
+# it reads has several readers, so no in-place op (whose operand has one reader) runs in between.
+
+def _shared_products_first(statements: list[tuple[Node, list[str]]]) -> list[tuple[Node, list[str]]]:
+    """``statements`` with each ``dense`` of a value several statements read moved up to just after
+    the last statement it needs (NOTE: [a shared value's GEMM first])."""
+    named = [set(_WORD.findall("\n".join(block))) for _, block in statements]
+    defined = {node.name for node, _ in statements}
+    order = list(range(len(statements)))  # statement indices, in the order written
+    for k, (node, block) in enumerate(statements):
+        match = re.match(rf"\s*{re.escape(node.name)} = dense\((\w+),", block[0])
+        if match is None or sum(match.group(1) in words for words in named) < 3:  # its own and 2+ readers
+            continue
+        needs = (named[k] & defined) - {node.name}
+        position = order.index(k)
+        earliest = 1 + max((p for p in range(position) if statements[order[p]][0].name in needs), default=-1)
+        if earliest < position and not any(node.name in named[order[p]] for p in range(earliest, position)):
+            order.insert(earliest, order.pop(position))
+    return [statements[k] for k in order]
 
 
 def _freeing_dead_values(statements: list[tuple[Node, list[str]]], output: str) -> list[str]:
@@ -1087,11 +1170,13 @@ def _load(source: str):
     (so tracebacks and ``inspect`` show the generated lines); returns its ``forward``."""
     filename = f"<neurovec-program-{next(_file_counter)}>"
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    pool = runtime.BufferPool()  # NOTE: [a pool of large outputs]: one per program
     namespace = {"torch": torch, "T": TRANSFORM_FUNCTIONS, "segment_reduce": kernels.segment_reduce,
                  "scatter_reduce": kernels.scatter_reduce_native, "dense_reduce": kernels.dense_reduce,
                  "strided_reduce": runtime.strided_reduce, "gather_sum": runtime.gather_sum,
                  "gather_rows": runtime.gather_rows, "chunked_product": runtime.chunked_product,
                  "gathered_chunked_product": runtime.gathered_chunked_product,
+                 "dense": functools.partial(runtime.dense, pool=pool), "relu_": functools.partial(runtime.relu_, pool=pool),
                  "preferred_zeros": preferred_zeros, "order_signed_zeros": order_signed_zeros}
     exec(compile(source, filename, "exec"), namespace)
     return namespace["forward"]

@@ -1,0 +1,160 @@
+"""Large dense outputs in a pool of the program's own (NOTE: [a pool of large outputs] in
+engines/runtime.py): ``dense`` and ``relu_`` give the plain ops' values, a block is handed out again
+only once nothing holds it (a kept output, a view, a tensor saved for backward, a leaf's ``.grad``),
+and the generated code that uses them equals the reference engine at 1, 2 and 4 threads,
+differentiable again, pickled and under torch.compile."""
+from __future__ import annotations
+
+import pickle
+import re
+
+import pytest
+import torch
+
+import neurovec
+from neurovec import datasets
+from neurovec.datasets.synthetic import rmat_dataset
+from neurovec.engines import runtime, torch_module
+
+from .equivalence import assert_equivalent, outputs_and_grads
+
+
+@pytest.fixture
+def threads():
+    before = torch.get_num_threads()
+    yield torch.set_num_threads
+    torch.set_num_threads(before)
+
+
+def _inputs(seed: int, dtype=torch.float64):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(50, 6, generator=gen, dtype=dtype)
+    w = torch.randn(4, 6, generator=gen, dtype=dtype, requires_grad=True)
+    b = torch.randn(4, generator=gen, dtype=dtype, requires_grad=True)
+    return x, w, b
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_dense_and_relu_equal_the_plain_ops_bitwise(dtype):
+    pool = runtime.BufferPool()
+    for seed in range(3):  # the second and third calls write into the first one's blocks
+        x, w, b = _inputs(seed, dtype)
+        x.requires_grad_(True)
+        y = runtime.relu_(runtime.dense(x, w.T, b, pool), pool)
+        g = torch.randn(y.shape, generator=torch.Generator().manual_seed(9), dtype=dtype)
+        grads = torch.autograd.grad((y * g).sum(), (x, w, b))
+        x2, w2, b2 = (t.detach().clone().requires_grad_(True) for t in (x, w, b))
+        expected = torch.relu_(torch.addmm(b2, x2, w2.T))
+        expected_grads = torch.autograd.grad((expected * g).sum(), (x2, w2, b2))
+        assert torch.equal(y, expected)
+        for actual, wanted in zip(grads, expected_grads):
+            torch.testing.assert_close(actual, wanted, rtol=1e-6 if dtype == torch.float32 else 1e-12, atol=0)
+    assert 0 < len(pool) <= 4  # the blocks were handed out again, not made anew
+
+
+def test_dense_is_differentiable_again():
+    pool = runtime.BufferPool()
+    x, w, b = _inputs(1)
+    x.requires_grad_(True)
+    assert torch.autograd.gradcheck(lambda a, c, d: runtime.relu_(runtime.dense(a, c.T, d, pool), pool), (x, w, b))
+    assert torch.autograd.gradgradcheck(lambda a, c, d: runtime.dense(a, c.T, d, pool), (x, w, b))
+
+
+def test_a_held_block_is_never_handed_out_again():
+    pool = runtime.BufferPool()
+    x, w, b = _inputs(2)
+    with torch.enable_grad():
+        kept = runtime.dense(x, w.T, b, pool)
+        value = kept.detach().clone()
+        second = runtime.dense(x * 2, w.T, b, pool)
+        assert second.data_ptr() != kept.data_ptr()  # the caller keeps the first output
+        assert torch.equal(kept, value)
+        freed = second.data_ptr()
+        del second
+        assert runtime.dense(x, w.T, b, pool).data_ptr() == freed  # nothing holds it: handed out again
+
+        view, kept_ptr = kept[1:], kept.data_ptr()
+        del kept
+        assert runtime.dense(x * 3, w.T, b, pool).data_ptr() != kept_ptr  # a view of it holds it
+        assert torch.equal(view, value[1:])
+        del view
+
+        saved = runtime.dense(x, w.T, b, pool)
+        ptr = saved.data_ptr()
+        loss = (saved * saved).sum()  # autograd saves the output for the product's backward
+        del saved
+        other = runtime.dense(x * 5, w.T, b, pool)
+        assert other.data_ptr() != ptr
+        (grad_w,) = torch.autograd.grad(loss, w)
+        w2 = w.detach().clone().requires_grad_(True)
+        (expected,) = torch.autograd.grad((torch.addmm(b, x, w2.T) ** 2).sum(), w2)
+        torch.testing.assert_close(grad_w, expected, rtol=1e-12, atol=0)
+
+
+def test_a_leafs_gradient_is_never_overwritten():
+    """A gradient that autograd keeps as a leaf's ``.grad`` (it may keep the tensor the backward made)
+    holds its block: the next backward accumulates into it, and must not have written it meanwhile."""
+    pool = runtime.BufferPool()
+    x, w, b = _inputs(3)
+    x.requires_grad_(True)
+    for _ in range(2):
+        runtime.dense(x, w.T, b, pool).sum().backward()
+    x2 = x.detach().clone().requires_grad_(True)
+    for _ in range(2):
+        torch.addmm(b, x2, w.T).sum().backward()
+    torch.testing.assert_close(x.grad, x2.grad, rtol=1e-12, atol=0)
+
+
+def _node_graph(model: str):
+    data = rmat_dataset("arxiv-like", nodes=300, edges=2000, features=8, classes=3, seed=0)
+    return getattr(datasets, model)(data, hidden=6, layers=3, dropout=0.0)
+
+
+@pytest.mark.parametrize("model", ["gcn", "sage"])
+@pytest.mark.parametrize("n_threads", [1, 2, 4])
+def test_large_value_code_equals_the_reference(model, monkeypatch, threads, n_threads):
+    """A node-level GCN / SAGE with the threshold at 0: its GEMMs are ``dense`` and its ReLUs ``relu_``;
+    outputs and every weight gradient equal the reference engine's (float64, 1e-9) on a first and a
+    second step (the second in the first one's blocks), differentiable again."""
+    monkeypatch.setattr(torch_module, "_LARGE_VALUES", 0)
+    threads(n_threads)
+    graph = _node_graph(model)
+    module = neurovec.compile(graph, dtype=torch.float64)
+    assert "dense(" in module.code and "relu_(" in module.code, module.code
+    if model == "sage":  # NOTE: [additions into a pooled output]: the two terms of its middle layer
+        assert ".add_(" in module.code, module.code
+        # NOTE: [a shared value's GEMM first]: the root term's product before the neighbours' sum
+        shared = re.findall(r"dense\((\w+),", module.code)
+        firsts = [v for v in shared if f"gather_sum({v}," in module.code]
+        assert firsts, module.code
+        for value in firsts:
+            assert module.code.index(f"dense({value},") < module.code.index(f"gather_sum({value},"), module.code
+    first = outputs_and_grads(module)
+    assert_equivalent(graph, module)
+    second = outputs_and_grads(module)
+    assert torch.equal(first[0], second[0])
+    for name, grad in first[1].items():
+        assert torch.equal(grad, second[1][name]), name
+    weights = list(module.parameters())
+    projection = torch.randn(module().shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    grads = torch.autograd.grad((module() * projection).sum(), weights, create_graph=True)
+    again = torch.autograd.grad(sum((g * g).sum() for g in grads), weights, allow_unused=True)
+    assert any(a is not None and bool(a.abs().sum() > 0) for a in again)
+
+
+def test_large_value_code_pickles_and_traces(monkeypatch):
+    """The generated code with ``dense`` / ``relu_`` survives pickling (a new program, a new pool) and
+    dynamo (torch.compile, where they are the plain ops), with the same values."""
+    monkeypatch.setattr(torch_module, "_LARGE_VALUES", 0)
+    module = neurovec.compile(_node_graph("gcn"), dtype=torch.float64)
+    assert "dense(" in module.code
+    out, grads = outputs_and_grads(module)
+    copy = pickle.loads(pickle.dumps(module))
+    out2, grads2 = outputs_and_grads(copy)
+    assert torch.equal(out, out2)
+    traced = torch.compile(module, backend="eager", fullgraph=True)
+    out3, grads3 = outputs_and_grads(traced)
+    torch.testing.assert_close(out3, out, rtol=1e-12, atol=1e-12)
+    for name, grad in grads.items():
+        assert torch.equal(grad, grads2[name]), name
+        torch.testing.assert_close(grads3[name], grad, rtol=1e-12, atol=1e-12, msg=name)
