@@ -257,7 +257,8 @@ class _GatheredProduct(torch.autograd.Function):
 # (a tensor the caller kept, a view of it, a tensor autograd saved for a backward, a gradient a leaf
 # kept as its ``.grad``: each holds the storage). A block handed out again is a new tensor on it, with
 # its own version counter; no tensor that still exists ever shares memory with it. A pool belongs to
-# one generated program (its class, engines/torch_module.py) and lives as long as it; it keeps at most
+# one generated program (its class, engines/torch_module.py) and lives as long as it,
+# but lets go of its blocks as soon as its module is freed (``_releasing_pool``); it keeps at most
 # ``BufferPool.per_shape`` blocks of each shape and dtype. The code generator writes ``dense`` and
 # ``relu_`` only for values of at least ``_LARGE_VALUES`` elements, so small programs keep their
 # plain ops. Under torch.compile, on other devices than the CPU, or with no graph to record, they are
@@ -297,6 +298,11 @@ class BufferPool:
 
     def __len__(self) -> int:
         return sum(len(blocks) for blocks in self._blocks.values())
+
+    def clear(self) -> None:
+        """Let go of every block (a block some tensor still holds stays with that tensor)."""
+        with self._lock:
+            self._blocks.clear()
 
 
 def _plain(x: torch.Tensor) -> bool:

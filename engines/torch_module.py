@@ -22,6 +22,7 @@ import itertools
 import linecache
 import re
 import types
+import weakref
 from collections.abc import Mapping
 
 import numpy as np
@@ -897,6 +898,7 @@ class CompiledModule(nn.Module):
     """
 
     code: str = ""  # the generated forward's source, set on each program's class
+    buffer_pool: runtime.BufferPool | None = None  # its large outputs (NOTE: [a pool of large outputs]), per class
     # {reduction: the kernel it runs} (NOTE: [kernels chosen by the engine]); chosen with the
     # code, kept on the module by __init__
     reduce_kernels: dict[str, str] = {}
@@ -906,7 +908,7 @@ class CompiledModule(nn.Module):
             chosen = choose_kernels(program)
             cls = _program_class(generate_source(program, chosen=chosen))
             cls.reduce_kernels = chosen
-        return super().__new__(cls)
+        return _releasing_pool(super().__new__(cls))
 
     def __init__(self, program: Program, dtype: torch.dtype | None = None):
         super().__init__()
@@ -1167,7 +1169,8 @@ def _backward_indices(program: Program, chosen: dict[str, str] | None = None) ->
 
 def _load(source: str):
     """Run the generated source under a fake file name registered with ``linecache``
-    (so tracebacks and ``inspect`` show the generated lines); returns its ``forward``."""
+    (so tracebacks and ``inspect`` show the generated lines); returns its ``forward`` and the
+    program's ``BufferPool``."""
     filename = f"<neurovec-program-{next(_file_counter)}>"
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     pool = runtime.BufferPool()  # NOTE: [a pool of large outputs]: one per program
@@ -1179,13 +1182,13 @@ def _load(source: str):
                  "dense": functools.partial(runtime.dense, pool=pool), "relu_": functools.partial(runtime.relu_, pool=pool),
                  "preferred_zeros": preferred_zeros, "order_signed_zeros": order_signed_zeros}
     exec(compile(source, filename, "exec"), namespace)
-    return namespace["forward"]
+    return namespace["forward"], pool
 
 
 def _program_class(source: str) -> type:
     """A new subclass of :class:`CompiledModule` whose ``forward`` is ``source`` (see
     NOTE: [A class per program])."""
-    forward = _load(source)
+    forward, pool = _load(source)
     # torch.compile(module) starts tracing at __call__ (ours, not nn.Module's, which dynamo
     # skips): a copy of its code object per class, so that no two programs share a cache entry.
     call = CompiledModule.__call__
@@ -1193,11 +1196,22 @@ def _program_class(source: str) -> type:
                               call.__closure__)
     call.__qualname__ = CompiledModule.__call__.__qualname__
     return type(CompiledModule.__name__, (CompiledModule,),
-                {"forward": forward, "__call__": call, "code": source, "__module__": CompiledModule.__module__})
+                {"forward": forward, "__call__": call, "code": source, "__module__": CompiledModule.__module__,
+                 "buffer_pool": pool})
+
+
+def _releasing_pool(module: CompiledModule) -> CompiledModule:
+    """``module``, whose program's ``BufferPool`` lets go of its blocks when ``module`` is freed: a class,
+    and so its pool, lives until the garbage collector finds its reference cycles, which could keep
+    gigabytes of a large graph's blocks after ``del module`` (autotune compiles and drops many). Dropping
+    the pool's references is always safe: a block a tensor still holds stays with that tensor."""
+    if type(module).buffer_pool is not None:  # None on a subclass of CompiledModule itself
+        weakref.finalize(module, type(module).buffer_pool.clear)
+    return module
 
 
 def _rebuild_module(source: str, state: dict) -> CompiledModule:
     """Unpickle a :class:`CompiledModule` (see ``CompiledModule.__reduce__``)."""
-    module = nn.Module.__new__(_program_class(source))
+    module = _releasing_pool(nn.Module.__new__(_program_class(source)))
     module.__setstate__(state)
     return module

@@ -158,3 +158,19 @@ def test_large_value_code_pickles_and_traces(monkeypatch):
     for name, grad in grads.items():
         assert torch.equal(grad, grads2[name]), name
         torch.testing.assert_close(grads3[name], grad, rtol=1e-12, atol=1e-12, msg=name)
+
+
+@pytest.mark.parametrize("how", ["compiled", "unpickled"])
+def test_a_freed_module_lets_go_of_its_pool(monkeypatch, how):
+    """A program's class (and so its pool) lives until the garbage collector finds its cycles; the pool
+    lets go of its blocks as soon as its module is freed, while a tensor still holding a block keeps it."""
+    monkeypatch.setattr(torch_module, "_LARGE_VALUES", 0)
+    module = neurovec.compile(_node_graph("gcn"), dtype=torch.float64)
+    if how == "unpickled":
+        module = pickle.loads(pickle.dumps(module))
+    pool = type(module).buffer_pool
+    kept, _ = outputs_and_grads(module)
+    assert len(pool) > 0
+    del module
+    assert len(pool) == 0
+    assert torch.isfinite(kept).all()  # the kept output's block stays with it
