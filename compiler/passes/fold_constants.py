@@ -84,9 +84,10 @@ PRODUCT_ROWS_VALUES = 1 << 26
 # ``-march=native``) may contract a product into its running sum, one rounding fewer: where the
 # module would run that kernel, the folded value can differ from it in the last bit (a float64 check
 # at 2000 x 16 rows: 4,143 of 8,000 sums differed, by at most 3.6e-15). Both are within rounding
-# of the reference engine, which is what every compiled module is checked against. Products-like x 1/8 GCN, loaded: 3.4-3.8 -> 2.2-2.6 CPU s for
-# this evaluation (the whole evaluation through the engine held the gathered rows, their products
-# and a copy of them in the module).
+# of the reference engine, which is what every compiled module is checked against.
+# Products-like x 1/8 GCN, loaded: 3.4-3.8 -> 2.2-2.6 CPU s for this evaluation (the whole
+# evaluation through the engine held the gathered rows, their products and a copy of them in the
+# module).
 
 # NOTE: [sequential sums in C++] Where the engine offers them (``Backend.sequential_sums``; the torch
 # engine's is ``engines/native.py``'s ``fold_sums``, the C++ kernel ``engines/native_fold.cpp``), the
@@ -208,10 +209,10 @@ def _gathered_sum(sub: Program, name: str) -> np.ndarray | None:
         return None
     facts = sub.constants[nodes[gather.srcs[0]].attrs["const"]]
     coef = sub.constants[node.attrs["coef"]] if "coef" in node.attrs else None
-    counts = sub.constants[node.attrs["counts"]]
-    value = _engine_sums(facts, sub.constants[gather.attrs["index"]], coef, counts)
+    counts, index = sub.constants[node.attrs["counts"]], sub.constants[gather.attrs["index"]]
+    value = _engine_sums(facts, index, coef, counts)
     if value is None:
-        value = sequential_sums(facts, sub.constants[gather.attrs["index"]], coef, counts)
+        value = sequential_sums(facts, index, coef, counts)
     if node.attrs["aggregation"] == "mean":
         value /= counts.astype(np.float64).reshape((-1,) + (1,) * (value.ndim - 1))
     # In place, not ``reshape``: a view would make ``Rewriter.const`` copy it (products-like: 2 GB, 6% of the pass).
