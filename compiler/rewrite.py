@@ -13,7 +13,7 @@ from .indexing import SideRows
 from .ir import IRError, Node, Op, Program, read_only, stored, users_of
 
 __all__ = ["eliminate_dead_code", "unique_name", "single_use",
-           "zero_sign_matters", "unit_reduction_is_identity", "Rewriter", "freeze_facts",
+           "zero_sign_matters", "remove_unit_reductions", "Rewriter", "freeze_facts",
            "side_node"]
 
 
@@ -77,12 +77,21 @@ def zero_sign_matters(program: Program) -> set[str]:
     return matters
 
 
-def unit_reduction_is_identity(program: Program, node: Node, matters: set[str]) -> bool:
-    """Whether ``node`` is a REDUCE of every count 1 that may be dropped: each row is its one input
-    row, except that a sum or mean turns ``-0.0`` into ``+0.0`` -- which only an ``inverse``, a
-    ``log`` or a ``sqrt`` later can tell (``zero_sign_matters``)."""
-    return node.op is Op.REDUCE and bool(np.all(program.constants[node.attrs["counts"]] == 1)) and (
-        node.attrs["aggregation"] in ("max", "min", "prod") or node.name not in matters)
+def remove_unit_reductions(program: Program) -> Program:
+    """Each REDUCE of every count 1 is replaced by its input: each row is its one input row, except
+    that a sum or mean turns ``-0.0`` into ``+0.0`` -- which only an ``inverse``, a ``log`` or a
+    ``sqrt`` later can tell (``zero_sign_matters``). Part of ``cleanup.remove_identity``; run by
+    ``segments.scatter_to_segment`` too, as that switch may be off."""
+    rw = Rewriter(program)
+    matters = zero_sign_matters(program)
+    for node in program.nodes:
+        node = rw.take(node)
+        if node.op is Op.REDUCE and bool(np.all(program.constants[node.attrs["counts"]] == 1)) and (
+                node.attrs["aggregation"] in ("max", "min", "prod") or node.name not in matters):
+            rw.alias(node.name, node.srcs[0])
+        else:
+            rw.keep(node)
+    return rw.finish()
 
 
 def _clears_sign(program: Program, node: Node) -> bool:

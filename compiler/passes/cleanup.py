@@ -35,18 +35,17 @@ import numpy as np
 from ..gather_plans import chain_candidates
 from ..grouping import is_identity
 from ..ir import Node, Op, Program
-from ..rewrite import Rewriter, eliminate_dead_code, unit_reduction_is_identity, zero_sign_matters
+from ..rewrite import Rewriter, eliminate_dead_code, remove_unit_reductions
 from ..settings import Settings
 
 __all__ = ["remove_identity", "preconcatenate", "remove_unused"]
 
 
 def remove_identity(program: Program, settings: Settings) -> Program:
-    rw = Rewriter(program)
-    matters = zero_sign_matters(program)
+    rw = Rewriter(program := remove_unit_reductions(program))
     for node in program.nodes:
         node = rw.take(node)
-        identity_of = _identity_source(rw, node, program, matters)
+        identity_of = _identity_source(rw, node)
         if identity_of is not None:
             rw.alias(node.name, identity_of)
             continue
@@ -60,14 +59,12 @@ def remove_identity(program: Program, settings: Settings) -> Program:
     return rw.finish()
 
 
-def _identity_source(rw: Rewriter, node: Node, program: Program, matters: set[str]) -> str | None:
-    """The input a node merely passes through, or None."""
+def _identity_source(rw: Rewriter, node: Node) -> str | None:
+    """The input a node merely passes through, or None (all-ones REDUCEs are gone already)."""
     op, a = node.op, node.attrs
     if op is Op.TRANSFORM and a.get("fn") == "identity":
         return node.srcs[0]
     if op is Op.CONCAT and len(node.srcs) == 1:
-        return node.srcs[0]
-    if unit_reduction_is_identity(program, node, matters):
         return node.srcs[0]
     if op in (Op.TILE, Op.INTERLEAVE) and a["times"] == 1:
         return node.srcs[0]

@@ -38,10 +38,10 @@ import numpy as np
 from ..gather_plans import best_candidate, emit_plan, node_cost
 from ..indexing import k_major
 from ..ir import IRError, Op, Program, linear_grid
-from ..rewrite import Rewriter, unit_reduction_is_identity, zero_sign_matters
+from ..rewrite import Rewriter, remove_unit_reductions
 from ..settings import Settings
 
-__all__ = ["scatter_to_segment", "remove_unit_reductions"]
+__all__ = ["scatter_to_segment"]
 
 
 def scatter_to_segment(program: Program, settings: Settings) -> Program:
@@ -59,20 +59,6 @@ def scatter_to_segment(program: Program, settings: Settings) -> Program:
         if equal and (_transpose(rw, node, users, k) or _transpose_linear(rw, node, users, k)):
             continue
         rw.replace(node.with_(attrs={**node.attrs, "kernel": "dense" if equal else "segment"}))
-    return rw.finish()
-
-
-def remove_unit_reductions(program: Program) -> Program:
-    """REDUCE with every count 1: each output row is its one input row (for every aggregation;
-    but see ``rewrite.zero_sign_matters``)."""
-    rw = Rewriter(program)
-    matters = zero_sign_matters(program)
-    for node in program.nodes:
-        node = rw.take(node)
-        if unit_reduction_is_identity(program, node, matters):
-            rw.alias(node.name, node.srcs[0])
-        else:
-            rw.keep(node)
     return rw.finish()
 
 
