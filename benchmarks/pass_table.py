@@ -47,7 +47,7 @@ WHY_IT_STAYS = {
                         "without it, as simplify_unit_linear drops the products over either; without "
                         "simplify_unit_linear it changes both programs",
     "clean_up": "no CONCAT of facts or of weights that only it reads is left here (preconcatenate); "
-                "every pass here drops what it leaves unread (remove_unused)",
+                "every pass here drops what it leaves unread, and no input fact is left unread",
     "scatter_to_segment": "choose_kernels leaves the kernel to the engine (\"auto\") anyway, and no "
                           "equal-count reduction here reads a gather that the transposed (k, n) order "
                           "removes",

@@ -74,9 +74,8 @@ PIPELINE: list[tuple[str, Callable[[Settings], bool], Pass]] = [
     # Reductions last: the gathers before them are final now.
     ("scatter_to_segment", lambda s: s.transposed_reductions, segments.scatter_to_segment),
     # Thesis 5.2.10 steps 19-20 on the final row structure: facts or weights that are only read
-    # together pre-concatenated, then what nothing reads dropped (units stay scalar ones: verify).
-    ("clean_up", *_together((lambda s: s.preconcatenate, cleanup.preconcatenate),
-                            (lambda s: s.remove_unused, cleanup.remove_unused))),
+    # together pre-concatenated, and what nothing reads dropped (units stay scalar ones: verify).
+    ("clean_up", lambda s: s.preconcatenate, cleanup.preconcatenate),
     # Algebra on the final row structure (reductions keep their rows from here on).
     ("reduce_coefficients", lambda s: s.reduce_coefficients, coefficients.reduce_coefficients),
     # Single weights out of their stacks; one GEMM per weight matrix, and sums of whole values

@@ -113,7 +113,7 @@ class Rewriter:
 
     ``fresh`` and ``const`` mint names (``unique_name``). ``finish`` orders
     the nodes topologically, as near their old places as it can, drops what the edit left without
-    readers (never what was dead already: that is ``remove_unused``'s switch) and the constants
+    readers (never what was dead already: that is ``cleanup.preconcatenate``'s) and the constants
     only those read, and returns the old program itself if nothing changed.
     """
 
@@ -344,7 +344,7 @@ def _constant_keys(nodes: Iterable[Node], constants: dict) -> set[str]:
 
 def _kept_constants(old: Program, nodes: Iterable[Node], constants: dict) -> dict:
     """Of ``constants``, those the rewritten ``nodes`` read, and those of the ``old`` program that
-    none of its nodes read (unread before: another pass's business, e.g. ``remove_unused``)."""
+    none of its nodes read (unread before: another pass's business, ``cleanup.preconcatenate``)."""
     unread_before = set(old.constants) - _constant_keys(old.nodes, old.constants)
     new_keys = _constant_keys(nodes, constants)
     return {k: v for k, v in constants.items() if k in new_keys or k in unread_before}

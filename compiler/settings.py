@@ -93,7 +93,6 @@ class Settings(BaseModel):
     remove_identity: bool = Field(True, description="Remove identity ops and merge chains of indexing ops.")
     preconcatenate: bool = Field(
         True, description="Pre-concatenate facts or weights that are always used together.")
-    remove_unused: bool = Field(True, description="Drop values nothing reads.")
 
     # -- algebra: using what is known at compile time --------------------------------------------
     reduce_coefficients: bool = Field(

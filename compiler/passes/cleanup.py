@@ -1,4 +1,4 @@
-"""Thesis 5.2.10 clean-up: identities, chains of indexing ops, pre-concatenation, dead code.
+"""Thesis 5.2.10 clean-up: identities, chains of indexing ops, pre-concatenation and dead code.
 
 ``remove_identity`` (steps 17 and 24) drops ops whose output is their input --
 identity TRANSFORMs, single-input CONCATs, all-ones REDUCEs, identity GATHERs and
@@ -26,7 +26,8 @@ weights with facts (learnable with fixed values)::
   becomes
     %w = WEIGHTS(names=('a', 'b', 'c')) : (3, 3)
 
-``remove_unused`` (step 20): dead-code elimination.
+It then drops what nothing reads (step 20), input facts and constants included: every other
+editor drops only what its own edit leaves unread, and keeps unread input facts.
 """
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ from ..ir import Node, Op, Program
 from ..rewrite import Rewriter, eliminate_dead_code, remove_unit_reductions
 from ..settings import Settings
 
-__all__ = ["remove_identity", "preconcatenate", "remove_unused"]
+__all__ = ["remove_identity", "preconcatenate"]
 
 
 def remove_identity(program: Program, settings: Settings) -> Program:
@@ -118,8 +119,4 @@ def preconcatenate(program: Program, settings: Settings) -> Program:
             rw.replace(Node(node.name, Op.WEIGHTS, (), node.count, node.shape, {"names": names}, node.layer))
         else:
             rw.keep(node)
-    return rw.finish(keep_inputs=False)
-
-
-def remove_unused(program: Program, settings: Settings) -> Program:
-    return eliminate_dead_code(program)
+    return eliminate_dead_code(rw.finish(keep_inputs=False))

@@ -6,7 +6,7 @@ from hypothesis import HealthCheck, assume, given, settings
 
 import neurovec
 from neurovec.compiler.ir import Node, Op
-from neurovec.compiler.passes.cleanup import preconcatenate, remove_identity, remove_unused
+from neurovec.compiler.passes.cleanup import preconcatenate, remove_identity
 from neurovec.compiler.settings import Settings
 from neurovec.sources.graph import Weight
 
@@ -102,7 +102,7 @@ def test_no_preconcatenation_of_shared_dynamic_or_repeated_inputs():
          Node("t", Op.TRANSFORM, ("a",), 2, (3,), {"fn": "exp"}), Node("out", Op.CONCAT, ("cat", "t"), 6, (3,))],
     ]
     for nodes in cases:
-        before = program(nodes, {"c_a": a, "c_b": a}, weights)
+        before = program(nodes, {n.attrs["const"]: a for n in nodes if n.op is Op.FACT}, weights)
         assert preconcatenate(before, Settings()) is before
     nodes = [fact("a", a, fact_layer="a"), fact("b", a, fact_layer="b"), Node("cat", Op.CONCAT, ("a", "b"), 4, (3,)),
              tanh("cat", 4)]
@@ -111,13 +111,15 @@ def test_no_preconcatenation_of_shared_dynamic_or_repeated_inputs():
     assert preconcatenate(before, Settings()).node("cat").op is Op.FACT
 
 
-def test_remove_unused():
-    nodes = [fact("x", X), Node("dead", Op.TRANSFORM, ("x",), 4, (3,), {"fn": "exp"}), tanh("x")]
-    after = remove_unused(program(nodes, {"c_x": X}), Settings())
-    assert [n.name for n in after.nodes] == ["x", "out"]
+def test_preconcatenate_drops_what_nothing_reads():
+    # with nothing to pre-concatenate: a dead node, an unread input fact and an unread constant
+    nodes = [fact("x", X), fact("y", X, fact_layer="y"), Node("dead", Op.TRANSFORM, ("x",), 4, (3,), {"fn": "exp"}),
+             tanh("x")]
+    after = preconcatenate(program(nodes, {"c_x": X, "c_y": X, "unread": X}), Settings())
+    assert [n.name for n in after.nodes] == ["x", "out"] and set(after.constants) == {"c_x"}
 
 
-@pytest.mark.parametrize("switch", ["remove_identity", "preconcatenate", "remove_unused"])
+@pytest.mark.parametrize("switch", ["remove_identity", "preconcatenate"])
 @settings(max_examples=35, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                  HealthCheck.function_scoped_fixture])
 @given(graph=graphs())

@@ -102,7 +102,7 @@ def test_embedding_layer_on_units_compiles_to_the_weights():
                         input_weight=[0, 1, 2, 3], transformation="tanh")
     graph = Graph([FactLayer.units("u", 3), layer], weights, [1, 1, 1], [3, 0, 2])
     options = Settings.preset("unoptimized", merge_unit_facts=True, simplify_unit_linear=True,
-                              simplify_gathers=True, transposed_reductions=True, remove_unused=True)
+                              simplify_gathers=True, transposed_reductions=True, preconcatenate=True)
     module = neurovec.compile(graph, options, dtype=torch.float64)
     assert not any(n.op is Op.LINEAR or n.op is Op.FACT for n in module.program.nodes)
     assert_equivalent(graph, module)
