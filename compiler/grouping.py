@@ -37,8 +37,8 @@ import numpy as np
 from ..sources.relational import joins
 
 __all__ = ["row_dtype", "equal_arrays", "first_rows", "first_rows_in_segments", "first_equal_rows",
-           "first_equal_multisets", "representatives", "key_representatives", "all_distinct",
-           "mix64", "row_hashes", "expand_segments", "dense_ranks", "stable_order", "is_identity", "run_block"]
+           "first_equal_multisets", "representatives", "key_representatives",
+           "mix64", "expand_segments", "dense_ranks", "stable_order", "is_identity", "run_block"]
 
 # Odd 64-bit multipliers (from splitmix64 and the golden ratio) for the rounds of slot hashing.
 _MULTIPLIERS = tuple(np.uint64(m) for m in (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB,
@@ -231,10 +231,6 @@ def _rows_like(first: np.ndarray) -> np.ndarray:
     return np.arange(first.size, dtype=first.dtype if first.dtype == np.int32 else np.int64)
 
 
-def all_distinct(first: np.ndarray) -> bool:
-    return bool(np.all(first == _rows_like(first)))
-
-
 def equal_arrays(a: np.ndarray, b: np.ndarray) -> bool:
     """``np.array_equal(a, b)`` for 1-d arrays, a chunk at a time: it stops at the first chunk that
     differs (most candidate periods of an edge-sized index differ early), and makes no array of
@@ -304,11 +300,6 @@ def _words(values: np.ndarray) -> np.ndarray:
     if pad:
         raw = np.concatenate([raw, np.zeros((n, pad), np.uint8)], axis=1)
     return raw.view(np.uint64).reshape(n, -1)
-
-
-def row_hashes(values: np.ndarray) -> np.ndarray:
-    """A 64-bit hash of every row's bytes (position-dependent: ``[a, b]`` and ``[b, a]`` differ)."""
-    return _word_hashes(_words(values))
 
 
 def _word_hashes(words: np.ndarray) -> np.ndarray:
