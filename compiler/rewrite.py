@@ -112,9 +112,9 @@ class Rewriter:
       new nodes where an old one was, ``redirect`` makes every reader of a node read another.
 
     ``fresh`` and ``const`` mint names (``unique_name``). ``finish`` orders
-    the nodes topologically, as near their old places as it can, drops what the edit left without
-    readers (never what was dead already: that is ``cleanup.preconcatenate``'s) and the constants
-    only those read, and returns the old program itself if nothing changed.
+    the nodes topologically, as near their old places as it can, drops what the output does not
+    read (but unread input facts where ``keep_inputs``: ``cleanup.preconcatenate`` drops those) and
+    the constants no node reads, and returns the old program itself if nothing changed.
     """
 
     def __init__(self, program: Program, *, in_place: bool = False, keep_inputs: bool = True):
@@ -289,9 +289,10 @@ class Rewriter:
             return self.program
         keep_inputs = self.keep_inputs if keep_inputs is None else keep_inputs
         output = self.resolve(self.output)
-        live = _live_names(self.nodes, output, self.program, keep_inputs)
-        nodes = self._in_order(live)
-        return self.program.replace(nodes=tuple(nodes), constants=_kept_constants(self.program, nodes, self.constants),
+        inputs = {n.name for n in self.nodes.values() if is_input_fact(n)} if keep_inputs else set()
+        nodes = self._in_order(_live(self.nodes, {output} | inputs))
+        used = _constant_keys(nodes, self.constants)
+        return self.program.replace(nodes=tuple(nodes), constants={k: v for k, v in self.constants.items() if k in used},
                                     output=output)
 
     def _in_order(self, names: set[str]) -> list[Node]:
@@ -316,16 +317,6 @@ class Rewriter:
         return order
 
 
-def _live_names(nodes: dict[str, Node], output: str, old: Program, keep_inputs: bool) -> set[str]:
-    """What the output reads; and what was dead before (and what it reads), and input facts if
-    ``keep_inputs``: drop only what this rewrite left without readers."""
-    live_before = _live(old.by_name(), {old.output})
-    roots = {output} | {n.name for n in old.nodes if n.name not in live_before}
-    if keep_inputs:
-        roots |= {n.name for n in nodes.values() if n.op is Op.FACT and n.attrs.get("fact_layer")}
-    return _live(nodes, roots)
-
-
 def _live(nodes: Mapping[str, Node], roots: set[str]) -> set[str]:
     """The nodes ``roots`` (those of ``nodes``) and all they read, directly or not, in any order."""
     live = {r for r in roots if r in nodes}
@@ -340,14 +331,6 @@ def _live(nodes: Mapping[str, Node], roots: set[str]) -> set[str]:
 
 def _constant_keys(nodes: Iterable[Node], constants: dict) -> set[str]:
     return {k for n in nodes for k in n.consts if k in constants}
-
-
-def _kept_constants(old: Program, nodes: Iterable[Node], constants: dict) -> dict:
-    """Of ``constants``, those the rewritten ``nodes`` read, and those of the ``old`` program that
-    none of its nodes read (unread before: another pass's business, ``cleanup.preconcatenate``)."""
-    unread_before = set(old.constants) - _constant_keys(old.nodes, old.constants)
-    new_keys = _constant_keys(nodes, constants)
-    return {k: v for k, v in constants.items() if k in new_keys or k in unread_before}
 
 
 def freeze_facts(program: Program, names: set[str]) -> Program:
