@@ -21,10 +21,13 @@
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
 #include <cstdint>
+#include <tuple>
+#include <type_traits>
 
 // Floating-point contraction off from here on (a*b+c stays two roundings). GCC's default in its
 // GNU dialects is -ffp-contract=fast, which with -march=native on a CPU with FMA may fuse
@@ -125,12 +128,91 @@ at::Tensor fold_sums(const at::Tensor& x, const at::Tensor& index, const c10::op
     return y;
 }
 
+
+// csr_transpose(index (E,) int32/int64, ptr (S + 1,) int64, n_sources, values (E,) or None, index_dtype)
+// -> (t_ptr (N + 1,), t_col (E,), t_perm (E,) int64, t_values (E,) or empty): the transpose of the CSR
+// matrix whose segment j owns the entries ptr[j]:ptr[j + 1] and whose entry e is in column index[e],
+// by a counting sort: the entries grouped by column (t_ptr: each column's bounds), each column's
+// entries in their order in the CSR (a stable sort by column: t_perm[k] is the entry at place k),
+// t_col[k] the segment of entry t_perm[k] and t_values[k] = values[t_perm[k]] (copied bit for bit,
+// any dtype). t_ptr and t_col are index_dtype (int32 or int64). One pass to count, one to place:
+// GatherSum.from_index's A^T (engines/kernels.py), without a sort and the gathers after it. It
+// refuses an index outside [0, n_sources) and a ptr that does not run from 0 to E, sorted.
+template <typename I, typename O, typename V>
+void transpose_entries(const I* __restrict__ index, const int64_t* __restrict__ ptr, int64_t n_seg,
+                       int64_t* __restrict__ cursor, O* __restrict__ t_col, int64_t* __restrict__ t_perm,
+                       const V* __restrict__ values, V* __restrict__ t_values) {
+    for (int64_t j = 0; j < n_seg; ++j) {
+        const int64_t e1 = ptr[j + 1];
+        for (int64_t e = ptr[j]; e < e1; ++e) {
+            const int64_t k = cursor[index[e]]++;
+            t_col[k] = (O)j;
+            t_perm[k] = e;
+            if constexpr (!std::is_same<V, void*>::value) t_values[k] = values[e];
+        }
+    }
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> csr_transpose(
+        const at::Tensor& index, const at::Tensor& ptr, int64_t n_sources, const c10::optional<at::Tensor>& values,
+        at::ScalarType index_dtype) {
+    TORCH_CHECK(ptr.dim() == 1 && ptr.scalar_type() == at::kLong && ptr.is_contiguous() && ptr.numel() >= 1, "csr_transpose: ptr must be a contiguous 1-d int64 tensor");
+    TORCH_CHECK(index.dim() == 1 && index.is_contiguous(), "csr_transpose: index must be a contiguous 1-d tensor");
+    TORCH_CHECK(index_dtype == at::kInt || index_dtype == at::kLong, "csr_transpose: index_dtype must be int32 or int64");
+    TORCH_CHECK(n_sources >= 0, "csr_transpose: n_sources must be >= 0");
+    const bool weighted = values.has_value() && values->defined();
+    const int64_t e_count = index.numel(), n_seg = ptr.numel() - 1;
+    if (weighted)
+        TORCH_CHECK(values->dim() == 1 && values->is_contiguous() && values->numel() == e_count,
+                    "csr_transpose: values must be a contiguous 1-d tensor as long as index");
+    const int64_t* p = ptr.data_ptr<int64_t>();
+    TORCH_CHECK(p[0] == 0 && p[n_seg] == e_count, "csr_transpose: ptr must run from 0 to the number of entries");
+    for (int64_t j = 0; j < n_seg; ++j) TORCH_CHECK(p[j] <= p[j + 1], "csr_transpose: ptr must be sorted");
+    at::Tensor t_ptr = at::zeros({n_sources + 1}, ptr.options());
+    int64_t* tp = t_ptr.data_ptr<int64_t>();
+    at::Tensor t_perm = at::empty({e_count}, ptr.options());
+    at::Tensor t_col = at::empty({e_count}, ptr.options().dtype(index_dtype));
+    at::Tensor t_values = weighted ? at::empty({e_count}, values->options()) : at::empty({0}, ptr.options());
+    AT_DISPATCH_INDEX_TYPES(index.scalar_type(), "csr_transpose", [&] {
+        const index_t* id = index.data_ptr<index_t>();
+        for (int64_t e = 0; e < e_count; ++e) {
+            const int64_t i = (int64_t)id[e];
+            TORCH_CHECK(i >= 0 && i < n_sources, "csr_transpose: index ", i, " is outside the ", n_sources, " columns");
+            ++tp[i + 1];
+        }
+        for (int64_t i = 0; i < n_sources; ++i) tp[i + 1] += tp[i];
+        at::Tensor cursor = t_ptr.clone();  // where each column's next entry goes
+        int64_t* c = cursor.data_ptr<int64_t>();
+        auto place = [&](auto* col) {
+            using O = std::remove_pointer_t<decltype(col)>;
+            int64_t* perm = t_perm.data_ptr<int64_t>();
+            if (!weighted) {
+                transpose_entries<index_t, O, void*>(id, p, n_seg, c, col, perm, nullptr, nullptr);
+                return;
+            }
+            const int64_t bytes = values->element_size();
+            const void* v = values->data_ptr();
+            void* tv = t_values.data_ptr();
+            if (bytes == 8) transpose_entries<index_t, O, uint64_t>(id, p, n_seg, c, col, perm, (const uint64_t*)v, (uint64_t*)tv);
+            else if (bytes == 4) transpose_entries<index_t, O, uint32_t>(id, p, n_seg, c, col, perm, (const uint32_t*)v, (uint32_t*)tv);
+            else if (bytes == 2) transpose_entries<index_t, O, uint16_t>(id, p, n_seg, c, col, perm, (const uint16_t*)v, (uint16_t*)tv);
+            else if (bytes == 1) transpose_entries<index_t, O, uint8_t>(id, p, n_seg, c, col, perm, (const uint8_t*)v, (uint8_t*)tv);
+            else TORCH_CHECK(false, "csr_transpose: values of ", bytes, " bytes per entry");
+        };
+        if (index_dtype == at::kInt) place(t_col.data_ptr<int32_t>());
+        else place(t_col.data_ptr<int64_t>());
+    });
+    return {index_dtype == at::kLong ? t_ptr : t_ptr.to(index_dtype), t_col, t_perm, t_values};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(neurovec_cpu, m) {
     m.def("fold_sums(Tensor x, Tensor index, Tensor? coef, Tensor ptr) -> Tensor");
+    m.def("csr_transpose(Tensor index, Tensor ptr, int n_sources, Tensor? values, ScalarType index_dtype) -> (Tensor, Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(neurovec_cpu, CPU, m) {
     m.impl("fold_sums", fold_sums);
+    m.impl("csr_transpose", csr_transpose);
 }
