@@ -113,14 +113,17 @@ def _sorted_transpose(index, counts, n_sources):
 
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
 @pytest.mark.parametrize("values_dtype", [None, torch.float64, torch.float32, torch.float16, torch.bfloat16])
-def test_csr_transpose_is_a_stable_sort_by_column(index_dtype, values_dtype):
+@pytest.mark.parametrize("n_sources", [70, 5000])
+def test_csr_transpose_is_a_stable_sort_by_column(index_dtype, values_dtype, n_sources):
     """The counting sort places every entry where a stable sort by column puts it (each column's entries in
-    their CSR order), its segment beside it, and its value bit for bit; unread columns and empty segments too."""
+    their CSR order), its segment beside it, and its value bit for bit; unread columns and empty segments too.
+    With 5000 columns, several to a bucket of the first pass (1024 buckets at most), the second pass sorts them."""
     rng = np.random.default_rng(5)
-    n_sources, counts = 70, rng.integers(0, 9, 300)
+    counts = rng.integers(0, 9, 3000)
     counts[:3] = [0, 40, 0]
     index = rng.integers(0, n_sources - 5, int(counts.sum()))  # the last 5 columns are never read
     index[:40] = 7  # one column many times over, from one segment
+    index[100:300:3] = n_sources - 6  # and the last read one, from many segments
     ptr = np.zeros(counts.size + 1, np.int64)
     np.cumsum(counts, out=ptr[1:])
     values = None if values_dtype is None else torch.randn(index.size, dtype=torch.float64).to(values_dtype)
