@@ -98,3 +98,75 @@ def test_rows_of_several_axes_and_empty_inputs():
     assert np.array_equal(_bits(value), _bits(fc.sequential_sums(facts, index, coef, counts)))
     empty = native.fold_sums(np.zeros((0, 3)), np.zeros(0, np.int64), None, np.zeros(4, np.int64))
     assert empty.shape == (4, 3) and not empty.any() and not np.signbit(empty).any()
+
+
+# --------------------------------------------------------------------------- csr_transpose
+
+def _sorted_transpose(index, counts, n_sources):
+    """A^T's bounds, segments and permutation by a stable sort by source (numpy's, not torch's)."""
+    perm = np.argsort(index, kind="stable")
+    t_ptr = np.zeros(n_sources + 1, np.int64)
+    np.cumsum(np.bincount(index, minlength=n_sources), out=t_ptr[1:])
+    seg_id = np.repeat(np.arange(counts.size), counts)
+    return t_ptr, seg_id[perm], perm
+
+
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("values_dtype", [None, torch.float64, torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("n_sources", [70, 5000])
+def test_csr_transpose_is_a_stable_sort_by_column(index_dtype, values_dtype, n_sources):
+    """The counting sort places every entry where a stable sort by column puts it (each column's entries in
+    their CSR order), its segment beside it, and its value bit for bit; unread columns and empty segments too.
+    With 5000 columns, several to a bucket of the first pass (1024 buckets at most), the second pass sorts them."""
+    rng = np.random.default_rng(5)
+    counts = rng.integers(0, 9, 3000)
+    counts[:3] = [0, 40, 0]
+    index = rng.integers(0, n_sources - 5, int(counts.sum()))  # the last 5 columns are never read
+    index[:40] = 7  # one column many times over, from one segment
+    index[100:300:3] = n_sources - 6  # and the last read one, from many segments
+    ptr = np.zeros(counts.size + 1, np.int64)
+    np.cumsum(counts, out=ptr[1:])
+    values = None if values_dtype is None else torch.randn(index.size, dtype=torch.float64).to(values_dtype)
+    for index_in in (np.int32, np.int64):
+        t_ptr, t_col, t_perm, t_values = native.csr_transpose(torch.from_numpy(index.astype(index_in)), torch.from_numpy(ptr),
+                                                              n_sources, values, index_dtype)
+        expected = _sorted_transpose(index, counts, n_sources)
+        assert t_ptr.dtype == t_col.dtype == index_dtype and t_perm.dtype == torch.int64
+        assert np.array_equal(t_ptr.numpy(), expected[0]) and np.array_equal(t_col.numpy(), expected[1])
+        assert np.array_equal(t_perm.numpy(), expected[2])
+        if values is None:
+            assert t_values is None
+        else:
+            assert t_values.dtype == values_dtype
+            assert torch.equal(t_values.view(-1).view(torch.uint8), values[torch.from_numpy(expected[2])].view(-1).view(torch.uint8))
+
+
+def test_csr_transpose_refuses_bad_input():
+    index, ptr = torch.tensor([0, 2, 1]), torch.tensor([0, 2, 3])
+    with pytest.raises(ValueError, match="index 2 is outside the 2 columns"):
+        native.csr_transpose(index, ptr, 2)
+    with pytest.raises(ValueError, match="ptr must run from 0 to the number of entries"):
+        native.csr_transpose(index, torch.tensor([0, 2]), 3)
+    with pytest.raises(ValueError, match="ptr must be sorted"):
+        native.csr_transpose(index, torch.tensor([0, 3, 1, 3]), 3)
+    with pytest.raises(ValueError, match="as long as index"):
+        native.csr_transpose(index, ptr, 3, torch.ones(2))
+
+
+def test_gather_sum_is_the_same_with_and_without_the_kernel():
+    """GatherSum.from_index's transpose by the counting sort is the one by torch's stable sort, tensor for tensor."""
+    from neurovec.engines import kernels
+
+    rng = np.random.default_rng(2)
+    counts = rng.integers(1, 6, 500)
+    index = rng.integers(0, 90, int(counts.sum()))
+    values = rng.standard_normal(index.size)
+    for coef, mean, dtype in ((None, False, torch.float32), (values, False, torch.float32), (values, True, torch.float64)):
+        made = kernels.GatherSum.from_index(index.astype(np.int32), counts, 100, coef, mean=mean, dtype=dtype).buffers()
+        with native.disabled():
+            sorted_ = kernels.GatherSum.from_index(index.astype(np.int32), counts, 100, coef, mean=mean, dtype=dtype).buffers()
+        for name, tensor in made.items():
+            other = sorted_[name]
+            assert (tensor is None) == (other is None), name
+            if tensor is not None:
+                assert tensor.dtype == other.dtype and torch.equal(tensor, other), name
