@@ -1,7 +1,6 @@
 """Functions the generated programs call, besides plain torch and ``kernels``."""
 from __future__ import annotations
 
-import math
 import threading
 
 import torch
@@ -284,12 +283,11 @@ class BufferPool:
         """An uninitialised contiguous tensor of ``shape`` and ``like``'s dtype and device, on a block
         no other tensor shares."""
         shape = tuple(int(n) for n in shape)
-        nbytes = math.prod(shape) * like.element_size()
         key = (shape, like.dtype, like.device)
         with self._lock:  # one caller at a time may find a block free and take it
             blocks = self._blocks.setdefault(key, [])
             for block in blocks:
-                if _STORAGE_USE_COUNT(block._cdata) == 1 and block.nbytes() == nbytes:
+                if _STORAGE_USE_COUNT(block._cdata) == 1:  # its key is its shape and dtype: its size
                     return torch.empty(0, dtype=like.dtype, device=like.device).set_(block, 0, shape)
             y = torch.empty(shape, dtype=like.dtype, device=like.device)
             if len(blocks) < self.per_shape and _STORAGE_USE_COUNT is not None:

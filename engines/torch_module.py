@@ -716,18 +716,19 @@ def generate_source(program: Program, standard_ops: bool = False, chosen: dict[s
     signed_zeros = {node.name for node in program.nodes if node.op is Op.REDUCE and node.name in matters
                     and node.attrs["aggregation"] in ("max", "min")}
     statements = []  # (value, its lines)
-    expressions: dict[str, str] = {}
+    as_dense: set[str] = set()  # the values written as ``dense(...)`` so far
     users = program.users()  # NOTE: [additions into a pooled output]
     for node in program.nodes:
         if node.name in left_out:
             continue
         if node.name in inputs:
             code = f"    {node.name} = inputs[{node.attrs['fact_layer']!r}]"
-        elif (into := _added_into(node, nodes, program.output, users, large, expressions)) is not None:
+        elif (into := _added_into(node, nodes, program.output, users, large, as_dense)) is not None:
             code = f"    {node.name} = {into}.add_({next(s for s in node.srcs if s != into)})"
         else:
             code = f"    {node.name} = {_expression(node, nodes, rows, in_place, biased, stacked, reductions, copied, gathered, large)}"
-        expressions[node.name] = code
+        if code.startswith(f"    {node.name} = dense("):
+            as_dense.add(node.name)
         shape = ", ".join(map(str, node.shape if node.name in rows else (node.count,) + node.shape))
         if node.name in stacked and stacked[node.name][2]:  # stored as its one row
             shape += f") as (1, {node.count * node.shape[-1]}"
@@ -762,16 +763,16 @@ def _large_values(program: Program, rows: dict[str, str]) -> set[str]:
 # bitwise those of the separate add.
 
 def _added_into(node: Node, nodes: dict[str, Node], output: str, readers: dict[str, list[str]], large: set[str],
-                expressions: dict[str, str]) -> str | None:
+                as_dense: set[str]) -> str | None:
     """The operand that the addition ``node`` is written into, if any (NOTE: [additions into a pooled
-    output]); ``expressions`` holds the statements written before it."""
+    output]); ``as_dense`` names the values written as ``dense(...)`` before it."""
     if node.op is not Op.ADD or node.name not in large or len(set(node.srcs)) != 2:
         return None
     if any((nodes[s].count, nodes[s].shape) != (node.count, node.shape) for s in node.srcs):
         return None  # a broadcast
     for src in node.srcs:
         if readers[src] == [node.name] and src != output \
-                and expressions.get(src, "").lstrip().startswith(f"{src} = dense("):
+                and src in as_dense:
             return src
     return None
 
