@@ -545,15 +545,27 @@ const T* data_or_null(const Tensor& t) {
     return t.defined() ? t.data_ptr<T>() : nullptr;
 }
 
-// y[j] = sum_{e in ptr[j]..ptr[j+1]} values[e] * x[col[e]] / divide[j]; without col, row e.
+// y[j] = sum_{e in ptr[j]..ptr[j+1]} values[e] * x[col[e]] / divide[j]; without col, row e. Into
+// out where it is given (a contiguous tensor of y's shape and dtype, its old values never read),
+// else into a new tensor.
 Tensor csr_sum(const Tensor& x_in, const Tensor& ptr_in, const Tensor& col_in, const OptionalTensor& values_in,
-               const OptionalTensor& divide_in) {
+               const OptionalTensor& divide_in, const Tensor& out = Tensor()) {
     check_values(x_in, "csr_sum");
     const Tensor x = x_in.contiguous(), ptr = ptr_in.contiguous();
     const Tensor col = col_in.defined() ? as(col_in, ptr.scalar_type()) : Tensor();
     const Tensor values = like(values_in, x), divide = like(divide_in, x);
     const int64_t n = ptr.size(0) - 1;
-    Tensor y = empty_output(with_rows(x, n), x.options());
+    Tensor y;
+    if (out.defined()) {
+        TORCH_CHECK(out.sizes() == at::IntArrayRef(with_rows(x, n)) && out.scalar_type() == x.scalar_type()
+                        && out.device() == x.device() && out.is_contiguous(),
+                    "neurovec_cpu::csr_sum_out: out must be a contiguous ", x.scalar_type(), " tensor of shape ",
+                    at::IntArrayRef(with_rows(x, n)), ", got ", out.sizes(), " ", out.scalar_type());
+        TORCH_CHECK(!out.is_same(x) && out.data_ptr() != x.data_ptr(), "neurovec_cpu::csr_sum_out: out is the input");
+        y = out;
+    } else {
+        y = empty_output(with_rows(x, n), x.options());
+    }
     const bool prefetch = x.numel() * (int64_t)x.element_size() > kCachedBytes;  // NOTE: [prefetching gathered rows]
         AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "neurovec_cpu::csr_sum", [&] {
         AT_DISPATCH_INDEX_TYPES(ptr.scalar_type(), "neurovec_cpu::csr_sum", [&] {
@@ -1234,6 +1246,13 @@ Tensor csr_sum_op(const Tensor& x, const Tensor& ptr, const OptionalTensor& col,
     return y;
 }
 
+// csr_sum into out (NOTE: [a pool of large outputs] in engines/runtime.py: the caller's memory).
+void csr_sum_out_op(const Tensor& x, const Tensor& ptr, const OptionalTensor& col, const OptionalTensor& values,
+                    const OptionalTensor& divide, const OptionalTensor& bias, const Tensor& out) {
+    Tensor y = csr_sum(x, ptr, col.has_value() ? *col : Tensor(), values, divide, out);
+    if (bias.has_value() && bias->defined()) add_row(y, *bias);
+}
+
 Tensor gather_sum_cpu(const Tensor& x, const Tensor& ptr, const Tensor& col, const OptionalTensor& values,
                       const Tensor& t_ptr, const Tensor& t_col, const OptionalTensor& t_values,
                       const OptionalTensor& bias) {
@@ -1269,6 +1288,8 @@ Tensor segment_extremum_autograd(const Tensor& x, const Tensor& ptr, bool max) {
 TORCH_LIBRARY(neurovec_cpu, m) {
     // The kernels, no autograd (fake kernels: engines/native.py).
     m.def("csr_sum(Tensor x, Tensor ptr, Tensor? col, Tensor? values, Tensor? divide, Tensor? bias) -> Tensor");
+    m.def("csr_sum_out(Tensor x, Tensor ptr, Tensor? col, Tensor? values, Tensor? divide, Tensor? bias, "
+          "Tensor(a!) out) -> ()");
     m.def("broadcast(Tensor g, Tensor ptr, Tensor? values, Tensor? divide, SymInt n_entries) -> Tensor");
     m.def("extremum(Tensor x, Tensor ptr, bool max) -> Tensor");
     m.def("extremum_backward(Tensor grad, Tensor x, Tensor y, Tensor ptr) -> Tensor");
@@ -1291,6 +1312,7 @@ TORCH_LIBRARY(neurovec_cpu, m) {
 
 TORCH_LIBRARY_IMPL(neurovec_cpu, CPU, m) {
     m.impl("csr_sum", csr_sum_op);
+    m.impl("csr_sum_out", csr_sum_out_op);
     m.impl("broadcast", broadcast);
     m.impl("extremum", extremum);
     m.impl("extremum_backward", extremum_backward);

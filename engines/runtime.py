@@ -22,6 +22,11 @@ class CSRIndices(nn.Module):
     ``.float()`` gives the exact values back, not upcast roundings).
     """
 
+    # Whether ``gather_sum`` writes this sum's output, and its source's gradient, into the program's
+    # ``BufferPool`` (NOTE: [a pool of gather sums' outputs]); the engine sets them per program.
+    pool_output = False
+    pool_gradient = False
+
     def __init__(self, fused: kernels.GatherSum | dict[str, torch.Tensor | None]):
         super().__init__()
         tensors = fused.buffers() if isinstance(fused, kernels.GatherSum) else fused
@@ -44,7 +49,8 @@ class CSRIndices(nn.Module):
         raise RuntimeError("CSRIndices is a container")
 
 
-def gather_sum(x: torch.Tensor, csr: CSRIndices, bias: torch.Tensor | None = None) -> torch.Tensor:
+def gather_sum(x: torch.Tensor, csr: CSRIndices, bias: torch.Tensor | None = None,
+               pool: BufferPool | None = None) -> torch.Tensor:
     """``y[j] = sum of values[e] * x[index[e]]`` over the edges e of segment j (values
     default to 1), as one sparse matmul; plus ``bias`` (one row, of ``y``'s row shape and
     dtype) added to every row last, if given.
@@ -52,6 +58,9 @@ def gather_sum(x: torch.Tensor, csr: CSRIndices, bias: torch.Tensor | None = Non
     The C++ operator adds the bias inside the same call, one op and one autograd node
     fewer than a separate ``y + bias``, and bit-identical to it (each element is the same
     sum plus the same bias, one IEEE addition); the other paths add it separately.
+    With a ``pool``, where ``csr.pool_output`` says so, the output (and, where
+    ``csr.pool_gradient`` says so, ``x``'s gradient) is written into the pool's memory
+    (NOTE: [a pool of gather sums' outputs]).
     """
     # The buffers as dict entries: nn.Module's attribute lookup costs ~0.5 µs each, and on
     # small graphs these calls are mostly such overhead.
@@ -63,6 +72,9 @@ def gather_sum(x: torch.Tensor, csr: CSRIndices, bias: torch.Tensor | None = Non
             if product is not None:
                 return _ChunkedProductSum.apply(product[1], x.detach(), product[0], product[2], b["ptr"], b["index"],
                                                 values, b["t_ptr"], b["t_col"], t_values, bias)
+            if pool is not None and (csr.pool_output or csr.pool_gradient) and torch.is_grad_enabled():
+                return _PooledGatherSum.apply(x, bias, b["ptr"], b["index"], values, b["t_ptr"], b["t_col"], t_values,
+                                              pool if csr.pool_output else None, pool if csr.pool_gradient else None)
         return ops.gather_sum(x, b["ptr"], b["index"], values, b["t_ptr"], b["t_col"], t_values, bias)
     y = kernels.gather_segment_sum(x, b["ptr"], b["index"], b["seg_id"], b["t_ptr"], b["t_col"], b["t_perm"],
                                    values=values, t_values=t_values)
@@ -370,3 +382,51 @@ def relu_(x: torch.Tensor, pool: BufferPool | None = None) -> torch.Tensor:
     if pool is None or _plain(x) or not x.requires_grad:
         return torch.relu_(x)
     return _ReluInPlace.apply(x, pool)
+
+
+# NOTE: [a pool of gather sums' outputs] A large gather sum (arxiv-like SAGE: the neighbours' mean of
+# 169,343 rows of 128 floats, 87 MB) makes a fresh block for its output every forward and one for its
+# source's gradient every backward: the C++ operator's outputs are on huge pages (NOTE: [huge pages
+# for large outputs] in native_ops.cpp), but the kernel still zeroes every page it maps, and a loaded
+# machine compacts memory to find them. So where the engine marks a sum's output large
+# (``CSRIndices.pool_output``: at least ``torch_module._LARGE_VALUES`` elements), ``gather_sum`` with
+# the program's pool (bound in its namespace, as ``dense``; the generated code is unchanged) is
+# ``_PooledGatherSum``: the same C++ kernel (``neurovec_cpu::csr_sum_out``: the same sums, bit for
+# bit) into a block of the pool, and backward the transposed kernel, into a block of the pool too
+# where ``CSRIndices.pool_gradient`` says so. That is only where the source is large and the sum is
+# its only reader (at every call of that matrix): autograd adds a value's gradients into the first
+# one to arrive, in place, only if nothing else holds it, and a pooled block is held by the pool, so
+# a pooled first gradient would make the addition a fresh block of its own (NOTE: [a shared value's
+# GEMM first] in engines/torch_module.py). Eager only, with a graph recorded (as ``dense``); with no
+# graph, under torch.compile or off the C++ kernels the sum is what it was. Where a graph of the
+# backward is asked for (``create_graph``) the backward is the differentiable C++ ``gather_sum``.
+
+class _PooledGatherSum(torch.autograd.Function):
+    """``ops.gather_sum(x, ...)`` into memory of a ``BufferPool`` (NOTE: [a pool of gather sums' outputs])."""
+
+    @staticmethod
+    def forward(ctx, x, bias, ptr, col, values, t_ptr, t_col, t_values, output_pool, gradient_pool):
+        # The indices are the program's constants: kept as they are, no version counter to check.
+        ctx.csr = ptr, col, values, t_ptr, t_col, t_values
+        ctx.pool, ctx.bias = gradient_pool, bias is not None
+        if output_pool is None:
+            return torch.ops.neurovec_cpu.csr_sum(x, ptr, col, values, None, bias)
+        y = output_pool.empty((ptr.shape[0] - 1,) + tuple(x.shape[1:]), x)
+        torch.ops.neurovec_cpu.csr_sum_out(x, ptr, col, values, None, bias, y)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        ptr, col, values, t_ptr, t_col, t_values = ctx.csr
+        grad_x = grad_bias = None
+        if ctx.needs_input_grad[0]:
+            if torch.is_grad_enabled():  # create_graph: the operator with its C++ autograd, differentiable again
+                grad_x = ops.gather_sum(grad, t_ptr, t_col, t_values, ptr, col, values)
+            elif ctx.pool is None:
+                grad_x = torch.ops.neurovec_cpu.csr_sum(grad, t_ptr, t_col, t_values, None, None)
+            else:
+                grad_x = ctx.pool.empty((t_ptr.shape[0] - 1,) + tuple(grad.shape[1:]), grad)
+                torch.ops.neurovec_cpu.csr_sum_out(grad, t_ptr, t_col, t_values, None, None, grad_x)
+        if ctx.bias and ctx.needs_input_grad[1]:
+            grad_bias = grad.sum(0)
+        return grad_x, grad_bias, None, None, None, None, None, None, None, None

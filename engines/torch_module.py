@@ -927,6 +927,7 @@ class CompiledModule(nn.Module):
                 self.register_buffer(f"wsel_{node.name}", rows, persistent=False)
             if node.op is Op.REDUCE and chosen[node.name] == "sparse_mm":
                 self.add_module(f"csr_{node.name}", _sparse_matrix(program, node, dtype, matrices))
+        _pooled_sums(self, program, chosen)
         # Dynamic fact layer -> the constant holding its stored values.
         self._inputs = {n.attrs["fact_layer"]: n.attrs["const"] for n in input_facts(program)}
 
@@ -1132,6 +1133,25 @@ def _sparse_matrix(program: Program, node: Node, dtype: torch.dtype, made: dict[
     return indices
 
 
+def _pooled_sums(module: nn.Module, program: Program, chosen: dict[str, str]) -> None:
+    """Mark the sparse sums whose outputs, and sources' gradients, ``gather_sum`` writes into the
+    program's pool (NOTE: [a pool of gather sums' outputs] in runtime.py): an output of at least
+    ``_LARGE_VALUES`` elements; a gradient where the source is that large and every call of the
+    matrix is its source's only reader."""
+    users, nodes = program.users(), program.by_name()
+    sums = [node for node in program.nodes if node.op is Op.REDUCE and chosen[node.name] == "sparse_mm"]
+    gradient_ok: dict[int, bool] = {}
+    for node in sums:
+        csr, source = getattr(module, f"csr_{node.name}"), nodes[node.srcs[0]]
+        if node.count * int(np.prod(node.shape)) >= _LARGE_VALUES:
+            csr.pool_output = True
+        alone = users[source.name] == [node.name] and source.count * int(np.prod(source.shape)) >= _LARGE_VALUES
+        gradient_ok[id(csr)] = gradient_ok.get(id(csr), True) and alone
+    for node in sums:
+        csr = getattr(module, f"csr_{node.name}")
+        csr.pool_gradient = gradient_ok[id(csr)]
+
+
 _SELF_NAME = re.compile(r"self\.(\w+)")
 
 
@@ -1177,10 +1197,11 @@ def _load(source: str):
     pool = runtime.BufferPool()  # NOTE: [a pool of large outputs]: one per program
     namespace = {"torch": torch, "T": TRANSFORM_FUNCTIONS, "segment_reduce": kernels.segment_reduce,
                  "scatter_reduce": kernels.scatter_reduce_native, "dense_reduce": kernels.dense_reduce,
-                 "strided_reduce": runtime.strided_reduce, "gather_sum": runtime.gather_sum,
+                 "strided_reduce": runtime.strided_reduce,
                  "gather_rows": runtime.gather_rows, "chunked_product": runtime.chunked_product,
                  "gathered_chunked_product": runtime.gathered_chunked_product,
-                 "dense": functools.partial(runtime.dense, pool=pool), "relu_": functools.partial(runtime.relu_, pool=pool),
+                 "dense": functools.partial(runtime.dense, pool=pool),
+                 "gather_sum": functools.partial(runtime.gather_sum, pool=pool), "relu_": functools.partial(runtime.relu_, pool=pool),
                  "preferred_zeros": preferred_zeros, "order_signed_zeros": order_signed_zeros}
     exec(compile(source, filename, "exec"), namespace)
     return namespace["forward"], pool
