@@ -82,10 +82,11 @@ def main(argv=None) -> dict:
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
         torch.set_num_threads(1)
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
             for _ in range(3):
                 step()
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20))
+        print(prof.key_averages(group_by_input_shape=True).table(sort_by="self_cpu_time_total", row_limit=30))
     print("RESULT", json.dumps(result), flush=True)
     return result
 

@@ -717,6 +717,7 @@ def generate_source(program: Program, standard_ops: bool = False, chosen: dict[s
                     and node.attrs["aggregation"] in ("max", "min")}
     statements = []  # (value, its lines)
     as_dense: set[str] = set()  # the values written as ``dense(...)`` so far
+    as_sum: dict[str, str] = {}  # those written as ``gather_sum(x, self.csr_...)``: their arguments
     users = program.users()  # NOTE: [additions into a pooled output]
     for node in program.nodes:
         if node.name in left_out:
@@ -724,11 +725,19 @@ def generate_source(program: Program, standard_ops: bool = False, chosen: dict[s
         if node.name in inputs:
             code = f"    {node.name} = inputs[{node.attrs['fact_layer']!r}]"
         elif (into := _added_into(node, nodes, program.output, users, large, as_dense)) is not None:
-            code = f"    {node.name} = {into}.add_({next(s for s in node.srcs if s != into)})"
+            other = next(s for s in node.srcs if s != into)
+            if other in as_sum and users[other] == [node.name] and other != program.output:
+                # NOTE: [a sum added into a pooled output] in runtime.py: the sum's own statement goes
+                statements = [(n, block) for n, block in statements if n.name != other]
+                code = f"    {node.name} = gather_sum_into({into}, {as_sum[other]})"
+            else:
+                code = f"    {node.name} = {into}.add_({other})"
         else:
             code = f"    {node.name} = {_expression(node, nodes, rows, in_place, biased, stacked, reductions, copied, gathered, large)}"
         if code.startswith(f"    {node.name} = dense("):
             as_dense.add(node.name)
+        elif node.name in large and (sum_of := _PLAIN_SUM.fullmatch(code)) and sum_of.group(1) == node.name:
+            as_sum[node.name] = sum_of.group(2)
         shape = ", ".join(map(str, node.shape if node.name in rows else (node.count,) + node.shape))
         if node.name in stacked and stacked[node.name][2]:  # stored as its one row
             shape += f") as (1, {node.count * node.shape[-1]}"
@@ -760,7 +769,13 @@ def _large_values(program: Program, rows: dict[str, str]) -> set[str]:
 # is written as an in-place ``add_`` into that output: no fresh block (87 MB at arxiv-like) and its
 # page faults per step. ``dense`` saves no output for its backward, and the addition's backward
 # needs neither operand; ``a + b`` and ``b + a`` are the same IEEE addition, so the values are
-# bitwise those of the separate add.
+# bitwise those of the separate add. Where the other operand is a sparse sum without a bias that
+# only the addition reads, the two are one ``gather_sum_into`` (NOTE: [a sum added into a pooled
+# output] in runtime.py), and the sum's own statement is left out.
+
+# A sparse sum without a bias, as _expression writes it: the value, then its arguments.
+_PLAIN_SUM = re.compile(r"    (\w+) = gather_sum\((\w+, self\.csr_\w+)\)")
+
 
 def _added_into(node: Node, nodes: dict[str, Node], output: str, readers: dict[str, list[str]], large: set[str],
                 as_dense: set[str]) -> str | None:
@@ -771,8 +786,7 @@ def _added_into(node: Node, nodes: dict[str, Node], output: str, readers: dict[s
     if any((nodes[s].count, nodes[s].shape) != (node.count, node.shape) for s in node.srcs):
         return None  # a broadcast
     for src in node.srcs:
-        if readers[src] == [node.name] and src != output \
-                and src in as_dense:
+        if readers[src] == [node.name] and src != output and src in as_dense:
             return src
     return None
 
@@ -1200,8 +1214,9 @@ def _load(source: str):
                  "strided_reduce": runtime.strided_reduce,
                  "gather_rows": runtime.gather_rows, "chunked_product": runtime.chunked_product,
                  "gathered_chunked_product": runtime.gathered_chunked_product,
-                 "dense": functools.partial(runtime.dense, pool=pool),
-                 "gather_sum": functools.partial(runtime.gather_sum, pool=pool), "relu_": functools.partial(runtime.relu_, pool=pool),
+                 "dense": functools.partial(runtime.dense, pool=pool), "relu_": functools.partial(runtime.relu_, pool=pool),
+                 "gather_sum": functools.partial(runtime.gather_sum, pool=pool),
+                 "gather_sum_into": functools.partial(runtime.gather_sum_into, pool=pool),
                  "preferred_zeros": preferred_zeros, "order_signed_zeros": order_signed_zeros}
     exec(compile(source, filename, "exec"), namespace)
     return namespace["forward"], pool
