@@ -8,7 +8,7 @@ It compiles the ``default`` preset of the node-level template (3 layers x 128 on
 shapes, no dropout, float32, as ``benchmark.py node``) with the ``neurovec`` that Python imports,
 then times ``steps`` Adam steps on the cross-entropy of the training nodes per thread count,
 after two warm-up steps, and prints one ``RESULT {json}`` line: the median wall and CPU
-milliseconds of a step (CPU: the process's user and system time, page faults included; on a
+milliseconds and minor page faults of a step (CPU: the process's user and system time, page faults included; on a
 loaded machine the CPU time is the steadier of the two). For an A/B, run it alternately under
 each checkout (``PYTHONPATH`` pointing at each) and compare the medians' ratios;
 ``benchmark.py node`` is the benchmark against PyG.
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import statistics
 import sys
 import time
@@ -68,21 +69,24 @@ def main(argv=None) -> dict:
     for threads in (int(t) for t in args.threads.split(",")):
         torch.set_num_threads(threads)
         step(), step()
-        wall, cpu = [], []
+        wall, cpu, faults = [], [], []
         for _ in range(args.steps):
-            w, c = time.perf_counter(), time.process_time()
+            w, c, f = time.perf_counter(), time.process_time(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             step()
             wall.append(time.perf_counter() - w)
             cpu.append(time.process_time() - c)
+            faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f)
         result[f"wall_ms_{threads}"] = statistics.median(wall) * 1e3
         result[f"cpu_ms_{threads}"] = statistics.median(cpu) * 1e3
+        result[f"faults_{threads}"] = statistics.median(faults)
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
         torch.set_num_threads(1)
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
             for _ in range(3):
                 step()
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20))
+        print(prof.key_averages(group_by_input_shape=True).table(sort_by="self_cpu_time_total", row_limit=30))
     print("RESULT", json.dumps(result), flush=True)
     return result
 

@@ -265,6 +265,7 @@ def _register_fakes() -> None:
 
     fakes = {
         "csr_sum": lambda x, ptr, col, values, divide, bias: rows(x, ptr.shape[0] - 1),
+        "csr_sum_out": lambda x, ptr, col, values, divide, bias, out, add=False: None,
         "broadcast": lambda g, ptr, values, divide, n_entries: rows(g, n_entries),
         "extremum": lambda x, ptr, max: rows(x, ptr.shape[0] - 1),
         "extremum_backward": lambda grad, x, y, ptr: torch.empty_like(x),

@@ -178,7 +178,7 @@ inline void prefetch_row(const T* row, int64_t n) {
 template <int C, typename T, typename I, bool GATHER, bool WEIGHTED, bool PREFETCH>
 inline void sum_chunk(int64_t r, const I* __restrict__ ptr, const I* __restrict__ col, const T* __restrict__ val,
                       const T* __restrict__ x, int64_t w, int64_t k0, T* __restrict__ y,
-                      const T* __restrict__ divide, int64_t prefetch_end) {
+                      const T* __restrict__ divide, int64_t prefetch_end, bool add) {
     T acc[C];
     for (int k = 0; k < C; ++k) acc[k] = T(0);
     const int64_t e1 = ptr[r + 1];
@@ -199,7 +199,10 @@ inline void sum_chunk(int64_t r, const I* __restrict__ ptr, const I* __restrict_
     T* __restrict__ yr = y + r * w + k0;
     if (divide) {
         const T d = divide[r];
-        for (int k = 0; k < C; ++k) yr[k] = acc[k] / d;
+        for (int k = 0; k < C; ++k) acc[k] /= d;
+    }
+    if (add) {  // y[r] + the sum, one IEEE addition: as y.add_(sum)
+        for (int k = 0; k < C; ++k) yr[k] += acc[k];
     } else {
         for (int k = 0; k < C; ++k) yr[k] = acc[k];
     }
@@ -208,7 +211,7 @@ inline void sum_chunk(int64_t r, const I* __restrict__ ptr, const I* __restrict_
 template <typename T, typename I, typename WT, bool GATHER, bool WEIGHTED>
 void sum_rows(int64_t r0, int64_t r1, const I* __restrict__ ptr, const I* __restrict__ col,
               const T* __restrict__ val, const T* __restrict__ x, int64_t w_any, T* __restrict__ y,
-              const T* __restrict__ divide, bool prefetch) {
+              const T* __restrict__ divide, bool prefetch, bool add = false) {
     constexpr int kW = WT::value;
     const int64_t prefetch_end = prefetch ? (int64_t)ptr[r1] : 0;  // rows of entries before it are prefetched
     if constexpr (kW != 0) {  // a width with_width has a case for: the whole row is one chunk
@@ -219,20 +222,21 @@ void sum_rows(int64_t r0, int64_t r1, const I* __restrict__ ptr, const I* __rest
         if constexpr (GATHER && kW * sizeof(T) >= 64) {
             if (prefetch) {
                 for (int64_t r = r0; r < r1; ++r)
-                    sum_chunk<kW, T, I, GATHER, WEIGHTED, true>(r, ptr, col, val, x, kW, 0, y, divide, prefetch_end);
+                    sum_chunk<kW, T, I, GATHER, WEIGHTED, true>(r, ptr, col, val, x, kW, 0, y, divide, prefetch_end, add);
                 return;
             }
         }
         for (int64_t r = r0; r < r1; ++r)
-            sum_chunk<kW, T, I, GATHER, WEIGHTED, false>(r, ptr, col, val, x, kW, 0, y, divide, prefetch_end);
+            sum_chunk<kW, T, I, GATHER, WEIGHTED, false>(r, ptr, col, val, x, kW, 0, y, divide, prefetch_end, add);
         return;
     }
     // Rows of any other width: accumulated in the output row (in L1 while it is summed), each entry's
     // row read once, whole (chunk by chunk in registers it was read once per chunk: 9 passes at 47).
     const int64_t w = w_any;
     const bool wide = GATHER && w * (int64_t)sizeof(T) >= 64;
+    std::vector<T> row_sum(add ? w : 0);  // adding into y: the sum in a row of its own, then added
     for (int64_t r = r0; r < r1; ++r) {
-        T* __restrict__ acc = y + r * w;
+        T* __restrict__ acc = add ? row_sum.data() : y + r * w;
         for (int64_t k = 0; k < w; ++k) acc[k] = T(0);
         const int64_t e1 = ptr[r + 1];
         for (int64_t e = ptr[r]; e < e1; ++e) {
@@ -251,6 +255,10 @@ void sum_rows(int64_t r0, int64_t r1, const I* __restrict__ ptr, const I* __rest
             const T d = divide[r];
             for (int64_t k = 0; k < w; ++k) acc[k] /= d;
         }
+        if (add) {
+            T* __restrict__ yr = y + r * w;
+            for (int64_t k = 0; k < w; ++k) yr[k] += acc[k];
+        }
     }
 }
 
@@ -258,15 +266,15 @@ void sum_rows(int64_t r0, int64_t r1, const I* __restrict__ ptr, const I* __rest
 // template arguments: as run-time branches they cost 2-4x on short segments.
 template <typename T, typename I>
 void segment_sum(int64_t n_rows, const I* ptr, const I* col, const T* val, const T* x, int64_t w, T* y,
-                 const T* divide, bool prefetch) {
+                 const T* divide, bool prefetch, bool add = false) {
     for_segments(ptr, n_rows, w, [&](int64_t r0, int64_t r1, auto width) {
         using WT = decltype(width);
         if (col) {
-            if (val) sum_rows<T, I, WT, true, true>(r0, r1, ptr, col, val, x, w, y, divide, prefetch);
-            else sum_rows<T, I, WT, true, false>(r0, r1, ptr, col, val, x, w, y, divide, prefetch);
+            if (val) sum_rows<T, I, WT, true, true>(r0, r1, ptr, col, val, x, w, y, divide, prefetch, add);
+            else sum_rows<T, I, WT, true, false>(r0, r1, ptr, col, val, x, w, y, divide, prefetch, add);
         } else {
-            if (val) sum_rows<T, I, WT, false, true>(r0, r1, ptr, col, val, x, w, y, divide, prefetch);
-            else sum_rows<T, I, WT, false, false>(r0, r1, ptr, col, val, x, w, y, divide, prefetch);
+            if (val) sum_rows<T, I, WT, false, true>(r0, r1, ptr, col, val, x, w, y, divide, prefetch, add);
+            else sum_rows<T, I, WT, false, false>(r0, r1, ptr, col, val, x, w, y, divide, prefetch, add);
         }
     });
 }
@@ -545,21 +553,34 @@ const T* data_or_null(const Tensor& t) {
     return t.defined() ? t.data_ptr<T>() : nullptr;
 }
 
-// y[j] = sum_{e in ptr[j]..ptr[j+1]} values[e] * x[col[e]] / divide[j]; without col, row e.
+// y[j] = sum_{e in ptr[j]..ptr[j+1]} values[e] * x[col[e]] / divide[j]; without col, row e. Into
+// out where it is given (a contiguous tensor of y's shape and dtype: its old values are never read,
+// or with add, each row plus its sum, one IEEE addition as out.add_(y)), else into a new tensor.
 Tensor csr_sum(const Tensor& x_in, const Tensor& ptr_in, const Tensor& col_in, const OptionalTensor& values_in,
-               const OptionalTensor& divide_in) {
+               const OptionalTensor& divide_in, const Tensor& out = Tensor(), bool add = false) {
     check_values(x_in, "csr_sum");
     const Tensor x = x_in.contiguous(), ptr = ptr_in.contiguous();
     const Tensor col = col_in.defined() ? as(col_in, ptr.scalar_type()) : Tensor();
     const Tensor values = like(values_in, x), divide = like(divide_in, x);
     const int64_t n = ptr.size(0) - 1;
-    Tensor y = empty_output(with_rows(x, n), x.options());
+    Tensor y;
+    if (out.defined()) {
+        TORCH_CHECK(out.sizes() == at::IntArrayRef(with_rows(x, n)) && out.scalar_type() == x.scalar_type()
+                        && out.device() == x.device() && out.is_contiguous(),
+                    "neurovec_cpu::csr_sum_out: out must be a contiguous ", x.scalar_type(), " tensor of shape ",
+                    at::IntArrayRef(with_rows(x, n)), ", got ", out.sizes(), " ", out.scalar_type());
+        TORCH_CHECK(!out.is_same(x) && out.data_ptr() != x.data_ptr(), "neurovec_cpu::csr_sum_out: out is the input");
+        y = out;
+    } else {
+        y = empty_output(with_rows(x, n), x.options());
+    }
     const bool prefetch = x.numel() * (int64_t)x.element_size() > kCachedBytes;  // NOTE: [prefetching gathered rows]
         AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "neurovec_cpu::csr_sum", [&] {
         AT_DISPATCH_INDEX_TYPES(ptr.scalar_type(), "neurovec_cpu::csr_sum", [&] {
             segment_sum<scalar_t, index_t>(n, ptr.data_ptr<index_t>(), data_or_null<index_t>(col),
                                            data_or_null<scalar_t>(values), x.data_ptr<scalar_t>(), row_width(x),
-                                           y.data_ptr<scalar_t>(), data_or_null<scalar_t>(divide), prefetch);
+                                           y.data_ptr<scalar_t>(), data_or_null<scalar_t>(divide), prefetch,
+                                           add && out.defined());
         });
     });
     return y;
@@ -1234,6 +1255,13 @@ Tensor csr_sum_op(const Tensor& x, const Tensor& ptr, const OptionalTensor& col,
     return y;
 }
 
+// csr_sum into out, or with add added to it (NOTE: [a pool of gather sums' outputs] in engines/runtime.py).
+void csr_sum_out_op(const Tensor& x, const Tensor& ptr, const OptionalTensor& col, const OptionalTensor& values,
+                    const OptionalTensor& divide, const OptionalTensor& bias, const Tensor& out, bool add) {
+    Tensor y = csr_sum(x, ptr, col.has_value() ? *col : Tensor(), values, divide, out, add);
+    if (bias.has_value() && bias->defined()) add_row(y, *bias);
+}
+
 Tensor gather_sum_cpu(const Tensor& x, const Tensor& ptr, const Tensor& col, const OptionalTensor& values,
                       const Tensor& t_ptr, const Tensor& t_col, const OptionalTensor& t_values,
                       const OptionalTensor& bias) {
@@ -1269,6 +1297,8 @@ Tensor segment_extremum_autograd(const Tensor& x, const Tensor& ptr, bool max) {
 TORCH_LIBRARY(neurovec_cpu, m) {
     // The kernels, no autograd (fake kernels: engines/native.py).
     m.def("csr_sum(Tensor x, Tensor ptr, Tensor? col, Tensor? values, Tensor? divide, Tensor? bias) -> Tensor");
+    m.def("csr_sum_out(Tensor x, Tensor ptr, Tensor? col, Tensor? values, Tensor? divide, Tensor? bias, "
+          "Tensor(a!) out, bool add=False) -> ()");
     m.def("broadcast(Tensor g, Tensor ptr, Tensor? values, Tensor? divide, SymInt n_entries) -> Tensor");
     m.def("extremum(Tensor x, Tensor ptr, bool max) -> Tensor");
     m.def("extremum_backward(Tensor grad, Tensor x, Tensor y, Tensor ptr) -> Tensor");
@@ -1291,6 +1321,7 @@ TORCH_LIBRARY(neurovec_cpu, m) {
 
 TORCH_LIBRARY_IMPL(neurovec_cpu, CPU, m) {
     m.impl("csr_sum", csr_sum_op);
+    m.impl("csr_sum_out", csr_sum_out_op);
     m.impl("broadcast", broadcast);
     m.impl("extremum", extremum);
     m.impl("extremum_backward", extremum_backward);

@@ -1,7 +1,6 @@
 """Functions the generated programs call, besides plain torch and ``kernels``."""
 from __future__ import annotations
 
-import math
 import threading
 
 import torch
@@ -9,7 +8,7 @@ from torch import nn
 
 from . import kernels, ops
 
-__all__ = ["strided_reduce", "CSRIndices", "gather_sum", "gather_rows", "chunked_product", "gathered_chunked_product",
+__all__ = ["strided_reduce", "CSRIndices", "gather_sum", "gather_sum_into", "gather_rows", "chunked_product", "gathered_chunked_product",
            "BufferPool", "dense", "relu_"]
 
 
@@ -22,6 +21,11 @@ class CSRIndices(nn.Module):
     dtype, re-created from float64 on every dtype change (``.double()`` after
     ``.float()`` gives the exact values back, not upcast roundings).
     """
+
+    # Whether ``gather_sum`` writes this sum's output, and its source's gradient, into the program's
+    # ``BufferPool`` (NOTE: [a pool of gather sums' outputs]); the engine sets them per program.
+    pool_output = False
+    pool_gradient = False
 
     def __init__(self, fused: kernels.GatherSum | dict[str, torch.Tensor | None]):
         super().__init__()
@@ -45,7 +49,8 @@ class CSRIndices(nn.Module):
         raise RuntimeError("CSRIndices is a container")
 
 
-def gather_sum(x: torch.Tensor, csr: CSRIndices, bias: torch.Tensor | None = None) -> torch.Tensor:
+def gather_sum(x: torch.Tensor, csr: CSRIndices, bias: torch.Tensor | None = None,
+               pool: BufferPool | None = None) -> torch.Tensor:
     """``y[j] = sum of values[e] * x[index[e]]`` over the edges e of segment j (values
     default to 1), as one sparse matmul; plus ``bias`` (one row, of ``y``'s row shape and
     dtype) added to every row last, if given.
@@ -53,6 +58,9 @@ def gather_sum(x: torch.Tensor, csr: CSRIndices, bias: torch.Tensor | None = Non
     The C++ operator adds the bias inside the same call, one op and one autograd node
     fewer than a separate ``y + bias``, and bit-identical to it (each element is the same
     sum plus the same bias, one IEEE addition); the other paths add it separately.
+    With a ``pool``, where ``csr.pool_output`` says so, the output (and, where
+    ``csr.pool_gradient`` says so, ``x``'s gradient) is written into the pool's memory
+    (NOTE: [a pool of gather sums' outputs]).
     """
     # The buffers as dict entries: nn.Module's attribute lookup costs ~0.5 µs each, and on
     # small graphs these calls are mostly such overhead.
@@ -64,6 +72,9 @@ def gather_sum(x: torch.Tensor, csr: CSRIndices, bias: torch.Tensor | None = Non
             if product is not None:
                 return _ChunkedProductSum.apply(product[1], x.detach(), product[0], product[2], b["ptr"], b["index"],
                                                 values, b["t_ptr"], b["t_col"], t_values, bias)
+            if pool is not None and (csr.pool_output or csr.pool_gradient) and torch.is_grad_enabled():
+                return _PooledGatherSum.apply(x, bias, b["ptr"], b["index"], values, b["t_ptr"], b["t_col"], t_values,
+                                              pool if csr.pool_output else None, pool if csr.pool_gradient else None)
         return ops.gather_sum(x, b["ptr"], b["index"], values, b["t_ptr"], b["t_col"], t_values, bias)
     y = kernels.gather_segment_sum(x, b["ptr"], b["index"], b["seg_id"], b["t_ptr"], b["t_col"], b["t_perm"],
                                    values=values, t_values=t_values)
@@ -284,12 +295,11 @@ class BufferPool:
         """An uninitialised contiguous tensor of ``shape`` and ``like``'s dtype and device, on a block
         no other tensor shares."""
         shape = tuple(int(n) for n in shape)
-        nbytes = math.prod(shape) * like.element_size()
         key = (shape, like.dtype, like.device)
         with self._lock:  # one caller at a time may find a block free and take it
             blocks = self._blocks.setdefault(key, [])
             for block in blocks:
-                if _STORAGE_USE_COUNT(block._cdata) == 1 and block.nbytes() == nbytes:
+                if _STORAGE_USE_COUNT(block._cdata) == 1:  # its key is its shape and dtype: its size
                     return torch.empty(0, dtype=like.dtype, device=like.device).set_(block, 0, shape)
             y = torch.empty(shape, dtype=like.dtype, device=like.device)
             if len(blocks) < self.per_shape and _STORAGE_USE_COUNT is not None:
@@ -308,6 +318,14 @@ class BufferPool:
 def _plain(x: torch.Tensor) -> bool:
     """Whether ``dense`` / ``relu_`` are the plain torch ops for ``x`` (NOTE: [a pool of large outputs])."""
     return x.device.type != "cpu" or torch.compiler.is_compiling() or not torch.is_grad_enabled()
+
+
+def _row_sum(grad: torch.Tensor) -> torch.Tensor:
+    """``grad.sum(0)`` of a large gradient (a bias's gradient), as the product of its transpose and a
+    vector of ones: MKL's GEMV, 1.5x torch's sum over rows (169,343 x 128 float32, 1 thread, loaded:
+    10.0 against 15.4 ms); the same sums, added in another order. Differentiable again."""
+    flat = grad.reshape(grad.shape[0], -1)
+    return torch.mv(flat.T, flat.new_ones(flat.shape[0])).view(grad.shape[1:])
 
 
 class _Dense(torch.autograd.Function):
@@ -332,7 +350,7 @@ class _Dense(torch.autograd.Function):
         if ctx.needs_input_grad[1]:
             grad_w = x.T @ grad
         if ctx.bias and ctx.needs_input_grad[2]:
-            grad_bias = grad.sum(0)
+            grad_bias = _row_sum(grad)
         return grad_x, grad_w, grad_bias, None
 
 
@@ -372,3 +390,101 @@ def relu_(x: torch.Tensor, pool: BufferPool | None = None) -> torch.Tensor:
     if pool is None or _plain(x) or not x.requires_grad:
         return torch.relu_(x)
     return _ReluInPlace.apply(x, pool)
+
+
+# NOTE: [a pool of gather sums' outputs] A large gather sum (arxiv-like SAGE: the neighbours' mean of
+# 169,343 rows of 128 floats, 87 MB) makes a fresh block for its output every forward and one for its
+# source's gradient every backward: the C++ operator's outputs are on huge pages (NOTE: [huge pages
+# for large outputs] in native_ops.cpp), but the kernel still zeroes every page it maps, and a loaded
+# machine compacts memory to find them. So where the engine marks a sum's output large
+# (``CSRIndices.pool_output``: at least ``torch_module._LARGE_VALUES`` elements), ``gather_sum`` with
+# the program's pool (bound in its namespace, as ``dense``; the generated code is unchanged) is
+# ``_PooledGatherSum``: the same C++ kernel (``neurovec_cpu::csr_sum_out``: the same sums, bit for
+# bit) into a block of the pool, and backward the transposed kernel, into a block of the pool too
+# where ``CSRIndices.pool_gradient`` says so. That is only where the source is large and the sum is
+# its only reader (at every call of that matrix): autograd adds a value's gradients into the first
+# one to arrive, in place, only if nothing else holds it, and a pooled block is held by the pool, so
+# a pooled first gradient would make the addition a fresh block of its own (NOTE: [a shared value's
+# GEMM first] in engines/torch_module.py). Eager only, with a graph recorded (as ``dense``); with no
+# graph, under torch.compile or off the C++ kernels the sum is what it was. Where a graph of the
+# backward is asked for (``create_graph``) the backward is the differentiable C++ ``gather_sum``.
+
+class _PooledGatherSum(torch.autograd.Function):
+    """``ops.gather_sum(x, ...)`` into memory of a ``BufferPool`` (NOTE: [a pool of gather sums' outputs])."""
+
+    @staticmethod
+    def forward(ctx, x, bias, ptr, col, values, t_ptr, t_col, t_values, output_pool, gradient_pool):
+        # The indices are the program's constants: kept as they are, no version counter to check.
+        ctx.csr = ptr, col, values, t_ptr, t_col, t_values
+        ctx.pool, ctx.bias = gradient_pool, bias is not None
+        if output_pool is None:
+            return torch.ops.neurovec_cpu.csr_sum(x, ptr, col, values, None, bias)
+        y = output_pool.empty((ptr.shape[0] - 1,) + tuple(x.shape[1:]), x)
+        torch.ops.neurovec_cpu.csr_sum_out(x, ptr, col, values, None, bias, y)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        ptr, col, values, t_ptr, t_col, t_values = ctx.csr
+        grad_x = grad_bias = None
+        if ctx.needs_input_grad[0]:
+            if torch.is_grad_enabled():  # create_graph: the operator with its C++ autograd, differentiable again
+                grad_x = ops.gather_sum(grad, t_ptr, t_col, t_values, ptr, col, values)
+            elif ctx.pool is None:
+                grad_x = torch.ops.neurovec_cpu.csr_sum(grad, t_ptr, t_col, t_values, None, None)
+            else:
+                grad_x = ctx.pool.empty((t_ptr.shape[0] - 1,) + tuple(grad.shape[1:]), grad)
+                torch.ops.neurovec_cpu.csr_sum_out(grad, t_ptr, t_col, t_values, None, None, grad_x)
+        if ctx.bias and ctx.needs_input_grad[1]:
+            grad_bias = _row_sum(grad)
+        return grad_x, grad_bias, None, None, None, None, None, None, None, None
+
+
+# NOTE: [a sum added into a pooled output] ``into.add_(gather_sum(x, csr))``, where ``into`` is a
+# ``dense`` output nothing else reads and the sum is read by the addition alone (SAGE's middle layer:
+# the neighbours' term, 169,343 rows of 128 floats, added to the root term's ``addmm``), is written
+# ``gather_sum_into(into, x, csr)`` (engines/torch_module.py, NOTE: [additions into a pooled output]):
+# the C++ kernel adds each row's sum into ``into`` (``csr_sum_out(..., add=True)``: the sum in a row
+# of its own, then one IEEE addition per element, as ``add_``: the same values bit for bit), so the
+# sum is never written as a value of its own (87 MB written and read again per step at arxiv-like).
+# Its backward passes the gradient to ``into`` as the addition's does, and the transposed sum to
+# ``x`` (into the pool where ``csr.pool_gradient`` says so; differentiable under ``create_graph``).
+# Where the kernels do not run (no graph, torch.compile, another device) it is the two ops.
+
+class _GatherSumInto(torch.autograd.Function):
+    """``into.add_(gather_sum(x, csr))`` in one C++ pass (NOTE: [a sum added into a pooled output])."""
+
+    @staticmethod
+    def forward(ctx, into, x, ptr, col, values, t_ptr, t_col, t_values, gradient_pool):
+        ctx.csr = ptr, col, values, t_ptr, t_col, t_values
+        ctx.pool = gradient_pool
+        torch.ops.neurovec_cpu.csr_sum_out(x, ptr, col, values, None, None, into, True)
+        ctx.mark_dirty(into)
+        return into
+
+    @staticmethod
+    def backward(ctx, grad):
+        ptr, col, values, t_ptr, t_col, t_values = ctx.csr
+        grad_x = None
+        if ctx.needs_input_grad[1]:
+            if torch.is_grad_enabled():  # create_graph: the operator with its C++ autograd, differentiable again
+                grad_x = ops.gather_sum(grad, t_ptr, t_col, t_values, ptr, col, values)
+            elif ctx.pool is None:
+                grad_x = torch.ops.neurovec_cpu.csr_sum(grad, t_ptr, t_col, t_values, None, None)
+            else:
+                grad_x = ctx.pool.empty((t_ptr.shape[0] - 1,) + tuple(grad.shape[1:]), grad)
+                torch.ops.neurovec_cpu.csr_sum_out(grad, t_ptr, t_col, t_values, None, None, grad_x)
+        return grad if ctx.needs_input_grad[0] else None, grad_x, None, None, None, None, None, None, None
+
+
+def gather_sum_into(into: torch.Tensor, x: torch.Tensor, csr: CSRIndices, pool: BufferPool | None = None) -> torch.Tensor:
+    """``into.add_(gather_sum(x, csr))``, the sum added row by row in one pass where the C++ kernels run
+    (NOTE: [a sum added into a pooled output])."""
+    b = csr._buffers
+    values, t_values = b.get("values"), b.get("t_values")
+    if (values is None) == (t_values is None) and ops.native_ok(x) and into.dtype == x.dtype and not _plain(x) \
+            and into.is_contiguous() and into.device == x.device \
+            and into.shape == (b["ptr"].shape[0] - 1,) + tuple(x.shape[1:]) and _constant_chunked_product(x) is None:
+        return _GatherSumInto.apply(into, x, b["ptr"], b["index"], values, b["t_ptr"], b["t_col"], t_values,
+                                    pool if csr.pool_gradient else None)
+    return into.add_(gather_sum(x, csr, pool=pool))

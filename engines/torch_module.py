@@ -716,18 +716,28 @@ def generate_source(program: Program, standard_ops: bool = False, chosen: dict[s
     signed_zeros = {node.name for node in program.nodes if node.op is Op.REDUCE and node.name in matters
                     and node.attrs["aggregation"] in ("max", "min")}
     statements = []  # (value, its lines)
-    expressions: dict[str, str] = {}
+    as_dense: set[str] = set()  # the values written as ``dense(...)`` so far
+    as_sum: dict[str, str] = {}  # those written as ``gather_sum(x, self.csr_...)``: their arguments
     users = program.users()  # NOTE: [additions into a pooled output]
     for node in program.nodes:
         if node.name in left_out:
             continue
         if node.name in inputs:
             code = f"    {node.name} = inputs[{node.attrs['fact_layer']!r}]"
-        elif (into := _added_into(node, nodes, program.output, users, large, expressions)) is not None:
-            code = f"    {node.name} = {into}.add_({next(s for s in node.srcs if s != into)})"
+        elif (into := _added_into(node, nodes, program.output, users, large, as_dense)) is not None:
+            other = next(s for s in node.srcs if s != into)
+            if other in as_sum and users[other] == [node.name] and other != program.output:
+                # NOTE: [a sum added into a pooled output] in runtime.py: the sum's own statement goes
+                statements = [(n, block) for n, block in statements if n.name != other]
+                code = f"    {node.name} = gather_sum_into({into}, {as_sum[other]})"
+            else:
+                code = f"    {node.name} = {into}.add_({other})"
         else:
             code = f"    {node.name} = {_expression(node, nodes, rows, in_place, biased, stacked, reductions, copied, gathered, large)}"
-        expressions[node.name] = code
+        if code.startswith(f"    {node.name} = dense("):
+            as_dense.add(node.name)
+        elif node.name in large and (sum_of := _PLAIN_SUM.fullmatch(code)) and sum_of.group(1) == node.name:
+            as_sum[node.name] = sum_of.group(2)
         shape = ", ".join(map(str, node.shape if node.name in rows else (node.count,) + node.shape))
         if node.name in stacked and stacked[node.name][2]:  # stored as its one row
             shape += f") as (1, {node.count * node.shape[-1]}"
@@ -759,19 +769,24 @@ def _large_values(program: Program, rows: dict[str, str]) -> set[str]:
 # is written as an in-place ``add_`` into that output: no fresh block (87 MB at arxiv-like) and its
 # page faults per step. ``dense`` saves no output for its backward, and the addition's backward
 # needs neither operand; ``a + b`` and ``b + a`` are the same IEEE addition, so the values are
-# bitwise those of the separate add.
+# bitwise those of the separate add. Where the other operand is a sparse sum without a bias that
+# only the addition reads, the two are one ``gather_sum_into`` (NOTE: [a sum added into a pooled
+# output] in runtime.py), and the sum's own statement is left out.
+
+# A sparse sum without a bias, as _expression writes it: the value, then its arguments.
+_PLAIN_SUM = re.compile(r"    (\w+) = gather_sum\((\w+, self\.csr_\w+)\)")
+
 
 def _added_into(node: Node, nodes: dict[str, Node], output: str, readers: dict[str, list[str]], large: set[str],
-                expressions: dict[str, str]) -> str | None:
+                as_dense: set[str]) -> str | None:
     """The operand that the addition ``node`` is written into, if any (NOTE: [additions into a pooled
-    output]); ``expressions`` holds the statements written before it."""
+    output]); ``as_dense`` names the values written as ``dense(...)`` before it."""
     if node.op is not Op.ADD or node.name not in large or len(set(node.srcs)) != 2:
         return None
     if any((nodes[s].count, nodes[s].shape) != (node.count, node.shape) for s in node.srcs):
         return None  # a broadcast
     for src in node.srcs:
-        if readers[src] == [node.name] and src != output \
-                and expressions.get(src, "").lstrip().startswith(f"{src} = dense("):
+        if readers[src] == [node.name] and src != output and src in as_dense:
             return src
     return None
 
@@ -926,6 +941,7 @@ class CompiledModule(nn.Module):
                 self.register_buffer(f"wsel_{node.name}", rows, persistent=False)
             if node.op is Op.REDUCE and chosen[node.name] == "sparse_mm":
                 self.add_module(f"csr_{node.name}", _sparse_matrix(program, node, dtype, matrices))
+        _pooled_sums(self, program, chosen)
         # Dynamic fact layer -> the constant holding its stored values.
         self._inputs = {n.attrs["fact_layer"]: n.attrs["const"] for n in input_facts(program)}
 
@@ -1131,6 +1147,25 @@ def _sparse_matrix(program: Program, node: Node, dtype: torch.dtype, made: dict[
     return indices
 
 
+def _pooled_sums(module: nn.Module, program: Program, chosen: dict[str, str]) -> None:
+    """Mark the sparse sums whose outputs, and sources' gradients, ``gather_sum`` writes into the
+    program's pool (NOTE: [a pool of gather sums' outputs] in runtime.py): an output of at least
+    ``_LARGE_VALUES`` elements; a gradient where the source is that large and every call of the
+    matrix is its source's only reader."""
+    users, nodes = program.users(), program.by_name()
+    sums = [node for node in program.nodes if node.op is Op.REDUCE and chosen[node.name] == "sparse_mm"]
+    gradient_ok: dict[int, bool] = {}
+    for node in sums:
+        csr, source = getattr(module, f"csr_{node.name}"), nodes[node.srcs[0]]
+        if node.count * int(np.prod(node.shape)) >= _LARGE_VALUES:
+            csr.pool_output = True
+        alone = users[source.name] == [node.name] and source.count * int(np.prod(source.shape)) >= _LARGE_VALUES
+        gradient_ok[id(csr)] = gradient_ok.get(id(csr), True) and alone
+    for node in sums:
+        csr = getattr(module, f"csr_{node.name}")
+        csr.pool_gradient = gradient_ok[id(csr)]
+
+
 _SELF_NAME = re.compile(r"self\.(\w+)")
 
 
@@ -1176,10 +1211,12 @@ def _load(source: str):
     pool = runtime.BufferPool()  # NOTE: [a pool of large outputs]: one per program
     namespace = {"torch": torch, "T": TRANSFORM_FUNCTIONS, "segment_reduce": kernels.segment_reduce,
                  "scatter_reduce": kernels.scatter_reduce_native, "dense_reduce": kernels.dense_reduce,
-                 "strided_reduce": runtime.strided_reduce, "gather_sum": runtime.gather_sum,
+                 "strided_reduce": runtime.strided_reduce,
                  "gather_rows": runtime.gather_rows, "chunked_product": runtime.chunked_product,
                  "gathered_chunked_product": runtime.gathered_chunked_product,
                  "dense": functools.partial(runtime.dense, pool=pool), "relu_": functools.partial(runtime.relu_, pool=pool),
+                 "gather_sum": functools.partial(runtime.gather_sum, pool=pool),
+                 "gather_sum_into": functools.partial(runtime.gather_sum_into, pool=pool),
                  "preferred_zeros": preferred_zeros, "order_signed_zeros": order_signed_zeros}
     exec(compile(source, filename, "exec"), namespace)
     return namespace["forward"], pool
