@@ -412,6 +412,20 @@ def relu_(x: torch.Tensor, pool: BufferPool | None = None) -> torch.Tensor:
 # graph, under torch.compile or off the C++ kernels the sum is what it was. Where a graph of the
 # backward is asked for (``create_graph``) the backward is the differentiable C++ ``gather_sum``.
 
+def _source_gradient(grad: torch.Tensor, csr: tuple, pool: BufferPool | None) -> torch.Tensor:
+    """The gradient of a pooled gather sum's source: the transposed sum of ``grad`` (``csr`` is ``(ptr,
+    col, values, t_ptr, t_col, t_values)``), into a block of ``pool`` where given; under ``create_graph``
+    the operator with its C++ autograd, differentiable again."""
+    ptr, col, values, t_ptr, t_col, t_values = csr
+    if torch.is_grad_enabled():
+        return ops.gather_sum(grad, t_ptr, t_col, t_values, ptr, col, values)
+    if pool is None:
+        return torch.ops.neurovec_cpu.csr_sum(grad, t_ptr, t_col, t_values, None, None)
+    out = pool.empty((t_ptr.shape[0] - 1,) + tuple(grad.shape[1:]), grad)
+    torch.ops.neurovec_cpu.csr_sum_out(grad, t_ptr, t_col, t_values, None, None, out)
+    return out
+
+
 class _PooledGatherSum(torch.autograd.Function):
     """``ops.gather_sum(x, ...)`` into memory of a ``BufferPool`` (NOTE: [a pool of gather sums' outputs])."""
 
@@ -428,16 +442,8 @@ class _PooledGatherSum(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        ptr, col, values, t_ptr, t_col, t_values = ctx.csr
-        grad_x = grad_bias = None
-        if ctx.needs_input_grad[0]:
-            if torch.is_grad_enabled():  # create_graph: the operator with its C++ autograd, differentiable again
-                grad_x = ops.gather_sum(grad, t_ptr, t_col, t_values, ptr, col, values)
-            elif ctx.pool is None:
-                grad_x = torch.ops.neurovec_cpu.csr_sum(grad, t_ptr, t_col, t_values, None, None)
-            else:
-                grad_x = ctx.pool.empty((t_ptr.shape[0] - 1,) + tuple(grad.shape[1:]), grad)
-                torch.ops.neurovec_cpu.csr_sum_out(grad, t_ptr, t_col, t_values, None, None, grad_x)
+        grad_x = _source_gradient(grad, ctx.csr, ctx.pool) if ctx.needs_input_grad[0] else None
+        grad_bias = None
         if ctx.bias and ctx.needs_input_grad[1]:
             grad_bias = _row_sum(grad)
         return grad_x, grad_bias, None, None, None, None, None, None, None, None
@@ -467,16 +473,7 @@ class _GatherSumInto(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        ptr, col, values, t_ptr, t_col, t_values = ctx.csr
-        grad_x = None
-        if ctx.needs_input_grad[1]:
-            if torch.is_grad_enabled():  # create_graph: the operator with its C++ autograd, differentiable again
-                grad_x = ops.gather_sum(grad, t_ptr, t_col, t_values, ptr, col, values)
-            elif ctx.pool is None:
-                grad_x = torch.ops.neurovec_cpu.csr_sum(grad, t_ptr, t_col, t_values, None, None)
-            else:
-                grad_x = ctx.pool.empty((t_ptr.shape[0] - 1,) + tuple(grad.shape[1:]), grad)
-                torch.ops.neurovec_cpu.csr_sum_out(grad, t_ptr, t_col, t_values, None, None, grad_x)
+        grad_x = _source_gradient(grad, ctx.csr, ctx.pool) if ctx.needs_input_grad[1] else None
         return grad if ctx.needs_input_grad[0] else None, grad_x, None, None, None, None, None, None, None
 
 
