@@ -5,10 +5,14 @@ restructuring of the compiler is behaviour-preserving.
     python benchmarks/program_digests.py --passes             # and every pass's output digest
     python benchmarks/program_digests.py --presets default upward-17-aggressive
     python benchmarks/program_digests.py --canonical          # digests with names canonicalised
+    python benchmarks/program_digests.py --node               # the node-level programs instead
 
 The programs are the benchmark suite's: MUTAG, ENZYMES and PROTEINS x GCN, SAGE and GIN x one-hot
 ``labels`` and ``continuous`` features, and relational Mutagenesis ``simple`` and ``dims``
-(``benchmarks/tasks.make_task`` at scale 1, its default model sizes and seed). For each, and each
+(``benchmarks/tasks.make_task`` at scale 1, its default model sizes and seed). With ``--node``, the
+node-level programs instead (``NODE_PROGRAMS``): Cora's GCN, SAGE and GIN 2 x 16, and GCN, SAGE and
+GIN 3 x 128 on ``arxiv-like`` x 0.05 and ``products-like`` x 0.01 (``benchmarks/node_scale``'s
+graphs, seed 0), the graphs the large-graph compile work changes. For each, and each
 preset asked for, the script runs the Vectorizer and every enabled pass of ``PIPELINE`` and prints
 
 * ``code``: a digest of the generated forward's source (``engines.torch_module.generate_source``)
@@ -44,6 +48,10 @@ __all__ = ["PROGRAMS", "program_digest", "code_digest", "canonical", "suite_grap
 
 PROGRAMS = ([(d, m, f) for d in ("MUTAG", "ENZYMES", "PROTEINS") for m in ("gcn", "sage", "gin")
              for f in ("labels", "continuous")] + [("mutagenesis", "simple", "labels"), ("mutagenesis", "dims", "labels")])
+
+NODE_PROGRAMS = ([("Cora", m, 16, 2) for m in ("gcn", "sage", "gin")]
+                 + [(f"{d}@{f:g}", m, 128, 3) for d, f in (("arxiv-like", 0.05), ("products-like", 0.01))
+                    for m in ("gcn", "sage", "gin")])
 
 
 def _hash_value(h, value) -> None:
@@ -118,6 +126,21 @@ def suite_graphs(data_dir: Path, programs=PROGRAMS):
         yield f"{dataset}/{model} {features}", task.graph
 
 
+def node_graphs(data_dir: Path, programs=NODE_PROGRAMS):
+    """``(key, graph)`` of each node-level program: full-batch, one output per node."""
+    from neurovec.benchmarks.node_scale import make_dataset
+    from neurovec.datasets import gnn
+    from neurovec.datasets.planetoid import load_planetoid
+    for name, model, hidden, layers in programs:
+        if "@" in name:
+            shape, fraction = name.split("@")
+            data = make_dataset(shape, float(fraction))
+        else:
+            data = load_planetoid(name, data_dir / "planetoid", download=False)
+        graph = gnn.build_gnn(data, gnn.GNNSpec.create(model, data, hidden, layers), None, 0)
+        yield f"{name}/{model} {layers}x{hidden}", graph
+
+
 def digests(graph, settings) -> tuple[list[tuple[str, str]], Program]:
     """Every step's ``(name, program digest)`` and the final program."""
     settings = resolve_settings(settings)
@@ -136,9 +159,10 @@ def main() -> None:
     parser.add_argument("--presets", nargs="+", default=["default"])
     parser.add_argument("--passes", action="store_true", help="print every pass's output digest too")
     parser.add_argument("--canonical", action="store_true", help="digest the programs with names canonicalised")
+    parser.add_argument("--node", action="store_true", help="the node-level programs (NODE_PROGRAMS) instead")
     args = parser.parse_args()
     total = hashlib.sha256()
-    for key, graph in suite_graphs(args.data_dir):
+    for key, graph in (node_graphs if args.node else suite_graphs)(args.data_dir):
         for preset in args.presets:
             steps, program = digests(graph, preset)
             if args.canonical:
