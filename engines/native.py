@@ -113,7 +113,8 @@ def fold_sums(facts, index, coef, counts):
     per segment), where ``s`` is segment ``j``'s first entry and ``p[e] = coef[e] * facts[index[e]]``
     (each product rounded on its own) or ``facts[index[e]]`` without ``coef``: the sums of
     ``fold_constants.sequential_sums``, bit for bit, in C++ (``native_fold.cpp``: one pass over the
-    gathered rows, split over torch's threads by segments). None where the kernels are switched off or
+    gathered rows, split over torch's threads by segments; read as float32 where every fact is one,
+    which widens back exactly). None where the kernels are switched off or
     not built: the caller computes them itself."""
     ops = operators()
     if ops is None:
@@ -122,6 +123,10 @@ def fold_sums(facts, index, coef, counts):
 
     facts = np.ascontiguousarray(facts, dtype=np.float64)
     x = facts.reshape(facts.shape[0], int(np.prod(facts.shape[1:], dtype=np.int64)))
+    narrow = x.astype(np.float32)
+    if np.array_equal(narrow, x):  # every fact a float (real features often are): read half the bytes
+        x = narrow
+    del narrow
     counts = np.asarray(counts, dtype=np.int64)
     ptr = np.zeros(counts.size + 1, dtype=np.int64)
     np.cumsum(counts, out=ptr[1:])
@@ -274,7 +279,7 @@ def _register_fakes() -> None:
         "pair_prod": lambda x, strided: rows(x, x.shape[0] // 2),
         "pair_prod_backward": lambda grad, x, strided: torch.empty_like(x),
         "rows": lambda x, index: rows(x, index.shape[0]),
-        "fold_sums": lambda x, index, coef, ptr: rows(x, ptr.shape[0] - 1),
+        "fold_sums": lambda x, index, coef, ptr: rows(x, ptr.shape[0] - 1).to(torch.float64),
     }
     for name, fake in fakes.items():
         try:

@@ -53,27 +53,30 @@ inline void prefetch_bytes(const void* row, int64_t bytes) {
 }
 
 // Segments [r0, r1): y[j, k] = ((0.0 + c[s] * x[i[s], k]) + c[s + 1] * x[i[s + 1], k]) + ...
-template <typename I, bool WEIGHTED>
-void fold_rows(const double* __restrict__ x, const I* __restrict__ index, const double* __restrict__ coef,
+// X is the fact table's type: double, or float when every fact is a float (engines/native.py checks):
+// a float widens to double exactly, so the products and sums are the same bit for bit, and the rows
+// read at random are half as long.
+template <typename X, typename I, bool WEIGHTED>
+void fold_rows(const X* __restrict__ x, const I* __restrict__ index, const double* __restrict__ coef,
                const int64_t* __restrict__ ptr, int64_t w, double* __restrict__ y, int64_t r0, int64_t r1) {
-    const int64_t row_bytes = w * (int64_t)sizeof(double);
+    const int64_t row_bytes = w * (int64_t)sizeof(X);
     const int64_t e_end = ptr[r1];
     for (int64_t j = r0; j < r1; ++j) {
         double* __restrict__ yr = y + j * w;  // zeros: the sums start from 0.0
         const int64_t e1 = ptr[j + 1];
         for (int64_t e = ptr[j]; e < e1; ++e) {
             if (e + kFoldPrefetchAhead < e_end) prefetch_bytes(x + (int64_t)index[e + kFoldPrefetchAhead] * w, row_bytes);
-            const double* __restrict__ xr = x + (int64_t)index[e] * w;
+            const X* __restrict__ xr = x + (int64_t)index[e] * w;
             if constexpr (WEIGHTED) {
                 const double c = coef[e];
 #pragma omp simd
                 for (int64_t k = 0; k < w; ++k) {
-                    const double p = c * xr[k];
+                    const double p = c * (double)xr[k];
                     yr[k] = yr[k] + p;
                 }
             } else {
 #pragma omp simd
-                for (int64_t k = 0; k < w; ++k) yr[k] = yr[k] + xr[k];
+                for (int64_t k = 0; k < w; ++k) yr[k] = yr[k] + (double)xr[k];
             }
         }
     }
@@ -92,12 +95,13 @@ int64_t fold_split(const int64_t* ptr, int64_t n_rows, int64_t t, int64_t n) {
     return lo;
 }
 
-// fold_sums(x (rows, w) float64, index (E,) int32/int64, coef (E,) float64 or None, ptr (n + 1,) int64)
-// -> (n, w) float64: the segment sums described at the top of this file. The caller (engines/native.py)
-// checks the index range and that ptr runs from 0 to E, sorted.
+// fold_sums(x (rows, w) float64 or float32, index (E,) int32/int64, coef (E,) float64 or None, ptr (n + 1,) int64)
+// -> (n, w) float64: the segment sums described at the top of this file, computed in float64 whatever x's
+// type. The caller (engines/native.py) checks the index range and that ptr runs from 0 to E, sorted.
 at::Tensor fold_sums(const at::Tensor& x, const at::Tensor& index, const c10::optional<at::Tensor>& coef,
                      const at::Tensor& ptr) {
-    TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kDouble && x.is_contiguous(), "fold_sums: x must be a contiguous 2-d float64 tensor");
+    TORCH_CHECK(x.dim() == 2 && (x.scalar_type() == at::kDouble || x.scalar_type() == at::kFloat) && x.is_contiguous(),
+                "fold_sums: x must be a contiguous 2-d float64 or float32 tensor");
     TORCH_CHECK(ptr.dim() == 1 && ptr.scalar_type() == at::kLong && ptr.is_contiguous() && ptr.numel() >= 1, "fold_sums: ptr must be a contiguous 1-d int64 tensor");
     TORCH_CHECK(index.dim() == 1 && index.is_contiguous(), "fold_sums: index must be a contiguous 1-d tensor");
     const bool weighted = coef.has_value() && coef->defined();
@@ -107,17 +111,23 @@ at::Tensor fold_sums(const at::Tensor& x, const at::Tensor& index, const c10::op
     const int64_t n = ptr.numel() - 1, w = x.size(1);
     const int64_t* p = ptr.data_ptr<int64_t>();
     TORCH_CHECK(p[0] == 0 && p[n] == index.numel(), "fold_sums: ptr must run from 0 to the number of entries");
-    at::Tensor y = at::zeros({n, w}, x.options());
+    at::Tensor y = at::zeros({n, w}, x.options().dtype(at::kDouble));
     if (n == 0 || w == 0 || index.numel() == 0) return y;
-    const double* xd = x.data_ptr<double>();
     const double* cd = weighted ? coef->data_ptr<double>() : nullptr;
     double* yd = y.data_ptr<double>();
     const int64_t threads = (index.numel() * w < kFoldParallelValues || n < 2) ? 1 : at::get_num_threads();
     AT_DISPATCH_INDEX_TYPES(index.scalar_type(), "fold_sums", [&] {
         const index_t* id = index.data_ptr<index_t>();
         auto run = [&](int64_t r0, int64_t r1) {
-            if (weighted) fold_rows<index_t, true>(xd, id, cd, p, w, yd, r0, r1);
-            else fold_rows<index_t, false>(xd, id, cd, p, w, yd, r0, r1);
+            if (x.scalar_type() == at::kFloat) {
+                const float* xf = x.data_ptr<float>();
+                if (weighted) fold_rows<float, index_t, true>(xf, id, cd, p, w, yd, r0, r1);
+                else fold_rows<float, index_t, false>(xf, id, cd, p, w, yd, r0, r1);
+            } else {
+                const double* xd = x.data_ptr<double>();
+                if (weighted) fold_rows<double, index_t, true>(xd, id, cd, p, w, yd, r0, r1);
+                else fold_rows<double, index_t, false>(xd, id, cd, p, w, yd, r0, r1);
+            }
         };
         if (threads <= 1) {
             run(0, n);

@@ -65,6 +65,35 @@ def test_random_segments_bitwise(threads, weighted):
     assert np.array_equal(_bits(value), _bits(fc.sequential_sums(facts, index, coef, counts, chunk_values=4096)))
 
 
+@pytest.mark.parametrize("weighted", [True, False])
+def test_float_facts_are_read_as_float32_with_the_same_bits(monkeypatch, weighted):
+    """Facts that are all float32 values go to the kernel as float32 (half the bytes read at random) and
+    give the float64 sums bit for bit; one fact that is not a float32 keeps the whole table float64."""
+    rng = np.random.default_rng(5)
+    facts = (rng.standard_normal((200, WIDTH)) * np.exp(rng.uniform(-20, 20, (200, WIDTH)))).astype(np.float32).astype(np.float64)
+    facts[rng.random(facts.shape) < 0.05] = -0.0
+    counts = rng.integers(0, 40, 900)
+    index = rng.integers(0, facts.shape[0], int(counts.sum()))
+    coef = rng.standard_normal(index.size) / 3 if weighted else None
+    seen = []
+    ops = native.operators()
+
+    class Spy:
+        def fold_sums(self, x, *args):
+            seen.append(x.dtype)
+            return ops.fold_sums(x, *args)
+
+    monkeypatch.setattr(native, "operators", lambda: Spy())
+    value = native.fold_sums(facts, index, coef, counts)
+    assert seen == [torch.float32]
+    assert np.array_equal(_bits(value), _bits(fc.sequential_sums(facts, index, coef, counts)))
+    wide = facts.copy()
+    wide[7, 3] = 1.0 + 2.0 ** -40  # not a float32
+    value = native.fold_sums(wide, index, coef, counts)
+    assert seen == [torch.float32, torch.float64]
+    assert np.array_equal(_bits(value), _bits(fc.sequential_sums(wide, index, coef, counts)))
+
+
 def test_bad_input_is_refused():
     facts, index, coef, counts, _ = _tricky()
     with pytest.raises(ValueError, match="outside the 6 fact rows"):
