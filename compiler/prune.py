@@ -49,7 +49,11 @@ def reachable(graph: Graph) -> list[np.ndarray]:
             layers, ordinals = layer.input_layer[edges], layer.input_ordinal[edges]
             if read is not None:
                 layers, ordinals = layers[read[edges]], ordinals[read[edges]]
-            used[start[layers] + ordinals] = True
+            if layers.size and layers.min() == layers.max():  # one input layer (a GNN's are): no offsets to add
+                source = int(layers[0])
+                used[start[source]:start[source + 1]][ordinals] = True
+            else:
+                used[start[layers] + ordinals] = True
     return [used[start[i]:start[i + 1]] for i in range(len(graph.layers))]
 
 
