@@ -292,13 +292,16 @@ def _few_products(deg: np.ndarray, src: np.ndarray, dst: np.ndarray, limit: int)
 
 def _gcn_norm(weights: WeightTable, src: np.ndarray, dst: np.ndarray, n: int, degree: np.ndarray | None):
     """GCN's inputs: (source, target, fixed weight id) of the edges that are not self loops and of one self
-    loop per node, and the per-node fixed weight applied after the sum (None when each edge has it all).
+    loop per node, and the per-node fixed weight (None when each edge has it all; else the edges' weight
+    ids are None: the node's weight is applied before the sum and after it).
 
     NOTE: [GCN normalisation] c_ij = 1/sqrt(deg_i deg_j) depends only on deg_i * deg_j, so by default
     each edge reads one fixed weight per distinct product. On skewed graphs the products number in the
-    tens or hundreds of thousands (a Weight object each); there it is factorised: the edge from j reads
-    1/sqrt(deg_j) (one weight per distinct degree), and a layer after the sum multiplies node i by
-    1/sqrt(deg_i): the same values up to rounding (float64 within 1e-15 relative).
+    tens or hundreds of thousands (a Weight object each); there it is factorised: a layer before the sum
+    multiplies node j by 1/sqrt(deg_j) (one weight per distinct degree), the edges from j read that row
+    unweighted, and a layer after the sum multiplies node i by 1/sqrt(deg_i): the same values up to
+    rounding (float64 within 1e-15 relative). The compiler would make the same program from 1/sqrt(deg_j)
+    on every edge, but only after finding that the edges from j make one product between them.
     """
     # GCNConv (add_remaining_self_loops) gives every node exactly one self loop of weight 1:
     # a listed loop is replaced by it, not counted on top. Repeated edges count each time.
@@ -312,7 +315,7 @@ def _gcn_norm(weights: WeightTable, src: np.ndarray, dst: np.ndarray, n: int, de
         norm_ids = weights.fixed_scalars("gcn_norm.deg", products, lambda p: 1.0 / np.sqrt(p))
         return sources, owners, norm_ids, None
     scale = weights.fixed_scalars("gcn_norm.inv_sqrt_deg", deg, lambda d: 1.0 / np.sqrt(d))
-    return sources, owners, scale[sources], scale
+    return sources, owners, None, scale
 
 
 def _dropout(stack: _Stack, p: float, what: str, h: int, n: int, width: int) -> int:
@@ -370,12 +373,12 @@ def build_gnn(ds, spec: GNNSpec, samples=None, seed: int = 0) -> Graph:
 
     sorted_inputs: dict[str, tuple] = {}
 
-    def inputs_once(key: str, make) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def inputs_once(key: str, make) -> tuple[np.ndarray, ...]:
         """``csr(*make())``, made once: every convolution reads the same adjacency, and its layers share
         these (read-only) arrays instead of sorting and holding one copy each."""
         if key not in sorted_inputs:
-            owner, source, weight = make()
-            sorted_inputs[key] = _by_owner(owner, n, source, weight)
+            owner, *columns = make()
+            sorted_inputs[key] = _by_owner(owner, n, *columns)
         return sorted_inputs[key]
 
     last = len(spec.hidden)
@@ -385,17 +388,20 @@ def build_gnn(ds, spec: GNNSpec, samples=None, seed: int = 0) -> Graph:
         if spec.kind == "gcn":
             w, b = _layer_init(rng, width, in_dim)
             lin = stack.add(_dense(f"{conv}.lin", n, h, weights.add(f"{conv}.lin.weight", w), None, "identity"))
-            if spec.normalize:
-                counts, source, weight = inputs_once("gcn", lambda: (gcn_owner, gcn_source, gcn_weight))
-            else:
-                counts, source, weight = inputs_once("neighbours", neighbours_or_zero)
-            bias = weights.add(f"{conv}.bias", b)
             if spec.normalize and gcn_scale is not None:  # NOTE: [GCN normalisation], factorised
-                agg = stack.add(NeuronLayer(f"{conv}.agg", counts, np.full(source.size, lin), source, weight,
-                                            copy=False))
+                # Each node's row scaled by its own 1/sqrt(deg) once, then summed over the edges unweighted:
+                # the products are the ones an edge would make (bit for bit), made once per node, not per edge.
+                counts, source = inputs_once("gcn", lambda: (gcn_owner, gcn_source))
+                bias = weights.add(f"{conv}.bias", b)
+                scaled = stack.add(NeuronLayer(f"{conv}.scaled", np.ones(n, np.int64), np.full(n, lin), np.arange(n),
+                                               gcn_scale, copy=False))
+                agg = stack.add(NeuronLayer(f"{conv}.agg", counts, np.full(source.size, scaled), source, copy=False))
                 h = stack.add(NeuronLayer(conv, np.ones(n, np.int64), np.full(n, agg), np.arange(n), gcn_scale,
                                           bias=np.full(n, bias), transformation=act, copy=False))
             else:
+                counts, source, weight = (inputs_once("gcn", lambda: (gcn_owner, gcn_source, gcn_weight)) if spec.normalize
+                                          else inputs_once("neighbours", neighbours_or_zero))
+                bias = weights.add(f"{conv}.bias", b)  # (after inputs_once: the fixed zero comes first)
                 h = stack.add(NeuronLayer(conv, counts, np.full(source.size, lin), source, weight,
                                           bias=np.full(n, bias), transformation=act, copy=False))
         elif spec.kind == "sage":

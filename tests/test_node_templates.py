@@ -175,7 +175,11 @@ def test_factorised_gcn_normalisation_is_exact(odd, monkeypatch):
     after the sum (NOTE: [GCN normalisation]): the twin's outputs and gradients still."""
     monkeypatch.setattr(gnn, "MAX_NORM_PRODUCTS", 2)
     graph = gnn.gcn(odd, hidden=4, layers=2, seed=2)
-    assert "conv1.agg" in [layer.name for layer in graph.layers]
+    layers = {layer.name: layer for layer in graph.layers}
+    # Each node's row times its own 1/sqrt(deg_j) once (conv1.scaled), summed over the edges unweighted:
+    # no per-edge product for the compiler to find equal and merge (the compile of products-like).
+    assert (layers["conv1.scaled"].input_weight >= 0).all() and layers["conv1.scaled"].size == odd.n_nodes
+    assert (layers["conv1.agg"].input_weight < 0).all()
     assert sum(w.name.startswith("gcn_norm.inv_sqrt_deg") for w in graph.weights) == 4  # degrees 1, 2, 3, 4
     module = neurovec.compile(graph, dtype=torch.float64)
     twin = _twin("gcn", odd, hidden=4)
