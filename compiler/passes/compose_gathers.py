@@ -19,6 +19,15 @@ overhead). Deduplication
 that saved little (PROTEINS' SAGE: 42,815 distinct means for 43,471 neurons)
 is undone this way; one that saved much is kept.
 
+Where another sparse sum has the same matrix (GCN's layers read one graph), the
+module builds that matrix once for both; composing the program's output gather
+would make a new matrix, so all its ``nnz'`` edges count as added. The output
+gather after the last of a deduplicated GCN's sums thus stays (products-like: a
+2.4M-row gather, not a second 62M-edge matrix and its transpose). Only the
+output's: a gather inside the program may still let later passes join its sum with
+another term into one new matrix anyway (SAGE's mean and the node's own row,
+join_sums), where the composed form is the one they join.
+
 Row-wise ops between the sum and the gather (functions of one row, additions of one
 row to every row) do not stop it: a gather of ``sigmoid(s + b)`` is ``sigmoid(s' + b)``
 over the picked rows ``s'``, bit for bit, so the readout of deduplicated samples picks
@@ -47,6 +56,7 @@ def compose_gathers(program: Program, settings: Settings) -> Program:
     nodes = program.by_name()
     once = single_use(program)
     rw = Rewriter(program)
+    sums = [node for node in program.nodes if is_sparse_sum(node)]
     for node in program.nodes:
         chain, reduce = [], None
         if _is_gather(node, program):
@@ -58,7 +68,8 @@ def compose_gathers(program: Program, settings: Settings) -> Program:
         rows = program.constants[node.attrs["index"]].astype(np.int64)  # the gather's
         counts = program.constants[reduce.attrs["counts"]].astype(np.int64)
         picked = counts[rows]
-        added = int(picked.sum()) - int(counts.sum())
+        shared = node.name == program.output and _matrix_shared(reduce, sums, program, nodes)
+        added = int(picked.sum()) - (0 if shared else int(counts.sum()))
         # Row-wise ops in between then run on the gather's rows instead of the sum's.
         saved = node.count + GATHER_OP_ENTRIES // max(1, int(np.prod(node.shape)))
         if added > saved or (node.count - reduce.count) * len(chain) > node.count:
@@ -79,6 +90,23 @@ def compose_gathers(program: Program, settings: Settings) -> Program:
                 name = node.name if k == len(chain) - 1 else rw.fresh(f"{op.name}_rows")
                 value = rw.keep(op.with_(name=name, count=node.count, srcs=(value,) + op.srcs[1:])).name
     return rw.finish()
+
+
+def _matrix_shared(reduce: Node, sums: list[Node], program: Program, nodes: dict[str, Node]) -> bool:
+    """Whether another sparse sum has the same matrix as ``reduce``: the same edges, segments and
+    coefficients over as many source rows, and both means or both sums (the module builds it once)."""
+    def matrix(node):
+        return (node.attrs["aggregation"] == "mean", nodes[node.srcs[0]].count,
+                *(program.constants.get(node.attrs.get(key)) for key in ("index", "counts", "coef")))
+
+    mine = matrix(reduce)
+    for other in sums:
+        theirs = matrix(other) if other.name != reduce.name else None
+        if theirs is not None and theirs[:2] == mine[:2] and all(
+                a is b or (a is not None and b is not None and a.shape == b.shape and np.array_equal(a, b))
+                for a, b in zip(mine[2:], theirs[2:])):
+            return True
+    return False
 
 
 def _row_wise_chain(node: Node, nodes: dict[str, Node], once: set[str]) -> list[Node]:

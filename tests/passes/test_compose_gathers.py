@@ -85,6 +85,43 @@ def test_per_edge_coefficients_follow_their_edges():
     assert_same_function(before, after)
 
 
+def two_sums_then_gathered(edges2, output="y"):
+    """Two layers over one graph: s sums rows of tanh(x W) over 5 segments; s2 sums rows of
+    tanh(s) over the edges ``edges2`` and the same segments (with s's edges: one matrix); a
+    gather y reads s2; ``output`` is y, or sigmoid of y's rows."""
+    b = Builder()
+    b.fact("x", np.linspace(-1, 1, 10).reshape(5, 2))
+    b.weights("W", (2, 2))
+    b.linear("hw", "W", "x", w_layout="tile")
+    b.transform("h", "hw", "tanh")
+    b.gather("edges", "h", [4, 0, 1, 2, 2, 3, 0])
+    b.reduce("s", "edges", [2, 1, 1, 2, 1])
+    b.transform("h2", "s", "tanh")
+    b.gather("edges2", "h2", edges2)
+    b.reduce("s2", "edges2", [2, 1, 1, 2, 1])
+    b.gather("y", "s2", [0, 1, 1, 3])
+    b.transform("out", "y", "sigmoid")
+    return choose_kernels(b.build(output), Settings(reduce_kernel="sparse_mm"))
+
+
+def test_a_gather_stays_where_composing_would_unshare_a_matrix(monkeypatch):
+    """s and s2 read their sources through one matrix, which the module builds once. Composing
+    the output gather y into s2 would make a second matrix of 6 edges: more than the 4 rows it
+    saves. Where s2's matrix is its own (one edge differs), composing adds -1 edges and is made,
+    and so it is where y is not the output (later passes may join s2 into a new matrix anyway).
+    (Without the gather op's own cost, which makes any gather this small worth composing.)"""
+    monkeypatch.setattr(compose_gathers_pass, "GATHER_OP_ENTRIES", 0)
+    shared = two_sums_then_gathered([4, 0, 1, 2, 2, 3, 0])
+    assert compose_gathers(shared, SETTINGS) is shared
+    inside = two_sums_then_gathered([4, 0, 1, 2, 2, 3, 0], output="out")
+    assert compose_gathers(inside, SETTINGS).node("y").op is Op.REDUCE
+    own = two_sums_then_gathered([4, 0, 1, 2, 2, 3, 1])
+    after = compose_gathers(own, SETTINGS)
+    assert after.node("y").op is Op.REDUCE
+    assert torch.equal(evaluate(after)[0], evaluate(own)[0])
+    assert_same_function(own, after)
+
+
 def gathered_through(index, n_ops=2):
     """s = sums of tanh(x W) over 3 segments (fused); t = sigmoid(s + c) (n_ops row-wise ops); y = t[index]."""
     b = summed()
