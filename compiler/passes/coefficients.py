@@ -61,6 +61,7 @@ def segment_of_rows(node: Node, counts: np.ndarray, rows: int) -> np.ndarray:
 def reduce_coefficients(program: Program, settings: Settings) -> Program:
     rw = Rewriter(program)
     facts_used: set[str] = set()
+    factors: list = []  # edge-sized factors met so far: GCN's later layers meet the first one's again
     for node in program.nodes:
         node = rw.take(node)
         if (node.op is not Op.REDUCE or node.attrs["aggregation"] not in ("sum", "mean")
@@ -68,7 +69,8 @@ def reduce_coefficients(program: Program, settings: Settings) -> Program:
             rw.keep(node)
             continue
         source = rw.nodes[node.srcs[0]]
-        origins = trace_rows(program.replace(constants=rw.constants), rw.nodes, source.name, scalars=True)
+        origins = trace_rows(program.replace(constants=rw.constants), rw.nodes, source.name, scalars=True,
+                             factors=factors)
         bases = [rw.nodes[b] for b in origins.bases]
         # Several bases are read through one CONCAT of them all: only where that is no bigger.
         if not origins.scaled or sum(b.count for b in bases) > source.count:
@@ -102,8 +104,10 @@ def _scales_after_sums(program: Program) -> tuple[Program, set[str]]:
     rw = Rewriter(program)
     nodes, users = program.by_name(), program.users()
     facts_used: set[str] = set()
+    made: list = []  # (old coefficients, scale, counts, new coefficients) of the sums scaled so far
     for node in program.nodes:
-        found = _scaled_sum(program, nodes, node, users) if node.op is Op.LINEAR and node.attrs["kind"] == "mul" else None
+        found = (_scaled_sum(program, nodes, node, users, made) if node.op is Op.LINEAR and node.attrs["kind"] == "mul"
+                 else None)
         if found is None:
             rw.keep(node)
             continue
@@ -114,9 +118,11 @@ def _scales_after_sums(program: Program) -> tuple[Program, set[str]]:
     return rw.finish(), facts_used
 
 
-def _scaled_sum(program: Program, nodes: dict[str, Node], node: Node, users: dict[str, list[str]]):
+def _scaled_sum(program: Program, nodes: dict[str, Node], node: Node, users: dict[str, list[str]], made: list):
     """``(sum, its new coefficients, facts used)`` where ``node`` multiplies each row of a weighted
-    sum read by it alone by a fixed positive finite scalar; else None."""
+    sum read by it alone by a fixed positive finite scalar; else None. Where an earlier sum in
+    ``made`` had the same coefficients (the same array: GCN's layers, see ``indexing._scalar_values``),
+    scale and counts, its new coefficients are these (edge-sized work once, not once per layer)."""
     origins = trace_rows(program, nodes, node.name, scalars=True)
     if not origins.scaled or len(origins.bases) != 1:
         return None
@@ -131,6 +137,9 @@ def _scaled_sum(program: Program, nodes: dict[str, Node], node: Node, users: dic
         return None
     counts = program.constants[total.attrs["counts"]]
     old = np.asarray(program.constants[total.attrs["coef"]], dtype=np.float64)  # read only: no copy
+    for seen_old, seen_scale, seen_counts, seen in made:
+        if seen_old is old and np.array_equal(seen_scale, scale) and np.array_equal(seen_counts, counts):
+            return total, seen, origins.facts_used
     # Whole edge-sized arrays, as few as possible (products-like: 62M edges): each segment's factor
     # repeated over its entries (not strided: refused above) is the product's right side and its output.
     coef = np.repeat(scale, counts)
@@ -141,5 +150,7 @@ def _scaled_sum(program: Program, nodes: dict[str, Node], node: Node, users: dic
         return None
     if np.count_nonzero(coef) != np.count_nonzero(old):
         return None
+    coef.flags.writeable = False
+    made.append((old, scale, counts, coef))
     return total, coef, origins.facts_used
 

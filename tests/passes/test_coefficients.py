@@ -165,3 +165,34 @@ def test_a_factor_that_is_not_positive_and_finite_stays_after_the_sum(scales):
     """-d * (+0.0) is -0.0 but a sum of -d-weighted terms from +0.0 is not; 0 * inf and inf * 0 are NaN."""
     after = reduce_coefficients(scaled_after_the_sum(scales), ONLY)
     assert after.node("s").op is Op.LINEAR and after.node("r").op is Op.REDUCE
+
+
+def layers_over_one_graph(edges):
+    """Three GCN-like layers over 4 nodes: each scales its rows by the fixed per-node c (a gather
+    of 3 values), then sums them over the edges ``edges[k]`` (6 edges into 4 segments)."""
+    b = Builder()
+    b.fact("x", np.arange(8.0).reshape(4, 2) / 8)
+    b.weights("c", (), k=3, learnable=False, values=[0.5, 0.25, 2.0])
+    value = "x"
+    for k, index in enumerate(edges):
+        b.transform(f"h{k}", value, "tanh")
+        b.gather(f"cw{k}", "c", [0, 1, 2, 2])
+        b.linear(f"p{k}", f"cw{k}", f"h{k}")
+        b.gather(f"e{k}", f"p{k}", index)
+        value = b.reduce(f"r{k}", f"e{k}", [1, 2, 1, 2])
+    return b.build(value)
+
+
+def test_layers_over_one_graph_share_their_coefficients():
+    """The per-edge factors (edges read more rows than the scalar side has) of a layer with the same
+    edges and factors as an earlier one are the earlier one's array, not a new gather; a layer
+    with other edges gets its own."""
+    one, other = [3, 0, 1, 1, 2, 0], [3, 0, 1, 1, 2, 1]
+    before = layers_over_one_graph([one, list(one), other])
+    after = reduce_coefficients(before, ONLY)
+    coefs = [after.constants[after.node(f"r{k}").attrs["coef"]] for k in range(3)]
+    assert coefs[1] is coefs[0] and not coefs[0].flags.writeable
+    assert coefs[2] is not coefs[0]
+    assert coefs[0].tolist() == [2.0, 0.5, 0.25, 0.25, 2.0, 0.5]
+    assert coefs[2].tolist() == [2.0, 0.5, 0.25, 0.25, 2.0, 0.25]
+    assert_same_function(before, after)
