@@ -161,48 +161,77 @@ constexpr int64_t kTransposeBuckets = 1024;
 // column within its bucket in `local`; the second sorts each bucket's region in place by column, through a
 // copy of it. Writing every entry straight to its column's place instead is one write at random per
 // entry and array: 3x slower at products-like x 1/8 (8M entries, 306k columns).
+// On several threads (torch's intra-op threads), the first pass splits the segments into one contiguous
+// share per thread (about as many entries each): a count of each share's entries per bucket gives every
+// share its own cursor in each bucket, after the shares before it, so the entries land where the one-thread
+// pass puts them. The second pass splits the buckets (disjoint regions). The result is the same on any
+// number of threads, bit for bit.
 template <typename I, typename O, typename V>
 void transpose_entries(const I* __restrict__ index, const int64_t* __restrict__ ptr, int64_t n_seg,
                        const int64_t* __restrict__ t_ptr, int64_t n_cols, O* __restrict__ t_col,
-                       int64_t* __restrict__ t_perm, const V* __restrict__ values, V* __restrict__ t_values) {
+                       int64_t* __restrict__ t_perm, const V* __restrict__ values, V* __restrict__ t_values,
+                       int64_t threads) {
     constexpr bool kValues = !std::is_same<V, void*>::value;
     int shift = 0;
     while ((n_cols >> shift) > kTransposeBuckets) ++shift;
     const int64_t n_buckets = ((n_cols - 1) >> shift) + 1;
-    std::vector<int64_t> cursor(n_buckets);
-    for (int64_t b = 0; b < n_buckets; ++b) cursor[b] = t_ptr[b << shift];
     std::vector<int32_t> local(t_ptr[n_cols]);
     const int32_t mask = (int32_t)((int64_t(1) << shift) - 1);
-    for (int64_t j = 0; j < n_seg; ++j) {
-        const int64_t e1 = ptr[j + 1];
-        for (int64_t e = ptr[j]; e < e1; ++e) {
-            const int64_t i = (int64_t)index[e];
-            const int64_t k = cursor[i >> shift]++;
-            t_col[k] = (O)j;
-            t_perm[k] = e;
-            local[k] = (int32_t)i & mask;
-            if constexpr (kValues) t_values[k] = values[e];
-        }
-    }
-    std::vector<int64_t> place(int64_t(1) << shift);
-    std::vector<O> col_copy;
-    std::vector<int64_t> perm_copy;
-    std::vector<typename std::conditional<kValues, V, char>::type> values_copy;
+    std::vector<int64_t> share(threads + 1);
+    for (int64_t t = 0; t <= threads; ++t) share[t] = fold_split(ptr, n_seg, t, threads);
+    std::vector<int64_t> cursor(threads * n_buckets, 0);  // share t's next place in bucket b: [t * n_buckets + b]
+    auto count = [&](int64_t t) {
+        int64_t* c = cursor.data() + t * n_buckets;
+        for (int64_t e = ptr[share[t]]; e < ptr[share[t + 1]]; ++e) ++c[(int64_t)index[e] >> shift];
+    };
+    if (threads > 1) at::parallel_for(0, threads, 1, [&](int64_t t0, int64_t t1) { for (int64_t t = t0; t < t1; ++t) count(t); });
     for (int64_t b = 0; b < n_buckets; ++b) {
-        const int64_t c0 = b << shift, c1 = std::min(n_cols, (b + 1) << shift);
-        const int64_t k0 = t_ptr[c0], k1 = t_ptr[c1], n = k1 - k0;
-        if (c1 - c0 <= 1 || n <= 1) continue;  // one column: already in order
-        for (int64_t c = c0; c < c1; ++c) place[c - c0] = t_ptr[c];
-        col_copy.assign(t_col + k0, t_col + k1);
-        perm_copy.assign(t_perm + k0, t_perm + k1);
-        if constexpr (kValues) values_copy.assign(t_values + k0, t_values + k1);
-        for (int64_t q = 0; q < n; ++q) {
-            const int64_t k = place[local[k0 + q]]++;
-            t_col[k] = col_copy[q];
-            t_perm[k] = perm_copy[q];
-            if constexpr (kValues) t_values[k] = values_copy[q];
+        int64_t next = t_ptr[b << shift];
+        for (int64_t t = 0; t < threads; ++t) {
+            const int64_t here = cursor[t * n_buckets + b];
+            cursor[t * n_buckets + b] = next;
+            next += here;
         }
     }
+    auto move = [&](int64_t t) {
+        int64_t* c = cursor.data() + t * n_buckets;
+        for (int64_t j = share[t]; j < share[t + 1]; ++j) {
+            const int64_t e1 = ptr[j + 1];
+            for (int64_t e = ptr[j]; e < e1; ++e) {
+                const int64_t i = (int64_t)index[e];
+                const int64_t k = c[i >> shift]++;
+                t_col[k] = (O)j;
+                t_perm[k] = e;
+                local[k] = (int32_t)i & mask;
+                if constexpr (kValues) t_values[k] = values[e];
+            }
+        }
+    };
+    if (threads > 1) at::parallel_for(0, threads, 1, [&](int64_t t0, int64_t t1) { for (int64_t t = t0; t < t1; ++t) move(t); });
+    else move(0);
+    auto sort_buckets = [&](int64_t b0, int64_t b1) {
+        std::vector<int64_t> place(int64_t(1) << shift);
+        std::vector<O> col_copy;
+        std::vector<int64_t> perm_copy;
+        std::vector<typename std::conditional<kValues, V, char>::type> values_copy;
+        for (int64_t b = b0; b < b1; ++b) {
+            const int64_t c0 = b << shift, c1 = std::min(n_cols, (b + 1) << shift);
+            const int64_t k0 = t_ptr[c0], k1 = t_ptr[c1], n = k1 - k0;
+            if (c1 - c0 <= 1 || n <= 1) continue;  // one column: already in order
+            for (int64_t c = c0; c < c1; ++c) place[c - c0] = t_ptr[c];
+            col_copy.assign(t_col + k0, t_col + k1);
+            perm_copy.assign(t_perm + k0, t_perm + k1);
+            if constexpr (kValues) values_copy.assign(t_values + k0, t_values + k1);
+            for (int64_t q = 0; q < n; ++q) {
+                const int64_t k = place[local[k0 + q]]++;
+                t_col[k] = col_copy[q];
+                t_perm[k] = perm_copy[q];
+                if constexpr (kValues) t_values[k] = values_copy[q];
+            }
+        }
+    };
+    if (threads > 1) at::parallel_for(0, n_buckets, 1, sort_buckets);
+    else sort_buckets(0, n_buckets);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> csr_transpose(
@@ -225,6 +254,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> csr_transpose(
     at::Tensor t_perm = at::empty({e_count}, ptr.options());
     at::Tensor t_col = at::empty({e_count}, ptr.options().dtype(index_dtype));
     at::Tensor t_values = weighted ? at::empty({e_count}, values->options()) : at::empty({0}, ptr.options());
+    const int64_t threads = (e_count < kFoldParallelValues || n_seg < 2) ? 1 : std::max<int64_t>(1, at::get_num_threads());
     AT_DISPATCH_INDEX_TYPES(index.scalar_type(), "csr_transpose", [&] {
         const index_t* id = index.data_ptr<index_t>();
         for (int64_t e = 0; e < e_count; ++e) {
@@ -237,16 +267,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> csr_transpose(
             using O = std::remove_pointer_t<decltype(col)>;
             int64_t* perm = t_perm.data_ptr<int64_t>();
             if (!weighted) {
-                transpose_entries<index_t, O, void*>(id, p, n_seg, tp, n_sources, col, perm, nullptr, nullptr);
+                transpose_entries<index_t, O, void*>(id, p, n_seg, tp, n_sources, col, perm, nullptr, nullptr, threads);
                 return;
             }
             const int64_t bytes = values->element_size();
             const void* v = values->data_ptr();
             void* tv = t_values.data_ptr();
-            if (bytes == 8) transpose_entries<index_t, O, uint64_t>(id, p, n_seg, tp, n_sources, col, perm, (const uint64_t*)v, (uint64_t*)tv);
-            else if (bytes == 4) transpose_entries<index_t, O, uint32_t>(id, p, n_seg, tp, n_sources, col, perm, (const uint32_t*)v, (uint32_t*)tv);
-            else if (bytes == 2) transpose_entries<index_t, O, uint16_t>(id, p, n_seg, tp, n_sources, col, perm, (const uint16_t*)v, (uint16_t*)tv);
-            else if (bytes == 1) transpose_entries<index_t, O, uint8_t>(id, p, n_seg, tp, n_sources, col, perm, (const uint8_t*)v, (uint8_t*)tv);
+            if (bytes == 8) transpose_entries<index_t, O, uint64_t>(id, p, n_seg, tp, n_sources, col, perm, (const uint64_t*)v, (uint64_t*)tv, threads);
+            else if (bytes == 4) transpose_entries<index_t, O, uint32_t>(id, p, n_seg, tp, n_sources, col, perm, (const uint32_t*)v, (uint32_t*)tv, threads);
+            else if (bytes == 2) transpose_entries<index_t, O, uint16_t>(id, p, n_seg, tp, n_sources, col, perm, (const uint16_t*)v, (uint16_t*)tv, threads);
+            else if (bytes == 1) transpose_entries<index_t, O, uint8_t>(id, p, n_seg, tp, n_sources, col, perm, (const uint8_t*)v, (uint8_t*)tv, threads);
             else TORCH_CHECK(false, "csr_transpose: values of ", bytes, " bytes per entry");
         };
         if (index_dtype == at::kInt) place(t_col.data_ptr<int32_t>());

@@ -199,3 +199,30 @@ def test_gather_sum_is_the_same_with_and_without_the_kernel():
             assert (tensor is None) == (other is None), name
             if tensor is not None:
                 assert tensor.dtype == other.dtype and torch.equal(tensor, other), name
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_csr_transpose_is_the_same_on_any_number_of_threads(threads):
+    """Above 65,536 entries the counting sort splits its passes over torch's threads (the segments in
+    shares, then the buckets): each share's entries go after the shares before them in every bucket, so
+    the result is the stable sort by column however many threads there are."""
+    rng = np.random.default_rng(11)
+    counts = rng.integers(0, 40, 9000)
+    n_sources = 20_000
+    index = rng.integers(0, n_sources, int(counts.sum()))
+    index[:5000] = 3  # a column read from the first share and from others
+    ptr = np.zeros(counts.size + 1, np.int64)
+    np.cumsum(counts, out=ptr[1:])
+    values = torch.randn(index.size, dtype=torch.float64)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        t_ptr, t_col, t_perm, t_values = native.csr_transpose(torch.from_numpy(index), torch.from_numpy(ptr),
+                                                              n_sources, values, torch.int32)
+    finally:
+        torch.set_num_threads(before)
+    expected = _sorted_transpose(index, counts, n_sources)
+    assert index.size > 65_536
+    assert np.array_equal(t_ptr.numpy(), expected[0]) and np.array_equal(t_col.numpy(), expected[1])
+    assert np.array_equal(t_perm.numpy(), expected[2])
+    assert torch.equal(t_values, values[torch.from_numpy(expected[2])])
