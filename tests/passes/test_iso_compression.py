@@ -4,7 +4,7 @@ import torch
 from hypothesis import HealthCheck, assume, given, settings
 
 import neurovec
-from neurovec.compiler.passes.dedup import iso_compress
+from neurovec.compiler.passes.dedup import dedup_aggregations, iso_compress
 from neurovec.compiler.settings import Settings
 from neurovec.engines.torch_module import CompiledModule
 
@@ -104,3 +104,27 @@ def test_mutag_gcn_layers_shrink(tu_dir):
     assert program.node("conv1_out").count < 30
     assert program.node("conv2_biased").count < 200
     assert_equivalent(graph, CompiledModule(program, torch.float64))
+
+
+def two_equal_rows_among(n: int):
+    """``n`` scalar neurons tanh(sum of w * x over their segment): neuron j reads x_j alone, except
+    neurons 0 and 1, which both read x_0 and x_1 (in other orders): one pair of equal rows."""
+    edges = [0, 1, 1, 0] + list(range(2, n))
+    counts = [2, 2] + [1] * (n - 2)
+    facts = np.arange(1.0, n + 1.0).reshape(n, 1)
+    return sum_layer(edges, counts, [0] * len(edges), facts=facts, k=1).build("read")
+
+
+def test_one_merge_in_more_than_a_thousand_rows_is_not_made():
+    """NOTE: [few merges]: 1 duplicate among 2048 rows (under 1/1024) stays, with every reader as it was,
+    in iso compression and in the aggregation dedup alike; among 512 rows (over 1/1024) the pair merges."""
+    few = two_equal_rows_among(2048)
+    for step in (iso_compress, dedup_aggregations):
+        after = step(few, SETTINGS)
+        assert after.node("agg").count == 2048 and index_of(after, "read") == index_of(few, "read")
+        assert_same_function(few, after)
+    assert dedup_aggregations(two_equal_rows_among(512), SETTINGS).node("agg").count == 511
+    enough = two_equal_rows_among(512)
+    after = iso_compress(enough, SETTINGS)
+    assert after.node("agg").count == 511
+    assert_same_function(enough, after)
