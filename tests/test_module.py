@@ -361,6 +361,8 @@ def test_equal_constants_are_kept_once():
              if a < b and program.constants[a].size >= 4096 and program.constants[a].shape == program.constants[b].shape
              and program.constants[a].dtype == program.constants[b].dtype
              and np.array_equal(program.constants[a], program.constants[b])]
-    assert len(equal) >= 2 and all(program.constants[a] is not program.constants[b] for a, b in equal)
+    # Some are one array already (reduce_coefficients reuses a layer's coefficients for the next), the
+    # edge indices are not: the module makes every equal pair one array.
+    assert len(equal) >= 2 and any(program.constants[a] is not program.constants[b] for a, b in equal)
     assert all(module.program.constants[a] is module.program.constants[b] for a, b in equal)
     assert module.program.constants.keys() == program.constants.keys()
