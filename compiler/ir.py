@@ -289,6 +289,21 @@ def is_sparse_sum(node: Node) -> bool:
     return node.op is Op.REDUCE and "index" in node.attrs
 
 
+def sparse_matrix(program: "Program", node: Node) -> tuple:
+    """What defines the matrix of sparse sum ``node``: ``(mean, source rows, index, counts, coef or None)``.
+    Two sums with equal such tuples (:func:`same_sparse_matrix`) read their sources through one matrix,
+    which the module builds once."""
+    return (node.attrs["aggregation"] == "mean", program.node(node.srcs[0]).count,
+            *(None if node.attrs.get(key) is None else program.constants[node.attrs[key]]
+              for key in ("index", "counts", "coef")))
+
+
+def same_sparse_matrix(a: tuple, b: tuple) -> bool:
+    """Whether two :func:`sparse_matrix` tuples define one matrix (arrays compared by value)."""
+    return a[:2] == b[:2] and all(x is y or (x is not None and y is not None and x.shape == y.shape
+                                             and np.array_equal(x, y)) for x, y in zip(a[2:], b[2:]))
+
+
 def users_of(nodes) -> dict[str, list[str]]:
     """For every node of ``nodes``, the names of the nodes that read it (a reader reading twice twice)."""
     result: dict[str, list[str]] = {n.name: [] for n in nodes}

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..compiler.ir import Node, Op, Program, compact_index, linear_grid
+from ..compiler.ir import Node, Op, Program, compact_index, linear_grid, same_sparse_matrix, sparse_matrix
 from ..compiler.rewrite import zero_sign_matters
 from ..sources.graph import GraphError
 from . import kernels, native, runtime
@@ -1133,17 +1133,14 @@ def _add_buffer(module: nn.Module, name: str, tensor: torch.Tensor) -> None:
 def _sparse_matrix(program: Program, node: Node, dtype: torch.dtype, made: dict[tuple, list]) -> nn.Module:
     """The CSR indices of sparse sum ``node``: those of an earlier one in ``made`` where its matrix is
     the same (GCN's layers share one: one copy, not one per layer), else new ones, added to ``made``."""
-    coef = node.attrs.get("coef")  # constant per-edge coefficients, if any
-    arrays = tuple(None if key is None else program.constants[key]
-                   for key in (node.attrs["index"], node.attrs["counts"], coef))
-    mean, n_sources = node.attrs["aggregation"] == "mean", program.node(node.srcs[0]).count
-    same = made.setdefault((arrays[0].size, arrays[1].size, coef is None, mean, n_sources), [])
+    matrix = sparse_matrix(program, node)
+    mean, n_sources, index, counts, coef = matrix
+    same = made.setdefault((index.size, counts.size, coef is None, mean, n_sources), [])
     for other, indices in same:
-        if all(a is b or np.array_equal(a, b) for a, b in zip(arrays, other)):
+        if same_sparse_matrix(matrix, other):
             return indices
-    indices = runtime.CSRIndices(kernels.GatherSum.from_index(*arrays[:2], n_sources, arrays[2], mean=mean,
-                                                              dtype=dtype))
-    same.append((arrays, indices))
+    indices = runtime.CSRIndices(kernels.GatherSum.from_index(index, counts, n_sources, coef, mean=mean, dtype=dtype))
+    same.append((matrix, indices))
     return indices
 
 

@@ -40,7 +40,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..grouping import expand_segments
-from ..ir import Node, Op, Program, is_sparse_sum
+from ..ir import Node, Op, Program, is_sparse_sum, same_sparse_matrix, sparse_matrix
 from ..rewrite import Rewriter, single_use
 from ..settings import Settings
 
@@ -68,7 +68,9 @@ def compose_gathers(program: Program, settings: Settings) -> Program:
         rows = program.constants[node.attrs["index"]].astype(np.int64)  # the gather's
         counts = program.constants[reduce.attrs["counts"]].astype(np.int64)
         picked = counts[rows]
-        shared = node.name == program.output and _matrix_shared(reduce, sums, program, nodes)
+        mine = sparse_matrix(program, reduce)
+        shared = node.name == program.output and any(
+            other.name != reduce.name and same_sparse_matrix(mine, sparse_matrix(program, other)) for other in sums)
         added = int(picked.sum()) - (0 if shared else int(counts.sum()))
         # Row-wise ops in between then run on the gather's rows instead of the sum's.
         saved = node.count + GATHER_OP_ENTRIES // max(1, int(np.prod(node.shape)))
@@ -90,23 +92,6 @@ def compose_gathers(program: Program, settings: Settings) -> Program:
                 name = node.name if k == len(chain) - 1 else rw.fresh(f"{op.name}_rows")
                 value = rw.keep(op.with_(name=name, count=node.count, srcs=(value,) + op.srcs[1:])).name
     return rw.finish()
-
-
-def _matrix_shared(reduce: Node, sums: list[Node], program: Program, nodes: dict[str, Node]) -> bool:
-    """Whether another sparse sum has the same matrix as ``reduce``: the same edges, segments and
-    coefficients over as many source rows, and both means or both sums (the module builds it once)."""
-    def matrix(node):
-        return (node.attrs["aggregation"] == "mean", nodes[node.srcs[0]].count,
-                *(program.constants.get(node.attrs.get(key)) for key in ("index", "counts", "coef")))
-
-    mine = matrix(reduce)
-    for other in sums:
-        theirs = matrix(other) if other.name != reduce.name else None
-        if theirs is not None and theirs[:2] == mine[:2] and all(
-                a is b or (a is not None and b is not None and a.shape == b.shape and np.array_equal(a, b))
-                for a, b in zip(mine[2:], theirs[2:])):
-            return True
-    return False
 
 
 def _row_wise_chain(node: Node, nodes: dict[str, Node], once: set[str]) -> list[Node]:

@@ -658,12 +658,11 @@ def _iso_compress(program: Program, settings: Settings, handed: _Handed) -> tupl
         if not editor.is_live(name):
             continue
         reps, inverse = ids.representatives(name)
-        count = editor.nodes[name].count
-        if _worth_merging(count, reps.size):
+        worth, distinct = _worth_merging(editor.nodes[name].count, reps.size), reps.size == editor.nodes[name].count
+        if worth:
             name = compress(editor, planner, name, reps, inverse, ids)  # the node with the rows `reps`
-        merged_all = reps.size == count or editor.nodes[name].count == reps.size
         del reps, inverse  # not kept while the next layer end is labelled
-        if merged_all:  # NOTE: [few merges]: rows left equal are not distinct
+        if worth or distinct:  # NOTE: [few merges]: rows left equal are not distinct
             ids.mark_distinct(name)
     if editor.changed:
         # The merges hold for these fact values only: the facts stop being replaceable inputs.

@@ -22,15 +22,16 @@ from ..builders import Builder, assert_same_function, evaluate
 SETTINGS = Settings()
 
 
-def summed(aggregation="sum") -> Builder:
-    """A program up to s = sums of tanh(x W) over 3 segments (``aggregation``; a fused sparse sum)."""
+def summed(aggregation="sum", edges=(4, 0, 1, 2, 2, 3), counts=(2, 3, 1)) -> Builder:
+    """A program up to s = sums of tanh(x W) (5 rows) over ``edges`` into ``len(counts)`` segments
+    (``aggregation``; a fused sparse sum)."""
     b = Builder()
     b.fact("x", np.linspace(-1, 1, 10).reshape(5, 2))
     b.weights("W", (2, 2))
     b.linear("hw", "W", "x", w_layout="tile")
     b.transform("h", "hw", "tanh")
-    b.gather("edges", "h", [4, 0, 1, 2, 2, 3])
-    b.reduce("s", "edges", [2, 3, 1], aggregation)
+    b.gather("edges", "h", list(edges))
+    b.reduce("s", "edges", list(counts), aggregation)
     return b
 
 
@@ -89,13 +90,7 @@ def two_sums_then_gathered(edges2, output="y"):
     """Two layers over one graph: s sums rows of tanh(x W) over 5 segments; s2 sums rows of
     tanh(s) over the edges ``edges2`` and the same segments (with s's edges: one matrix); a
     gather y reads s2; ``output`` is y, or sigmoid of y's rows."""
-    b = Builder()
-    b.fact("x", np.linspace(-1, 1, 10).reshape(5, 2))
-    b.weights("W", (2, 2))
-    b.linear("hw", "W", "x", w_layout="tile")
-    b.transform("h", "hw", "tanh")
-    b.gather("edges", "h", [4, 0, 1, 2, 2, 3, 0])
-    b.reduce("s", "edges", [2, 1, 1, 2, 1])
+    b = summed(edges=(4, 0, 1, 2, 2, 3, 0), counts=(2, 1, 1, 2, 1))
     b.transform("h2", "s", "tanh")
     b.gather("edges2", "h2", edges2)
     b.reduce("s2", "edges2", [2, 1, 1, 2, 1])
