@@ -47,9 +47,11 @@ constexpr int64_t kFoldPrefetchAhead = 8;
 // Below this many gathered values the kernel runs on the calling thread.
 constexpr int64_t kFoldParallelValues = 1 << 16;
 
+// Into every cache level (hint 3, as native_ops.cpp's prefetch_row): with the non-temporal hint 0 the
+// fold at products-like x 1/8 (8M rows of 100 floats) took 1.2-1.3 s, with hint 3 0.55-0.8 s.
 inline void prefetch_bytes(const void* row, int64_t bytes) {
     const char* p = static_cast<const char*>(row);
-    for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b, 0, 0);
+    for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b, 0, 3);
 }
 
 // Segments [r0, r1): y[j, k] = ((0.0 + c[s] * x[i[s], k]) + c[s + 1] * x[i[s + 1], k]) + ...
@@ -62,7 +64,8 @@ void fold_rows(const X* __restrict__ x, const I* __restrict__ index, const doubl
     const int64_t row_bytes = w * (int64_t)sizeof(X);
     const int64_t e_end = ptr[r1];
     for (int64_t j = r0; j < r1; ++j) {
-        double* __restrict__ yr = y + j * w;  // zeros: the sums start from 0.0
+        double* __restrict__ yr = y + j * w;
+        for (int64_t k = 0; k < w; ++k) yr[k] = 0.0;  // the sums start from 0.0 (here: the row is in cache)
         const int64_t e1 = ptr[j + 1];
         for (int64_t e = ptr[j]; e < e1; ++e) {
             if (e + kFoldPrefetchAhead < e_end) prefetch_bytes(x + (int64_t)index[e + kFoldPrefetchAhead] * w, row_bytes);
@@ -111,8 +114,8 @@ at::Tensor fold_sums(const at::Tensor& x, const at::Tensor& index, const c10::op
     const int64_t n = ptr.numel() - 1, w = x.size(1);
     const int64_t* p = ptr.data_ptr<int64_t>();
     TORCH_CHECK(p[0] == 0 && p[n] == index.numel(), "fold_sums: ptr must run from 0 to the number of entries");
-    at::Tensor y = at::zeros({n, w}, x.options().dtype(at::kDouble));
-    if (n == 0 || w == 0 || index.numel() == 0) return y;
+    if (n == 0 || w == 0 || index.numel() == 0) return at::zeros({n, w}, x.options().dtype(at::kDouble));
+    at::Tensor y = at::empty({n, w}, x.options().dtype(at::kDouble));  // fold_rows zeroes each row
     const double* cd = weighted ? coef->data_ptr<double>() : nullptr;
     double* yd = y.data_ptr<double>();
     const int64_t threads = (index.numel() * w < kFoldParallelValues || n < 2) ? 1 : at::get_num_threads();
