@@ -82,7 +82,7 @@ def test_first_equal_multisets_equals_python():
 
 def test_colliding_hashes_never_merge(monkeypatch):
     # Every row hashes alike: only the exact comparison with the group's first row decides.
-    monkeypatch.setattr(grouping, "_multiset_hashes", lambda labels, counts: np.zeros(counts.size, np.uint64))
+    monkeypatch.setattr(grouping, "_multiset_hashes", lambda labels, counts, rows=None: np.zeros(counts.size, np.uint64))
     monkeypatch.setattr(grouping, "_word_hashes", lambda words: np.zeros(len(words), np.uint64))
     counts = np.array([2, 2, 2, 1])
     labels = np.array([0, 1, 1, 0, 0, 2, 0])
@@ -200,6 +200,32 @@ def test_chunks_change_nothing(monkeypatch, chunk):
         assert first_rows(k, bound).tolist() == python_first(k.tolist())
     segments = np.split(labels, np.cumsum(counts)[:-1])
     assert first_equal_multisets(labels, counts).tolist() == python_first([tuple(sorted(s)) for s in segments])
+
+
+@pytest.mark.parametrize("chunk", [3, 1 << 18])
+def test_multisets_of_gathered_labels_equal_the_gathered_multisets(monkeypatch, chunk):
+    """first_equal_multisets(labels, counts, rows=rows) reads the segments' labels as labels[rows]
+    (each label mixed once, the mixed values gathered): the same hashes and first rows as with
+    labels[rows] made whole, for sums and for means (up to scale), with every hash colliding too."""
+    monkeypatch.setattr(grouping, "CHUNK", chunk)
+    rng = np.random.default_rng(chunk)
+    labels = rng.integers(0, 6, size=30)  # few distinct labels: many equal multisets
+    counts = rng.integers(0, 5, size=200)
+    rows = rng.integers(0, labels.size, size=counts.sum())
+    gathered = labels[rows]
+    assert np.array_equal(grouping._multiset_hashes(labels, counts, rows), grouping._multiset_hashes(gathered, counts))
+    segments = np.split(gathered, np.cumsum(counts)[:-1])
+    expected = python_first([tuple(sorted(s)) for s in segments])
+    for up_to_scale in (False, True):
+        assert (first_equal_multisets(labels, counts, 6, up_to_scale, rows).tolist()
+                == first_equal_multisets(gathered, counts, 6, up_to_scale).tolist())
+    assert first_equal_multisets(labels, counts, rows=rows).tolist() == expected
+    # Every hash colliding: the exact check alone decides, reading labels[rows] (a collision keeps equal rows
+    # apart, never merges different ones: the same first rows either way, none of them wrong).
+    monkeypatch.setattr(grouping, "_multiset_hashes", lambda labels, counts, rows=None: np.zeros(counts.size, np.uint64))
+    collided = first_equal_multisets(labels, counts, rows=rows)
+    assert collided.tolist() == first_equal_multisets(gathered, counts).tolist()
+    assert all(expected[i] == expected[int(f)] for i, f in enumerate(collided))
 
 
 @settings(max_examples=200, deadline=None)

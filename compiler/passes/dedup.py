@@ -414,14 +414,17 @@ class RowIds:
             return self.recent(_pair, node.count, w_ids, w_bound, x_ids, x_bound, w_rows, x_rows, grouped)
         if node.op is Op.REDUCE:
             counts = e.constants[node.attrs["counts"]]
-            inputs, bound = self.labels(node.srcs[0])
             if node.attrs.get("kernel") == "strided":  # segment j is rows j, j + n, ...
-                inputs = inputs.reshape(-1, max(node.count, 1)).T.reshape(-1)
-            elif inputs.size == node.count and np.all(counts == 1):
-                return inputs, bound  # one input each: the aggregation of one value is that value
+                inputs, bound = self.labels(node.srcs[0])
+                inputs, rows = inputs.reshape(-1, max(node.count, 1)).T.reshape(-1), None
+            else:  # a gathered input: its source's labels and the index (a GCN layer's 62M edges: no labels of them)
+                inputs, rows, bound = self._gathered(node.srcs[0])
+                if (inputs if rows is None else rows).size == node.count and np.all(counts == 1):
+                    # one input each: the aggregation of one value is that value
+                    return (inputs if rows is None else inputs[rows]), bound
             # A mean of {a, a} is a mean of {a}: multisets compare up to a common multiplicity.
             up_to_scale = node.attrs["aggregation"] == "mean"
-            return first_equal_multisets(inputs, counts, bound, up_to_scale), max(node.count, 1)
+            return first_equal_multisets(inputs, counts, bound, up_to_scale, rows), max(node.count, 1)
         if node.op is Op.WEIGHTS:
             return self._weight_ids(node)
         if node.op is Op.FACT and self.fact_values and node.attrs.get("fact_layer") not in self.dynamic:
