@@ -22,7 +22,7 @@ import numpy as np
 
 from ..sources.graph import NO_WEIGHT, FactLayer, Graph
 from .grouping import CHUNK, row_dtype
-from .ir import Node, Op, Program, compact_index
+from .ir import Node, Op, Program, compact_index, read_only
 from .rewrite import Rewriter
 from .prune import prune_unreachable
 
@@ -55,14 +55,13 @@ def _concat(rw: Rewriter, base: str, srcs: list[Node], layer: str) -> Node:
 
 
 def _concat_index(rw: Rewriter, base: str, sources: list[Node], which, ordinal: np.ndarray,
-                  layer: str) -> Node:
+                  layer: str, compacted: dict | None = None) -> Node:
     """GATHER(CONCAT(sources), offset[which] + ordinal): rows of several tensors, in any order.
-    ``which(rows)`` gives the source of the rows ``rows`` (a slice); it is not called for a single source."""
+    ``which(rows)`` gives the source of the rows ``rows`` (a slice); it is not called for a single source.
+    ``compacted``: the stored index of each ordinal array met so far (``_compacted``)."""
     joined = _concat(rw, f"{base}_cat", sources, layer)
     if len(sources) == 1:
-        index = compact_index(ordinal)  # int32 at once: no edge-sized int64 copy first
-        # (a copy where that is the graph's own array: the program's stays its own)
-        return _gather(rw, base, joined, index.copy() if index is ordinal else index, layer)
+        return _gather(rw, base, joined, _compacted(ordinal, compacted), layer)
     offsets = np.concatenate([[0], np.cumsum([s.count for s in sources])])[:-1]
     # offsets[which] + ordinal a chunk at a time into one index of the stored type (NOTE: [chunks]).
     index = np.empty(ordinal.size, dtype=row_dtype(joined.count))
@@ -70,6 +69,21 @@ def _concat_index(rw: Rewriter, base: str, sources: list[Node], which, ordinal: 
         np.add(offsets[which(slice(lo, lo + CHUNK))], ordinal[lo:lo + CHUNK], out=index[lo:lo + CHUNK],
                casting="unsafe")
     return _gather(rw, base, joined, index, layer)
+
+
+def _compacted(ordinal: np.ndarray, compacted: dict | None) -> np.ndarray:
+    """``compact_index(ordinal)`` (int32 at once: no edge-sized int64 copy first), read-only, and a
+    copy where that is the graph's own array (the program's stays its own). Made once per array of
+    the graph: layers that read the same edges (a GCN's or SAGE's, whose layers share their edge
+    arrays) store one index, so that products-like keeps one 62M-edge index, not one per layer, and
+    the passes see that they are the same by identity."""
+    if compacted is not None and id(ordinal) in compacted and compacted[id(ordinal)][0] is ordinal:
+        return compacted[id(ordinal)][1]
+    index = compact_index(ordinal)
+    index = read_only(index.copy() if index is ordinal else index)
+    if compacted is not None:
+        compacted[id(ordinal)] = (ordinal, index)  # the graph's array kept with it: its id stays its own
+    return index
 
 
 def vectorize(graph: Graph) -> Program:
@@ -84,6 +98,7 @@ def vectorize(graph: Graph) -> Program:
     fact_shapes = {layer.name: tuple(layer.values.shape) for layer in graph.layers if isinstance(layer, FactLayer)}
     rw = Rewriter(Program((), {}, graph.weights, "", fact_shapes))
     values: list[Node] = []  # the value node of each graph layer
+    compacted: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # id(ordinal) -> (ordinal, its stored index)
     weight_stacks: dict[tuple, tuple[Node, np.ndarray]] = {}  # shape -> (WEIGHTS node, weight -> row)
     weight_shapes = [w.shape for w in graph.weights]
 
@@ -141,7 +156,7 @@ def vectorize(graph: Graph) -> Program:
             local = np.full(index, -1, dtype=np.int64)
             local[used] = np.arange(used.size)
             x = _concat_index(rw, f"{tag}_x", [values[i] for i in used], lambda rows: local[g_src[rows]], g_ordinal,
-                              name)
+                              name, compacted)
             if w_cls < 0:
                 products.append(x)
                 continue

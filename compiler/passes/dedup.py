@@ -720,16 +720,25 @@ def _drop_unused_rows(editor: Rewriter, planner: RowPlanner, ids: RowIds) -> Non
     reading becomes unused upstream in the same sweep)."""
     computed = (Op.REDUCE, Op.ADD, Op.TRANSFORM, Op.LINEAR)
     candidates = [n.name for n in editor.program.nodes if n.op in computed]
+    # Indices found to read every row of a node (by row count): layers that share one stored index (the
+    # vectorizer's ``_compacted``: a GCN's 62M edges at products-like) are checked once, not once each.
+    reading_all: dict[int, list[np.ndarray]] = {}
     for name in reversed(candidates):
         if not editor.is_live(name) or editor.output == name:
             continue
         readers = editor.readers(name)
         if not readers or any(editor.nodes[r].op is not Op.GATHER for r in readers):
             continue
-        read = np.zeros(editor.nodes[name].count, dtype=bool)
-        for r in readers:
-            read[editor.index(editor.nodes[r])] = True
+        count = editor.nodes[name].count
+        indices = [editor.index(editor.nodes[r]) for r in readers]
+        if any(index is known for index in indices for known in reading_all.get(count, ())):
+            continue
+        read = np.zeros(count, dtype=bool)
+        for index in indices:
+            read[index] = True
         if read.all():
+            if len(indices) == 1:
+                reading_all.setdefault(count, []).append(indices[0])
             continue
         used = np.flatnonzero(read)
         inverse = np.cumsum(read) - 1

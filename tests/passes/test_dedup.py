@@ -6,7 +6,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import neurovec
-from neurovec.compiler.ir import Op, Program
+from neurovec.compiler.ir import Op, Program, read_only
 from neurovec.compiler.passes.dedup import dedup_aggregations, dedup_linear
 from neurovec.compiler.settings import Settings
 from neurovec.engines.torch_module import CompiledModule
@@ -151,6 +151,31 @@ def test_unread_rows_are_dropped():
     after = dedup_aggregations(before, SETTINGS)
     assert after.node("conv").count == 2 and after.node("conv_agg").count == 2
     assert after.node("lin_agg").count == 2  # upstream rows only the dropped ones read go too
+    assert_same_function(before, after)
+
+
+def test_an_index_reads_every_row_only_where_it_alone_does():
+    """_drop_unused_rows checks an index shared by several nodes (one stored array: the vectorizer's
+    ``_compacted``) once. Node a is read in full by two gathers together; node b, as long, by one of
+    them only: b's unread rows still go (an index that reads every row together with another is not
+    taken for one that does alone)."""
+    b = Builder()
+    b.fact("y", 2 * np.eye(4))
+    b.gather("gb", "y", [0, 1, 2, 3])
+    b.transform("b", "gb", "tanh")  # first in the program: the sweep (latest first) meets a before b
+    b.fact("x", np.eye(4))
+    b.gather("ga", "x", [0, 1, 2, 3])
+    b.transform("a", "ga", "relu")
+    b.gather("a_lo", "a", [0, 1])
+    b.gather("a_hi", "a", [2, 3])
+    b.gather("b_lo", "b", [0, 1])
+    shared = read_only(np.array([0, 1], np.int32))  # stored as it is: one array object for both gathers
+    b.constants["i_a_lo"] = b.constants["i_b_lo"] = shared
+    b.concat("out", "a_lo", "a_hi", "b_lo")
+    before = b.build("out")
+    assert before.constants["i_a_lo"] is before.constants["i_b_lo"]
+    after = dedup_aggregations(before, SETTINGS)
+    assert after.node("a").count == 4 and after.node("b").count == 2
     assert_same_function(before, after)
 
 
