@@ -155,8 +155,9 @@ def vectorize(graph: Graph) -> Program:
                 used = np.flatnonzero(np.bincount(g_src, minlength=index))
             local = np.full(index, -1, dtype=np.int64)
             local[used] = np.arange(used.size)
+            # (only the graph's own arrays are remembered: a group's rows are a temporary, not kept alive)
             x = _concat_index(rw, f"{tag}_x", [values[i] for i in used], lambda rows: local[g_src[rows]], g_ordinal,
-                              name, compacted)
+                              name, compacted if g_ordinal is ordinal else None)
             if w_cls < 0:
                 products.append(x)
                 continue
