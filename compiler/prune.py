@@ -34,12 +34,26 @@ def reachable(graph: Graph) -> list[np.ndarray]:
     start = np.concatenate([[0], np.cumsum(sizes)])
     used = np.zeros(int(start[-1]), dtype=bool)
     used[start[graph.output_layer] + graph.output_ordinal] = True
+    rows_of: dict[int, tuple[np.ndarray, int, np.ndarray]] = {}  # id(ordinals) -> (ordinals, size, rows they read)
     for index in range(len(graph.layers) - 1, -1, -1):
         layer = graph.layers[index]
         if isinstance(layer, FactLayer):
             continue
         mine = used[start[index]:start[index + 1]]
         if not mine.any():
+            continue
+        if mine.all() and layer.n_edges and layer.input_layer.min() == layer.input_layer.max():
+            # Every neuron used, one input layer: the rows its ordinals read, kept for the next layer that reads a
+            # layer as long through the same array (a GCN's layers share their edges: 62M at products-like).
+            source = int(layer.input_layer[0])
+            size = int(sizes[source])
+            known = rows_of.get(id(layer.input_ordinal))
+            if known is None or known[0] is not layer.input_ordinal or known[1] != size:
+                read_rows = np.zeros(size, dtype=bool)
+                for lo in range(0, layer.n_edges, CHUNK):  # NOTE: [chunks] in compiler/grouping.py
+                    read_rows[layer.input_ordinal[lo:lo + CHUNK]] = True
+                known = rows_of[id(layer.input_ordinal)] = (layer.input_ordinal, size, read_rows)
+            used[start[source]:start[source + 1]] |= known[2]
             continue
         read = None if mine.all() else np.repeat(mine, layer.counts)  # the edges of used neurons
         # A chunk of edges at a time: the positions of all 20M edges of a 100x PROTEINS layer at

@@ -102,3 +102,23 @@ def test_pruning_keeps_the_reference_values_and_gradients(graph):
             assert pruned_grads[name] is None
         else:
             torch.testing.assert_close(pruned_grads[name], grad, rtol=0, atol=0, equal_nan=True)
+
+
+def test_layers_reading_through_one_array_mark_the_rows_it_reads():
+    """reachable() remembers the rows that an ordinal array shared by several layers reads (a GCN's layers
+    share their edges), per length of the layer read: two fully used layers reading through one array that
+    reads rows 0 and 2 mark rows 0 and 2 of each source, no more; a source of another length is marked by
+    its own reading of the array."""
+    shared = np.array([0, 0, 2, 2], dtype=np.int64)
+    for other_size in (4, 5):
+        graph = Graph(
+            layers=[FactLayer("f0", np.arange(8.0).reshape(4, 2)),
+                    FactLayer("f1", np.arange(2.0 * other_size).reshape(other_size, 2)),
+                    NeuronLayer("a", np.ones(4, np.int64), np.zeros(4, np.int64), shared, copy=False),
+                    NeuronLayer("b", np.ones(4, np.int64), np.ones(4, np.int64), shared, copy=False)],
+            weights=[], output_layer=[2, 2, 2, 2, 3, 3, 3, 3], output_ordinal=[0, 1, 2, 3, 0, 1, 2, 3])
+        assert graph.layers[2].input_ordinal is graph.layers[3].input_ordinal
+        masks = reachable(graph)
+        assert masks[0].tolist() == [True, False, True, False]
+        assert masks[1].tolist() == [True, False, True, False] + [False] * (other_size - 4)
+        assert masks[2].all() and masks[3].all()
