@@ -74,9 +74,9 @@ def _concat_index(rw: Rewriter, base: str, sources: list[Node], which, ordinal: 
 def _compacted(ordinal: np.ndarray, compacted: dict | None) -> np.ndarray:
     """``compact_index(ordinal)`` (int32 at once: no edge-sized int64 copy first), read-only, and a
     copy where that is the graph's own array (the program's stays its own). Made once per array of
-    the graph: layers that read the same edges (a GCN's or SAGE's, whose layers share their edge
-    arrays) store one index, so that products-like keeps one 62M-edge index, not one per layer, and
-    the passes see that they are the same by identity."""
+    the graph: layers that read the same edges through one array (a GCN's: the template shares it)
+    store one index, so that products-like keeps one 62M-edge index, not one per layer, and the
+    passes see that they are the same by identity."""
     if compacted is not None and id(ordinal) in compacted and compacted[id(ordinal)][0] is ordinal:
         return compacted[id(ordinal)][1]
     index = compact_index(ordinal)
