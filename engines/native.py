@@ -121,11 +121,14 @@ def fold_sums(facts, index, coef, counts):
         return None
     import numpy as np  # noqa: PLC0415 - only the compiler's folds call this
 
+    from ..memory import table_on_huge_pages  # noqa: PLC0415
+
     facts = np.ascontiguousarray(facts, dtype=np.float64)
     x = facts.reshape(facts.shape[0], int(np.prod(facts.shape[1:], dtype=np.int64)))
     # Every fact a float32 (real features often are): the kernel reads half the bytes. Compared a block
     # of rows at a time (no table-sized mask; a table that is not stops at its first block that differs).
-    narrow = x.astype(np.float32)
+    narrow = table_on_huge_pages(x.shape, np.float32)  # read by rows at random (see its docstring)
+    np.copyto(narrow, x, casting="same_kind")
     step = max(1, (1 << 20) // max(x.shape[1], 1))
     if all(np.array_equal(narrow[lo:lo + step], x[lo:lo + step]) for lo in range(0, x.shape[0], step)):
         x = narrow

@@ -182,3 +182,67 @@ def test_a_process_that_chose_numpys_huge_pages_keeps_its_choice(monkeypatch):
     monkeypatch.delenv("NUMPY_MADVISE_HUGEPAGE")
     from numpy._core import multiarray
     assert memory._numpy_huge_page_switch() is getattr(multiarray, "_set_madvise_hugepage", None)
+
+
+def _vm_flags(address: int) -> list[str]:
+    """The VmFlags of the mapping of this process that holds ``address`` (/proc/self/smaps)."""
+    inside = False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                start, end = (int(x, 16) for x in head.split("-"))
+                inside = start <= address < end
+            elif inside and head == "VmFlags:":
+                return line.split()[1:]
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
+def _transparent_huge_pages() -> bool:
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            return "[never]" not in f.read()
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(memory._LIBC is None or not _transparent_huge_pages(),
+                    reason="needs glibc and Linux's transparent huge pages")
+def test_a_large_table_is_advised_huge_pages_and_keeps_what_is_written():
+    import numpy as np
+    with reusing_freed_memory():
+        garbage = np.full(2**23, 7.0)  # heap pages faulted in (small) with values in them
+        del garbage
+        table = memory.table_on_huge_pages((2**22, 2), np.float64)  # 64 MB
+        assert table.shape == (2**22, 2) and table.dtype == np.float64 and table.flags.c_contiguous
+        inner = table.ctypes.data + -table.ctypes.data % (2 << 20)
+        assert "hg" in _vm_flags(inner)
+        table[:] = np.arange(table.size, dtype=np.float64).reshape(table.shape)
+        assert np.array_equal(table.reshape(-1), np.arange(table.size, dtype=np.float64))
+
+
+def test_the_advice_covers_only_whole_huge_pages_within_the_table(monkeypatch):
+    import numpy as np
+
+    calls = []
+
+    class Libc:  # records madvise; malloc's own functions are not needed here
+        def madvise(self, address, length, advice):
+            calls.append((address, length, advice))
+            return 0
+
+    monkeypatch.setattr(memory, "_LIBC", Libc())
+    assert memory.table_on_huge_pages((1000,), np.float64).shape == (1000,)  # small: no advice
+    assert calls == []
+    for rows in (2**22 + 3, 2**22):
+        calls.clear()
+        table = memory.table_on_huge_pages((rows, 1), np.float64)
+        start, end = table.ctypes.data, table.ctypes.data + table.nbytes
+        assert [advice for _, _, advice in calls] == [memory._MADV_DONTNEED, memory._MADV_HUGEPAGE]
+        for address, length, _ in calls:
+            assert address % (2 << 20) == 0 and length % (2 << 20) == 0 and length > 0
+            assert start <= address and address + length <= end
+            assert address - start < 2 << 20 and end - (address + length) < 2 << 20  # every whole page in it
+    monkeypatch.setattr(memory, "_LIBC", None)  # elsewhere than glibc: np.empty, no advice
+    calls.clear()
+    assert memory.table_on_huge_pages((2**23,), np.float64).size == 2**23 and calls == []

@@ -226,3 +226,14 @@ def test_csr_transpose_is_the_same_on_any_number_of_threads(threads):
     assert np.array_equal(t_ptr.numpy(), expected[0]) and np.array_equal(t_col.numpy(), expected[1])
     assert np.array_equal(t_perm.numpy(), expected[2])
     assert torch.equal(t_values, values[torch.from_numpy(expected[2])])
+
+
+def test_a_table_large_enough_for_huge_pages_gives_the_same_sums():
+    # 48 MB of float32 facts (native.fold_sums copies them to huge pages: neurovec.memory)
+    rng = np.random.default_rng(5)
+    facts = rng.integers(-1000, 1000, (2**17, 96)).astype(np.float64) / 8
+    counts = rng.integers(0, 4, 2**14)
+    index = rng.integers(0, facts.shape[0], int(counts.sum()))
+    coef = rng.standard_normal(index.size)
+    assert np.array_equal(_bits(native.fold_sums(facts, index, coef, counts)),
+                          _bits(fc.sequential_sums(facts, index, coef, counts)))
