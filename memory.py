@@ -176,7 +176,8 @@ def table_on_huge_pages(shape, dtype) -> np.ndarray:
     Inside a compile the table comes from malloc's heap (:func:`reusing_freed_memory`), often from
     pages a freed temporary faulted in small. So the whole huge pages within the array are given
     back first (``MADV_DONTNEED``: the next write faults them in again, zeroed) and advised huge.
-    Once the table is freed they stay in the heap, huge, for the temporaries after it."""
+    Once the table is freed they stay in the heap, huge, for the temporaries after it. (The step
+    kernels' large outputs get the same advice in C++: ``engines/native_ops.cpp``'s ``empty_output``.)"""
     table = np.empty(shape, dtype)
     libc = _LIBC
     if libc is None or table.nbytes < _SMALL_TABLE:
