@@ -158,7 +158,6 @@ def reusing_freed_memory():
                     _HUGE_PAGES(_huge_pages_before)
 
 
-
 _HUGE_PAGE = 2 << 20
 _SMALL_TABLE = 32 << 20  # the TLB's small pages cover a few MB; 32 MB is far past them
 _MADV_DONTNEED, _MADV_HUGEPAGE = 4, 14  # madvise(2), Linux

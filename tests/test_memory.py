@@ -10,6 +10,8 @@ import pytest
 from neurovec import memory
 from neurovec.memory import reusing_freed_memory
 
+from .test_native import THP_AVAILABLE, vm_flags
+
 glibc_only = pytest.mark.skipif(memory._LIBC is None, reason="needs glibc's mallopt")
 
 
@@ -184,29 +186,8 @@ def test_a_process_that_chose_numpys_huge_pages_keeps_its_choice(monkeypatch):
     assert memory._numpy_huge_page_switch() is getattr(multiarray, "_set_madvise_hugepage", None)
 
 
-def _vm_flags(address: int) -> list[str]:
-    """The VmFlags of the mapping of this process that holds ``address`` (/proc/self/smaps)."""
-    inside = False
-    with open("/proc/self/smaps") as smaps:
-        for line in smaps:
-            head = line.split()[0]
-            if "-" in head and not head.endswith(":"):
-                start, end = (int(x, 16) for x in head.split("-"))
-                inside = start <= address < end
-            elif inside and head == "VmFlags:":
-                return line.split()[1:]
-    raise AssertionError(f"no mapping holds {address:#x}")
 
-
-def _transparent_huge_pages() -> bool:
-    try:
-        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
-            return "[never]" not in f.read()
-    except OSError:
-        return False
-
-
-@pytest.mark.skipif(memory._LIBC is None or not _transparent_huge_pages(),
+@pytest.mark.skipif(memory._LIBC is None or not THP_AVAILABLE,
                     reason="needs glibc and Linux's transparent huge pages")
 def test_a_large_table_is_advised_huge_pages_and_keeps_what_is_written():
     import numpy as np
@@ -216,7 +197,7 @@ def test_a_large_table_is_advised_huge_pages_and_keeps_what_is_written():
         table = memory.table_on_huge_pages((2**22, 2), np.float64)  # 64 MB
         assert table.shape == (2**22, 2) and table.dtype == np.float64 and table.flags.c_contiguous
         inner = table.ctypes.data + -table.ctypes.data % (2 << 20)
-        assert "hg" in _vm_flags(inner)
+        assert "hg" in vm_flags(inner)
         table[:] = np.arange(table.size, dtype=np.float64).reshape(table.shape)
         assert np.array_equal(table.reshape(-1), np.arange(table.size, dtype=np.float64))
 

@@ -469,7 +469,7 @@ def test_operators_record_one_cpp_node(reduce, index_dtype):
     assert torch.autograd.gradgradcheck(fn, (x,))
 
 
-def _vm_flags(address: int) -> list[str] | None:
+def vm_flags(address: int) -> list[str] | None:
     """The VmFlags of this process's mapping that holds ``address`` (/proc/self/smaps), None if none does."""
     inside = False
     for line in Path("/proc/self/smaps").read_text().splitlines():
@@ -483,10 +483,11 @@ def _vm_flags(address: int) -> list[str] | None:
 
 
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+THP_AVAILABLE = THP.exists() and "[never]" not in THP.read_text()  # Linux's transparent huge pages, on advice or always
 
 
 @needs_native
-@pytest.mark.skipif(not THP.exists() or "[never]" in THP.read_text(), reason="no transparent huge pages here")
+@pytest.mark.skipif(not THP_AVAILABLE, reason="no transparent huge pages here")
 def test_large_outputs_ask_for_huge_pages():
     """A large output of the C++ kernels (here a 1-entry-per-segment sum, 10 MiB, and its backward's gradient)
     is madvised for transparent huge pages before it is written (NOTE: [huge pages for large outputs] in
@@ -498,6 +499,6 @@ def test_large_outputs_ask_for_huge_pages():
     y = ops.gather_sum(x, ptr, col, None, ptr, col, None)
     y.backward(torch.ones_like(y))
     for tensor in (y, x.grad):
-        assert "hg" in _vm_flags(tensor.data_ptr() + tensor.numel() * tensor.element_size() // 2)
+        assert "hg" in vm_flags(tensor.data_ptr() + tensor.numel() * tensor.element_size() // 2)
     assert torch.equal(y.detach(), x.detach())
     assert torch.equal(x.grad, torch.ones_like(x))
