@@ -44,6 +44,10 @@ class TorchBackend:
                         counts: np.ndarray) -> np.ndarray | None:
         return native.fold_sums(facts, index, coef, counts)
 
+    def gathered_wrapping_sums(self, words: np.ndarray, index: np.ndarray, counts: np.ndarray
+                               ) -> np.ndarray | None:
+        return native.gathered_wrapping_sums(words, index, counts)
+
     def gathers_as_sum(self, count: int, feature_size: int, needs_grad: bool) -> bool:
         return kernels.choose_gather_kernel(count, feature_size, needs_grad, native_kernels=True) == "sparse_mm"
 

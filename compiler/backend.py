@@ -7,6 +7,8 @@ need them:
 * ``fold_constants`` computes constant values by running the program itself (``evaluate``), so
   that they are exactly what the module would compute, and the folded sums of gathered facts from
   the engine's fold kernel where it has one (``sequential_sums``, optional);
+* ``grouping`` adds up the multiset hashes of dedup's labelling with the engine's kernel where it
+  has one (``gathered_wrapping_sums``, optional);
 * ``choose_kernels`` shapes reductions for the engine's kernels: whether a sum after a gather is
   one fused sparse sum (``fuses_gather``), and whether a large gather with a backward is better run
   as a sparse sum of one row per segment (``gathers_as_sum``). Which kernel then runs a reduction
@@ -22,7 +24,7 @@ import numpy as np
 
 from .ir import Program
 
-__all__ = ["Backend", "register", "current"]
+__all__ = ["Backend", "register", "current", "optional"]
 
 
 class Backend(Protocol):
@@ -43,6 +45,12 @@ class Backend(Protocol):
         (float64, one row per segment), or None where the engine cannot compute them now; the pass asks
         for it with ``getattr`` and computes them itself without it."""
 
+    def gathered_wrapping_sums(self, words: np.ndarray, index: np.ndarray, counts: np.ndarray
+                               ) -> np.ndarray | None:
+        """Optional: per segment (``counts[j]`` consecutive entries), the sum modulo 2**64 of
+        ``words[index[e]]`` (uint64), or None where the engine cannot compute them now
+        (``grouping._multiset_hashes`` asks with ``optional`` and adds them up itself without it)."""
+
 
 _registered: list[Backend] = []
 
@@ -58,3 +66,8 @@ def current() -> Backend:
                            "neurovec.compiling module registers the torch engine), or call "
                            "neurovec.compiler.backend.register(...)")
     return _registered[0]
+
+
+def optional(name: str):
+    """The registered engine's method ``name``, or None where no engine is registered or it has none."""
+    return getattr(_registered[0], name, None) if _registered else None

@@ -35,6 +35,7 @@ import math
 import numpy as np
 
 from ..sources.relational import joins
+from . import backend
 
 __all__ = ["row_dtype", "equal_arrays", "first_rows", "first_rows_in_segments", "first_equal_rows",
            "first_equal_multisets", "representatives", "key_representatives",
@@ -370,14 +371,27 @@ def _multiset_hashes(labels: np.ndarray, counts: np.ndarray, rows: np.ndarray | 
 
     With ``rows``, the segments' labels are ``labels[rows]``: each label is mixed once and the mixed
     values are gathered (at products-like, 2.45M labels read by 62M edges: the edges' labels are
-    never made, nor mixed one by one). The sums are the same either way.
+    never made, nor mixed one by one), by the engine's kernel where it has one
+    (``Backend.gathered_wrapping_sums``: the torch engine's C++, one pass, 0.6 s against numpy's
+    1.7 s there). The sums are the same either way: integer sums wrap alike in any order."""
+    mixed_labels = None if rows is None else _mix_in_place(labels.astype(np.uint64))
+    kernel = backend.optional("gathered_wrapping_sums") if rows is not None else None
+    sums = kernel(mixed_labels, rows, counts) if kernel else None
+    if sums is None:
+        sums = _wrapping_sums(labels, counts, rows, mixed_labels)
+    with np.errstate(over="ignore"):
+        sums ^= _mix_in_place(counts.astype(np.uint64) + np.uint64(0x51ED))
+        return _mix_in_place(sums)
 
-    The labels are mixed and summed a run of whole segments at a time (about ``CHUNK`` labels;
-    NOTE: [chunks]): no mixed copy of all of them."""
+
+def _wrapping_sums(labels: np.ndarray, counts: np.ndarray, rows: np.ndarray | None,
+                   mixed_labels: np.ndarray | None) -> np.ndarray:
+    """``_multiset_hashes``' sums in numpy: the labels mixed (or the mixed labels gathered) and
+    summed a run of whole segments at a time (about ``CHUNK`` labels; NOTE: [chunks]): no mixed
+    copy of all of them."""
     n = counts.size
     sums = np.zeros(n, np.uint64)
     size = (labels if rows is None else rows).size
-    mixed_labels = None if rows is None else _mix_in_place(labels.astype(np.uint64))
     if size:
         ends = np.cumsum(counts)
         starts = ends - counts
@@ -393,9 +407,7 @@ def _multiset_hashes(labels: np.ndarray, counts: np.ndarray, rows: np.ndarray | 
                          else mixed_labels[rows[lo:hi]])
                 with np.errstate(over="ignore"):
                     sums[s0 + nonempty] = np.add.reduceat(mixed, starts[s0 + nonempty] - lo)
-    with np.errstate(over="ignore"):
-        sums ^= _mix_in_place(counts.astype(np.uint64) + np.uint64(0x51ED))
-        return _mix_in_place(sums)
+    return sums
 
 
 def _sorted_segments(labels: np.ndarray, starts: np.ndarray, counts: np.ndarray, rows: np.ndarray,

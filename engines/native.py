@@ -8,9 +8,10 @@ materialising per-edge rows, on as many threads as ``torch.get_num_threads()``
 ``torch.ops.neurovec_cpu.*``: four kernels without autograd, which programs call
 under ``torch.compile`` (their fake kernels are registered here), and three with
 their autograd in C++, which programs call eagerly (see ``native_ops.cpp`` and
-``engines/ops.py``). Another, ``fold_sums`` (``native_fold.cpp``, called through :func:`fold_sums`), is the
-compiler's: the folded sums of ``fold_constants``, bit for bit those of its numpy path (built with
-floating-point contraction off).
+``engines/ops.py``). Three more (``native_fold.cpp``) are the compile's: :func:`fold_sums`, the folded
+sums of ``fold_constants``, bit for bit those of its numpy path (built with floating-point contraction
+off); :func:`csr_transpose`, the modules' A^T; and :func:`gathered_wrapping_sums`, the multiset
+hashes of dedup's labelling.
 
 Build: :func:`operators` (or :func:`available`) builds the sources (:data:`SOURCES`) on first use with
 ``torch.utils.cpp_extension`` (the system C++ compiler, ``$CXX`` else ``c++``, and ninja;
@@ -44,7 +45,7 @@ from pathlib import Path
 import torch
 
 __all__ = ["operators", "available", "enabled", "set_enabled", "disabled", "build_info", "cache_dir", "SOURCE", "SOURCES",
-           "fold_sums"]
+           "fold_sums", "gathered_wrapping_sums"]
 
 log = logging.getLogger(__name__)
 
@@ -173,6 +174,34 @@ def csr_transpose(index, ptr, n_sources: int, values=None, index_dtype=torch.int
             raise ValueError(str(error).splitlines()[0]) from None
         raise
     return t_ptr, t_col, t_perm, (t_values if values is not None else None)
+
+
+def gathered_wrapping_sums(words, index, counts):
+    """Per segment ``j`` (``counts[j]`` consecutive entries): the sum modulo 2**64 of ``words[index[e]]``
+    over its entries (uint64 numpy; ``words`` uint64, ``index`` int32 or int64), in C++
+    (``native_fold.cpp``), split over torch's threads by segments: the multiset hashes of
+    ``compiler/grouping.py``. None where the kernels are switched off or not built: the caller adds
+    them up itself. Raises ``ValueError`` for an index outside ``words``."""
+    ops = operators()
+    if ops is None:
+        return None
+    import numpy as np  # noqa: PLC0415 - only the compiler's labelling calls this
+
+    ptr = np.zeros(len(counts) + 1, dtype=np.int64)
+    np.cumsum(counts, out=ptr[1:])
+    index = np.ascontiguousarray(index)
+    if index.dtype not in (np.int32, np.int64) or ptr[-1] != index.size:
+        raise ValueError(f"gathered_wrapping_sums: {index.size} entries of {index.dtype}, for counts adding up to {int(ptr[-1])}")
+    words = np.ascontiguousarray(words, dtype=np.uint64).view(np.int64)
+    with warnings.catch_warnings():  # read-only arrays: torch warns, and nothing here writes them
+        warnings.simplefilter("ignore", UserWarning)
+        tensors = [torch.from_numpy(a) for a in (words, index, ptr)]
+    try:
+        return ops.gathered_wrapping_sums(*tensors).numpy().view(np.uint64)
+    except RuntimeError as error:
+        if "gathered_wrapping_sums:" in str(error):
+            raise ValueError(str(error).splitlines()[0]) from None
+        raise
 
 
 def cache_dir() -> Path:

@@ -237,3 +237,62 @@ def test_a_table_large_enough_for_huge_pages_gives_the_same_sums():
     coef = rng.standard_normal(index.size)
     assert np.array_equal(_bits(native.fold_sums(facts, index, coef, counts)),
                           _bits(fc.sequential_sums(facts, index, coef, counts)))
+
+
+def _numpy_wrapping_sums(words, index, counts):
+    from neurovec.compiler import grouping
+
+    return grouping._wrapping_sums(None, counts, index, words)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("index_dtype", [np.int32, np.int64])
+def test_gathered_wrapping_sums_are_numpys_on_any_number_of_threads(threads, index_dtype):
+    """dedup's multiset hashes add up words[index[e]] per segment modulo 2**64: the C++ kernel gives numpy's
+    sums bit for bit, with empty segments, sums that wrap, and above 65,536 entries split over threads."""
+    rng = np.random.default_rng(threads)
+    counts = rng.integers(0, 30, 9000)
+    counts[:7] = 0
+    words = rng.integers(0, 2**64, 5000, dtype=np.uint64)  # most sums of two or more wrap
+    index = rng.integers(0, words.size, int(counts.sum())).astype(index_dtype)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        sums = native.gathered_wrapping_sums(words, index, counts)
+    finally:
+        torch.set_num_threads(before)
+    assert index.size > 65_536 and sums.dtype == np.uint64
+    assert np.array_equal(sums, _numpy_wrapping_sums(words, index, counts))
+    assert sums[:7].tolist() == [0] * 7
+
+
+def test_gathered_wrapping_sums_refuse_bad_input():
+    words = np.arange(4, dtype=np.uint64)
+    with pytest.raises(ValueError, match="an index is outside the 4 labels"):
+        native.gathered_wrapping_sums(words, np.array([0, 4], np.int32), np.array([2]))
+    with pytest.raises(ValueError, match="an index is outside the 4 labels"):
+        native.gathered_wrapping_sums(words, np.array([-1, 0]), np.array([1, 1]))
+    with pytest.raises(ValueError, match="counts adding up to 3"):
+        native.gathered_wrapping_sums(words, np.array([0, 1]), np.array([1, 2]))
+
+
+def test_multiset_hashes_take_the_engine_sums_where_offered(monkeypatch):
+    """grouping._multiset_hashes of gathered labels asks the engine (Backend.gathered_wrapping_sums) and hashes
+    what it returns; without it (None) numpy adds them up: the same hashes."""
+    from neurovec.compiler import grouping
+
+    calls = []
+
+    def kernel(words, index, counts):
+        calls.append(index.size)
+        return native.gathered_wrapping_sums(words, index, counts)
+
+    rng = np.random.default_rng(5)
+    labels, counts = rng.integers(0, 50, 300), rng.integers(0, 6, 1000)
+    rows = rng.integers(0, labels.size, int(counts.sum()))
+    monkeypatch.setattr(backend, "optional", lambda name: kernel if name == "gathered_wrapping_sums" else None)
+    offered = grouping._multiset_hashes(labels, counts, rows)
+    assert calls == [rows.size]
+    monkeypatch.setattr(backend, "optional", lambda name: None)
+    assert np.array_equal(offered, grouping._multiset_hashes(labels, counts, rows))
+    assert np.array_equal(offered, grouping._multiset_hashes(labels[rows], counts))
