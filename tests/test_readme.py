@@ -189,3 +189,16 @@ def test_semantics_section_matches_the_docs_and_runs():
     assert readme.group(1).strip() == docs.group(1).strip()
     code = re.search(r"```python\n(.*?)```", readme.group(1), re.S).group(1)
     exec(compile(code, "README.md (NeuraLogic semantics for PyG users)", "exec"), {})
+
+
+#: A repository path in backticks: a top-level folder of the package, then a file.
+_PATH = re.compile(r"`((?:compiler|engines|sources|datasets|benchmarks|tests|examples|docs)/[\w./-]+\.(?:py|cpp|h|md|json|sh))`")
+
+
+@pytest.mark.parametrize("doc", ["README.md"] + sorted(p.name for p in (ROOT / "docs").glob("*.md")))
+def test_files_the_docs_name_exist(doc):
+    """A file named in README.md or docs/ (as `engines/native_ops.cpp`) is in the repository: README.md named
+    engines/native_kernels.h for months after it was folded into native_ops.cpp."""
+    text = (README if doc == "README.md" else ROOT / "docs" / doc).read_text()
+    missing = sorted({m for m in _PATH.findall(text) if not (ROOT / m).exists()})
+    assert not missing, f"{doc} names files that do not exist: {missing}"
