@@ -29,6 +29,31 @@ def test_second_import_under_the_checkout_directory_name():
     assert result.returncode == 0, result.stderr[-2000:]
 
 
+def test_submodules_of_neurovec_relational_import_by_that_name():
+    """README.md names ``neurovec.relational.models``: ``import neurovec.relational.models`` (in a fresh process,
+    where nothing imported it yet) gives the one module ``neurovec.sources.relational.models``, its spec its own;
+    it failed with "No module named 'neurovec.graph'" while Python loaded the file a second time."""
+    code = textwrap.dedent("""
+        import importlib, sys
+        import neurovec.relational.models as models
+        import neurovec.relational.joins
+        from neurovec.relational.models import gcn
+        assert models is sys.modules["neurovec.sources.relational.models"], models
+        assert models.__name__ == models.__spec__.name == "neurovec.sources.relational.models"
+        assert neurovec.relational.joins is sys.modules["neurovec.sources.relational.joins"]
+        importlib.reload(models)
+        try:
+            import neurovec.relational.no_such_module
+        except ModuleNotFoundError as error:
+            assert "no_such_module" in str(error), error
+        else:
+            raise AssertionError("imported a module that does not exist")
+    """)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            cwd=Path(neurovec.__file__).parent.parent)
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
 def _module_imports(folder: Path) -> dict:
     """Each module of ``folder`` -> the sibling modules it imports (relative imports anywhere in it, lazy ones too)."""
     import ast
