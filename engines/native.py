@@ -135,8 +135,7 @@ def fold_sums(facts, index, coef, counts):
         x = narrow
     del narrow
     counts = np.asarray(counts, dtype=np.int64)
-    ptr = np.zeros(counts.size + 1, dtype=np.int64)
-    np.cumsum(counts, out=ptr[1:])
+    ptr = _segment_bounds(counts)
     index = np.asarray(index)
     if index.dtype not in (np.int32, np.int64):
         index = index.astype(np.int64)
@@ -149,10 +148,8 @@ def fold_sums(facts, index, coef, counts):
         coef = np.ascontiguousarray(coef, dtype=np.float64).reshape(-1)
         if coef.size != index.size:
             raise ValueError(f"fold_sums: {coef.size} coefficients for {index.size} entries")
-    with warnings.catch_warnings():  # read-only constants: torch warns, and nothing here writes them
-        warnings.simplefilter("ignore", UserWarning)
-        tensors = [torch.from_numpy(a) for a in (x, index, ptr)] + [None if coef is None else torch.from_numpy(coef)]
-    return ops.fold_sums(tensors[0], tensors[1], tensors[3], tensors[2]).numpy()
+    x, index, coef, ptr = _tensors(x, index, coef, ptr)
+    return ops.fold_sums(x, index, coef, ptr).numpy()
 
 
 def csr_transpose(index, ptr, n_sources: int, values=None, index_dtype=torch.int64):
@@ -167,12 +164,8 @@ def csr_transpose(index, ptr, n_sources: int, values=None, index_dtype=torch.int
     ops = operators()
     if ops is None:
         return None
-    try:
+    with _refusals_as_value_errors("csr_transpose"):
         t_ptr, t_col, t_perm, t_values = ops.csr_transpose(index, ptr, int(n_sources), values, index_dtype)
-    except RuntimeError as error:
-        if "csr_transpose:" in str(error):
-            raise ValueError(str(error).splitlines()[0]) from None
-        raise
     return t_ptr, t_col, t_perm, (t_values if values is not None else None)
 
 
@@ -187,19 +180,40 @@ def gathered_wrapping_sums(words, index, counts):
         return None
     import numpy as np  # noqa: PLC0415 - only the compiler's labelling calls this
 
-    ptr = np.zeros(len(counts) + 1, dtype=np.int64)
-    np.cumsum(counts, out=ptr[1:])
+    ptr = _segment_bounds(counts)
     index = np.ascontiguousarray(index)
     if index.dtype not in (np.int32, np.int64) or ptr[-1] != index.size:
         raise ValueError(f"gathered_wrapping_sums: {index.size} entries of {index.dtype}, for counts adding up to {int(ptr[-1])}")
     words = np.ascontiguousarray(words, dtype=np.uint64).view(np.int64)
-    with warnings.catch_warnings():  # read-only arrays: torch warns, and nothing here writes them
+    with _refusals_as_value_errors("gathered_wrapping_sums"):
+        return ops.gathered_wrapping_sums(*_tensors(words, index, ptr)).numpy().view(np.uint64)
+
+
+def _segment_bounds(counts):
+    """``ptr`` (int64 numpy) of segments of ``counts`` entries each: segment ``j`` owns ``ptr[j]:ptr[j + 1]``."""
+    import numpy as np  # noqa: PLC0415 - only the compile's kernels call this
+
+    ptr = np.zeros(len(counts) + 1, dtype=np.int64)
+    np.cumsum(counts, out=ptr[1:])
+    return ptr
+
+
+def _tensors(*arrays):
+    """Tensors sharing the numpy arrays' memory (None stays None). Read-only arrays (a program's constants)
+    make torch warn that tensors could write them; the kernels only read them."""
+    with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
-        tensors = [torch.from_numpy(a) for a in (words, index, ptr)]
+        return [None if a is None else torch.from_numpy(a) for a in arrays]
+
+
+@contextlib.contextmanager
+def _refusals_as_value_errors(op: str):
+    """A kernel's refusal of its input (a ``TORCH_CHECK`` whose message starts with ``op:``) as a ``ValueError``
+    with that first line; any other error as it is."""
     try:
-        return ops.gathered_wrapping_sums(*tensors).numpy().view(np.uint64)
+        yield
     except RuntimeError as error:
-        if "gathered_wrapping_sums:" in str(error):
+        if f"{op}:" in str(error):
             raise ValueError(str(error).splitlines()[0]) from None
         raise
 
