@@ -568,7 +568,7 @@ class _GatherSumCSR(torch.autograd.Function):
 
 
 def gather_segment_sum(x: torch.Tensor, ptr: torch.Tensor, index: torch.Tensor, seg_id: torch.Tensor,
-                       t_ptr: torch.Tensor, t_col: torch.Tensor, t_perm: torch.Tensor,
+                       t_ptr: torch.Tensor, t_col: torch.Tensor,
                        *, values: torch.Tensor | None = None,
                        t_values: torch.Tensor | None = None) -> torch.Tensor:
     """``y[j] = sum_{e in ptr[j]:ptr[j+1]} c[e] * x[index[e]]`` as one sparse CSR matmul.
@@ -580,19 +580,18 @@ def gather_segment_sum(x: torch.Tensor, ptr: torch.Tensor, index: torch.Tensor, 
         x: ``(N, *shape)`` source rows.
         ptr, index, seg_id: ``(S + 1,)``, ``(E,)``, ``(E,)`` -- the CSR of ``A`` (columns
             ``index``; int32 or int64, same dtype) and the segment of each edge.
-        t_ptr, t_col, t_perm: ``(N + 1,)``, ``(E,)``, ``(E,)`` -- the CSR of ``A^T`` (same
-            dtype as ``ptr``) and which edge each of its entries is (see
-            :meth:`GatherSum.from_index`).
+        t_ptr, t_col: ``(N + 1,)``, ``(E,)`` -- the CSR of ``A^T`` (same dtype as ``ptr``;
+            see :meth:`GatherSum.from_index`).
         values: optional ``(E,)`` constant per-edge scalars (no gradient), the CSR values
-            of ``A``; ``t_values = values[t_perm]`` are those of ``A^T`` (computed here
-            if not given). Without them every coefficient is 1.
+            of ``A``; ``t_values`` are those of ``A^T`` (:func:`transposed_values`,
+            computed here if not given). Without them every coefficient is 1.
     Returns:
         ``(S, *shape)``.
     """
     if values is not None and values.requires_grad:
         raise ValueError("values are constant per-edge coefficients (no gradient)")
     if values is not None and t_values is None:
-        t_values = values[t_perm]
+        t_values = transposed_values(ptr, index, t_ptr.numel() - 1, values)
     if ops.native_ok(x):  # the C++ operator
         return ops.gather_sum(x, ptr, index, values, t_ptr, t_col, t_values)
     if (torch.compiler.is_compiling() or (x.device.type == "cpu" and x.dtype not in _MKL_DTYPES)
@@ -607,21 +606,33 @@ def gather_segment_sum(x: torch.Tensor, ptr: torch.Tensor, index: torch.Tensor, 
     return _GatherSumCSR.apply(x, ptr, index, t_ptr, t_col, values, t_values)
 
 
+def transposed_values(ptr: torch.Tensor, index: torch.Tensor, n_sources: int, values: torch.Tensor) -> torch.Tensor:
+    """The per-edge ``values`` of the CSR ``(ptr, index)`` of ``A`` in the order of ``A^T``'s CSR: grouped by
+    source, each source's in their CSR order (a stable sort by ``index``), copied bit for bit."""
+    from . import native  # noqa: PLC0415 - the engine's C++ kernels, built on first use
+    device = values.device
+    ptr, index, values = ptr.cpu().long(), index.cpu(), values.cpu()
+    transposed = native.csr_transpose(index, ptr, n_sources, values, index.dtype, perm=False)
+    if transposed is not None:
+        return transposed[3].to(device)
+    return values[torch.sort(index, stable=True).indices].to(device)
+
+
 class GatherSum:
     """Precomputed CSR indices of a fused gather + segment sum (and of its transpose).
 
     Attributes (tensors): ``ptr`` ``(S+1,)``, ``index`` ``(E,)`` (the source row of
     each edge), ``t_ptr`` ``(N+1,)``, ``t_col`` ``(E,)`` -- int32 when they fit, for
-    the sparse matmuls -- and int64 ``seg_id`` ``(E,)``, ``t_perm`` ``(E,)``;
-    ``values`` / ``t_values`` ``(E,)`` the constant per-edge coefficients of ``A``
-    and ``A^T`` (floating point, or None for all ones); ``n_sources`` is ``N``.
+    the sparse matmuls -- and int64 ``seg_id`` ``(E,)``; ``values`` / ``t_values``
+    ``(E,)`` the constant per-edge coefficients of ``A`` and ``A^T`` (floating point,
+    or None for all ones); ``n_sources`` is ``N``.
     """
 
-    __slots__ = ("ptr", "index", "seg_id", "t_ptr", "t_col", "t_perm", "values", "t_values", "exact_values")
+    __slots__ = ("ptr", "index", "seg_id", "t_ptr", "t_col", "values", "t_values", "exact_values")
 
-    def __init__(self, ptr, index, seg_id, t_ptr, t_col, t_perm, values=None, t_values=None, exact_values=None):
+    def __init__(self, ptr, index, seg_id, t_ptr, t_col, values=None, t_values=None, exact_values=None):
         self.ptr, self.index, self.seg_id = ptr, index, seg_id
-        self.t_ptr, self.t_col, self.t_perm = t_ptr, t_col, t_perm
+        self.t_ptr, self.t_col = t_ptr, t_col
         self.values, self.t_values = values, t_values
         #: float64 numpy copy of ``values`` (None without), to re-create them exactly in another dtype.
         self.exact_values = exact_values
@@ -664,11 +675,11 @@ class GatherSum:
         # ptr / index / t_ptr / t_col only feed the sparse matmuls: int32 where it fits
         # (see _csr_index_dtype); seg_id / t_perm stay int64 for index_select.
         csr = np.int32 if _csr_index_dtype(max(idx.size, n_sources, 1)) == torch.int32 else np.int64
-        # A^T in CSR: edges grouped by source, each source's in their order (segments ascending), t_perm
-        # says which edge (hence which coef) each entry is: the permutation of a stable sort by source.
-        # The C++ kernels' counting sort (native.csr_transpose) places t_perm, t_col and t_values in one
-        # pass (products-like x 1/8: 0.2 s where the sort and the gathers after it took 1.7 s); without
-        # them, torch's stable sort of integers, a radix sort (4.5x numpy's stable argsort).
+        # A^T in CSR: edges grouped by source, each source's in their order (segments ascending): the
+        # permutation of a stable sort by source places t_col and t_values. The C++ kernels' counting sort
+        # (native.csr_transpose) places them without making that permutation (products-like x 1/8: 0.2 s
+        # where the sort and the gathers after it took 1.7 s); without them, torch's stable sort of
+        # integers, a radix sort (4.5x numpy's stable argsort).
         t = lambda a, dt=np.int64: shared_tensor(np.ascontiguousarray(a, dtype=dt)).to(device)  # noqa: E731
         vals = None
         if coefficients is not None:
@@ -680,9 +691,10 @@ class GatherSum:
         index_t = (shared_tensor(idx) if idx.dtype == csr and not idx.flags.writeable and idx.flags.c_contiguous
                    else torch.from_numpy(np.array(idx, dtype=csr)))
         from . import native  # noqa: PLC0415 - the engine's C++ kernels, built on first use
-        transposed = native.csr_transpose(index_t, ptr, n_sources, vals, torch.int32 if csr == np.int32 else torch.int64)
+        transposed = native.csr_transpose(index_t, ptr, n_sources, vals, torch.int32 if csr == np.int32 else torch.int64,
+                                          perm=False)
         if transposed is not None:
-            t_ptr, t_col, t_perm, t_vals = transposed
+            t_ptr, t_col, _, t_vals = transposed
         else:
             t_perm = torch.sort(index_t, stable=True).indices
             counts_t = np.zeros(n_sources + 1, dtype=np.int64)
@@ -691,7 +703,7 @@ class GatherSum:
             t_vals = None if vals is None else vals[t_perm]
         move = lambda a: None if a is None else a.to(device)  # noqa: E731
         return cls(t(ptr.numpy(), csr), index_t.to(device), seg.seg_id.to(device), move(t_ptr), move(t_col),
-                   move(t_perm), move(vals), move(t_vals), coefficients)
+                   move(vals), move(t_vals), coefficients)
 
     @property
     def n_sources(self) -> int:
@@ -705,7 +717,7 @@ class GatherSum:
         moved = (None if getattr(self, k) is None else getattr(self, k).to(device) for k in self._TENSORS)
         return GatherSum(*moved, exact_values=self.exact_values)
 
-    _TENSORS = ("ptr", "index", "seg_id", "t_ptr", "t_col", "t_perm", "values", "t_values")
+    _TENSORS = ("ptr", "index", "seg_id", "t_ptr", "t_col", "values", "t_values")
 
     def buffers(self) -> dict[str, torch.Tensor | None]:
         """Every tensor by name; ``values`` / ``t_values`` are None without coefficients."""
@@ -713,7 +725,7 @@ class GatherSum:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """:func:`gather_segment_sum` with these indices (and constant values, if any)."""
-        return gather_segment_sum(x, self.ptr, self.index, self.seg_id, self.t_ptr, self.t_col, self.t_perm,
+        return gather_segment_sum(x, self.ptr, self.index, self.seg_id, self.t_ptr, self.t_col,
                                   values=self.values, t_values=self.t_values)
 
     def __repr__(self) -> str:

@@ -152,21 +152,22 @@ def fold_sums(facts, index, coef, counts):
     return ops.fold_sums(x, index, coef, ptr).numpy()
 
 
-def csr_transpose(index, ptr, n_sources: int, values=None, index_dtype=torch.int64):
+def csr_transpose(index, ptr, n_sources: int, values=None, index_dtype=torch.int64, perm: bool = True):
     """The transpose of a CSR matrix by a counting sort (``native_fold.cpp``): ``index`` (E,) int32 or int64
     tensor, the column of each entry; ``ptr`` (S + 1,) int64 tensor, segment ``j`` owning the entries
     ``ptr[j]:ptr[j + 1]``; ``values`` (E,) tensor of any dtype, or None. Returns ``(t_ptr, t_col, t_perm,
     t_values)``: ``t_perm`` (int64) the entries grouped by column, each column's in their CSR order -- the
     permutation of a stable sort of ``index`` --, ``t_ptr`` (N + 1,) each column's bounds, ``t_col`` the segment of
-    each, both ``index_dtype``, and ``t_values = values[t_perm]`` (None without ``values``). None where the
+    each, both ``index_dtype``, and ``t_values = values[t_perm]`` (None without ``values``); with
+    ``perm=False``, ``t_perm`` is None (not made: at products-like, 500 MB written twice). None where the
     kernels are switched off or not built: the caller sorts itself. Raises ``ValueError`` for an index outside
     ``[0, n_sources)`` or a ``ptr`` that does not run from 0 to E, sorted."""
     ops = operators()
     if ops is None:
         return None
     with _refusals_as_value_errors("csr_transpose"):
-        t_ptr, t_col, t_perm, t_values = ops.csr_transpose(index, ptr, int(n_sources), values, index_dtype)
-    return t_ptr, t_col, t_perm, (t_values if values is not None else None)
+        t_ptr, t_col, t_perm, t_values = ops.csr_transpose(index, ptr, int(n_sources), values, index_dtype, perm)
+    return t_ptr, t_col, (t_perm if perm else None), (t_values if values is not None else None)
 
 
 def gathered_wrapping_sums(words, index, counts):

@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <algorithm>
 #include <atomic>
+#include <memory>
 #include <tuple>
 #include <vector>
 #include <type_traits>
@@ -147,13 +148,15 @@ at::Tensor fold_sums(const at::Tensor& x, const at::Tensor& index, const c10::op
 }
 
 
-// csr_transpose(index (E,) int32/int64, ptr (S + 1,) int64, n_sources, values (E,) or None, index_dtype)
-// -> (t_ptr (N + 1,), t_col (E,), t_perm (E,) int64, t_values (E,) or empty): the transpose of the CSR
+// csr_transpose(index (E,) int32/int64, ptr (S + 1,) int64, n_sources, values (E,) or None, index_dtype,
+// with_perm) -> (t_ptr (N + 1,), t_col (E,), t_perm (E,) int64 or empty, t_values (E,) or empty): the transpose of the CSR
 // matrix whose segment j owns the entries ptr[j]:ptr[j + 1] and whose entry e is in column index[e],
 // by a counting sort: the entries grouped by column (t_ptr: each column's bounds), each column's
 // entries in their order in the CSR (a stable sort by column: t_perm[k] is the entry at place k),
 // t_col[k] the segment of entry t_perm[k] and t_values[k] = values[t_perm[k]] (copied bit for bit,
-// any dtype). t_ptr and t_col are index_dtype (int32 or int64). One pass to count, one to place:
+// any dtype). t_ptr and t_col are index_dtype (int32 or int64). Without with_perm, t_perm is not made:
+// the modules keep t_values, not t_perm (at products-like, 500 MB less written, twice, and 1.9 of the
+// kernel's 5.6 s). One pass to count, one to place:
 // GatherSum.from_index's A^T (engines/kernels.py), without a sort and the gathers after it. It
 // refuses an index outside [0, n_sources) and a ptr that does not run from 0 to E, sorted.
 // Columns per bucket of the first pass: about kTransposeBuckets buckets, so that the first pass writes as
@@ -172,7 +175,7 @@ constexpr int64_t kTransposeBuckets = 1024;
 // share its own cursor in each bucket, after the shares before it, so the entries land where the one-thread
 // pass puts them. The second pass splits the buckets (disjoint regions). The result is the same on any
 // number of threads, bit for bit.
-template <typename I, typename O, typename V>
+template <typename I, typename O, typename V, bool kPerm>
 void transpose_entries(const I* __restrict__ index, const int64_t* __restrict__ ptr, int64_t n_seg,
                        const int64_t* __restrict__ t_ptr, int64_t n_cols, O* __restrict__ t_col,
                        int64_t* __restrict__ t_perm, const V* __restrict__ values, V* __restrict__ t_values,
@@ -181,7 +184,7 @@ void transpose_entries(const I* __restrict__ index, const int64_t* __restrict__ 
     int shift = 0;
     while ((n_cols >> shift) > kTransposeBuckets) ++shift;
     const int64_t n_buckets = ((n_cols - 1) >> shift) + 1;
-    std::vector<int32_t> local(t_ptr[n_cols]);
+    std::unique_ptr<int32_t[]> local(new int32_t[t_ptr[n_cols]]);  // every entry written before it is read
     const int32_t mask = (int32_t)((int64_t(1) << shift) - 1);
     std::vector<int64_t> share(threads + 1);
     for (int64_t t = 0; t <= threads; ++t) share[t] = fold_split(ptr, n_seg, t, threads);
@@ -207,7 +210,7 @@ void transpose_entries(const I* __restrict__ index, const int64_t* __restrict__ 
                 const int64_t i = (int64_t)index[e];
                 const int64_t k = c[i >> shift]++;
                 t_col[k] = (O)j;
-                t_perm[k] = e;
+                if constexpr (kPerm) t_perm[k] = e;
                 local[k] = (int32_t)i & mask;
                 if constexpr (kValues) t_values[k] = values[e];
             }
@@ -226,12 +229,12 @@ void transpose_entries(const I* __restrict__ index, const int64_t* __restrict__ 
             if (c1 - c0 <= 1 || n <= 1) continue;  // one column: already in order
             for (int64_t c = c0; c < c1; ++c) place[c - c0] = t_ptr[c];
             col_copy.assign(t_col + k0, t_col + k1);
-            perm_copy.assign(t_perm + k0, t_perm + k1);
+            if constexpr (kPerm) perm_copy.assign(t_perm + k0, t_perm + k1);
             if constexpr (kValues) values_copy.assign(t_values + k0, t_values + k1);
             for (int64_t q = 0; q < n; ++q) {
                 const int64_t k = place[local[k0 + q]]++;
                 t_col[k] = col_copy[q];
-                t_perm[k] = perm_copy[q];
+                if constexpr (kPerm) t_perm[k] = perm_copy[q];
                 if constexpr (kValues) t_values[k] = values_copy[q];
             }
         }
@@ -242,7 +245,7 @@ void transpose_entries(const I* __restrict__ index, const int64_t* __restrict__ 
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> csr_transpose(
         const at::Tensor& index, const at::Tensor& ptr, int64_t n_sources, const c10::optional<at::Tensor>& values,
-        at::ScalarType index_dtype) {
+        at::ScalarType index_dtype, bool with_perm) {
     TORCH_CHECK(ptr.dim() == 1 && ptr.scalar_type() == at::kLong && ptr.is_contiguous() && ptr.numel() >= 1, "csr_transpose: ptr must be a contiguous 1-d int64 tensor");
     TORCH_CHECK(index.dim() == 1 && index.is_contiguous(), "csr_transpose: index must be a contiguous 1-d tensor");
     TORCH_CHECK(index_dtype == at::kInt || index_dtype == at::kLong, "csr_transpose: index_dtype must be int32 or int64");
@@ -257,7 +260,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> csr_transpose(
     for (int64_t j = 0; j < n_seg; ++j) TORCH_CHECK(p[j] <= p[j + 1], "csr_transpose: ptr must be sorted");
     at::Tensor t_ptr = at::zeros({n_sources + 1}, ptr.options());
     int64_t* tp = t_ptr.data_ptr<int64_t>();
-    at::Tensor t_perm = at::empty({e_count}, ptr.options());
+    at::Tensor t_perm = at::empty({with_perm ? e_count : 0}, ptr.options());
     at::Tensor t_col = at::empty({e_count}, ptr.options().dtype(index_dtype));
     at::Tensor t_values = weighted ? at::empty({e_count}, values->options()) : at::empty({0}, ptr.options());
     const int64_t threads = (e_count < kFoldParallelValues || n_seg < 2) ? 1 : std::max<int64_t>(1, at::get_num_threads());
@@ -269,24 +272,29 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> csr_transpose(
             ++tp[i + 1];
         }
         for (int64_t i = 0; i < n_sources; ++i) tp[i + 1] += tp[i];
-        auto place = [&](auto* col) {
+        auto place = [&](auto* col, auto perm_flag) {
             using O = std::remove_pointer_t<decltype(col)>;
-            int64_t* perm = t_perm.data_ptr<int64_t>();
+            constexpr bool kPerm = decltype(perm_flag)::value;
+            int64_t* perm = kPerm ? t_perm.data_ptr<int64_t>() : nullptr;
             if (!weighted) {
-                transpose_entries<index_t, O, void*>(id, p, n_seg, tp, n_sources, col, perm, nullptr, nullptr, threads);
+                transpose_entries<index_t, O, void*, kPerm>(id, p, n_seg, tp, n_sources, col, perm, nullptr, nullptr, threads);
                 return;
             }
             const int64_t bytes = values->element_size();
             const void* v = values->data_ptr();
             void* tv = t_values.data_ptr();
-            if (bytes == 8) transpose_entries<index_t, O, uint64_t>(id, p, n_seg, tp, n_sources, col, perm, (const uint64_t*)v, (uint64_t*)tv, threads);
-            else if (bytes == 4) transpose_entries<index_t, O, uint32_t>(id, p, n_seg, tp, n_sources, col, perm, (const uint32_t*)v, (uint32_t*)tv, threads);
-            else if (bytes == 2) transpose_entries<index_t, O, uint16_t>(id, p, n_seg, tp, n_sources, col, perm, (const uint16_t*)v, (uint16_t*)tv, threads);
-            else if (bytes == 1) transpose_entries<index_t, O, uint8_t>(id, p, n_seg, tp, n_sources, col, perm, (const uint8_t*)v, (uint8_t*)tv, threads);
+            if (bytes == 8) transpose_entries<index_t, O, uint64_t, kPerm>(id, p, n_seg, tp, n_sources, col, perm, (const uint64_t*)v, (uint64_t*)tv, threads);
+            else if (bytes == 4) transpose_entries<index_t, O, uint32_t, kPerm>(id, p, n_seg, tp, n_sources, col, perm, (const uint32_t*)v, (uint32_t*)tv, threads);
+            else if (bytes == 2) transpose_entries<index_t, O, uint16_t, kPerm>(id, p, n_seg, tp, n_sources, col, perm, (const uint16_t*)v, (uint16_t*)tv, threads);
+            else if (bytes == 1) transpose_entries<index_t, O, uint8_t, kPerm>(id, p, n_seg, tp, n_sources, col, perm, (const uint8_t*)v, (uint8_t*)tv, threads);
             else TORCH_CHECK(false, "csr_transpose: values of ", bytes, " bytes per entry");
         };
-        if (index_dtype == at::kInt) place(t_col.data_ptr<int32_t>());
-        else place(t_col.data_ptr<int64_t>());
+        auto place_perm = [&](auto* col) {
+            if (with_perm) place(col, std::true_type{});
+            else place(col, std::false_type{});
+        };
+        if (index_dtype == at::kInt) place_perm(t_col.data_ptr<int32_t>());
+        else place_perm(t_col.data_ptr<int64_t>());
     });
     return {index_dtype == at::kLong ? t_ptr : t_ptr.to(index_dtype), t_col, t_perm, t_values};
 }
@@ -344,7 +352,7 @@ at::Tensor gathered_wrapping_sums(const at::Tensor& mixed, const at::Tensor& ind
 
 TORCH_LIBRARY_FRAGMENT(neurovec_cpu, m) {
     m.def("fold_sums(Tensor x, Tensor index, Tensor? coef, Tensor ptr) -> Tensor");
-    m.def("csr_transpose(Tensor index, Tensor ptr, int n_sources, Tensor? values, ScalarType index_dtype) -> (Tensor, Tensor, Tensor, Tensor)");
+    m.def("csr_transpose(Tensor index, Tensor ptr, int n_sources, Tensor? values, ScalarType index_dtype, bool with_perm) -> (Tensor, Tensor, Tensor, Tensor)");
     m.def("gathered_wrapping_sums(Tensor mixed, Tensor index, Tensor ptr) -> Tensor");
 }
 

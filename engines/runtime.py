@@ -37,10 +37,12 @@ class CSRIndices(nn.Module):
         self._exact = getattr(fused, "exact_values", None)
 
     def _apply(self, fn, recurse=True):
+        dtype = None if self.values is None else self.values.dtype
         super()._apply(fn, recurse)
-        if self._exact is not None:
+        if self._exact is not None and self.values.dtype != dtype:  # a move alone changes no bits
             values = torch.tensor(self._exact)
-            for name, exact in (("values", values), ("t_values", values[self.t_perm.cpu()])):
+            t_values = kernels.transposed_values(self.ptr, self.index, self.t_ptr.numel() - 1, values)
+            for name, exact in (("values", values), ("t_values", t_values)):
                 current = getattr(self, name)
                 setattr(self, name, exact.to(device=current.device, dtype=current.dtype))
         return self
@@ -76,7 +78,7 @@ def gather_sum(x: torch.Tensor, csr: CSRIndices, bias: torch.Tensor | None = Non
                 return _PooledGatherSum.apply(x, bias, b["ptr"], b["index"], values, b["t_ptr"], b["t_col"], t_values,
                                               pool if csr.pool_output else None, pool if csr.pool_gradient else None)
         return ops.gather_sum(x, b["ptr"], b["index"], values, b["t_ptr"], b["t_col"], t_values, bias)
-    y = kernels.gather_segment_sum(x, b["ptr"], b["index"], b["seg_id"], b["t_ptr"], b["t_col"], b["t_perm"],
+    y = kernels.gather_segment_sum(x, b["ptr"], b["index"], b["seg_id"], b["t_ptr"], b["t_col"],
                                    values=values, t_values=t_values)
     return y if bias is None else y + bias
 

@@ -350,7 +350,8 @@ def test_gather_sum_validation():
         K.GatherSum.from_index([0, 5], [2], 2)
     gs = K.GatherSum.from_index([1, 0, 1], [2, 1], 3).to("cpu")
     assert (gs.n_segments, gs.n_sources) == (2, 3)
-    assert gs.t_ptr.tolist() == [0, 1, 3, 3] and gs.t_col.tolist() == [0, 0, 1] and gs.t_perm.tolist() == [1, 0, 2]
+    assert gs.t_ptr.tolist() == [0, 1, 3, 3] and gs.t_col.tolist() == [0, 0, 1]
+    assert not hasattr(gs, "t_perm")  # the modules keep A^T's values, not the permutation that places them
 
 
 def _dense_matrix(index, counts, n_sources, values=None, mean=False) -> torch.Tensor:
@@ -390,17 +391,35 @@ def test_gather_sum_values_follow_dtype_exactly():
     from neurovec.engines import runtime
 
     values = np.array([0.1, 1 / 3, 2.0])
-    gs = K.GatherSum.from_index([0, 1, 1], [2, 1], 2, values, dtype=torch.float32)
-    assert gs.values.dtype == torch.float32 and gs.t_values.tolist() == pytest.approx([0.1, 1 / 3, 2.0])
-    assert gs.t_perm.tolist() == [0, 1, 2]
+    gs = K.GatherSum.from_index([1, 0, 1], [2, 1], 2, values, dtype=torch.float32)
+    assert gs.values.dtype == torch.float32 and gs.t_values.tolist() == pytest.approx([1 / 3, 0.1, 2.0])
     assert np.shares_memory(gs.exact_values, values)  # float64 values are kept as given, not copied
     csr = runtime.CSRIndices(gs).double()
     assert csr.values.tolist() == values.tolist()  # exact, not float32 rounded and upcast
-    assert csr.t_values.tolist() == values[gs.t_perm.numpy()].tolist()
-    x = torch.randn(2, 3, dtype=F64)
-    torch.testing.assert_close(runtime.gather_sum(x, csr),
-                               torch.stack([0.1 * x[0] + (1 / 3) * x[1], 2.0 * x[1]]), atol=1e-15, rtol=1e-15)
-    assert csr.float().values.dtype == torch.float32
+    assert csr.t_values.tolist() == values[[1, 0, 2]].tolist()  # A^T's: grouped by source, each in edge order
+    x = torch.randn(2, 3, dtype=F64, requires_grad=True)
+    y = runtime.gather_sum(x, csr)
+    torch.testing.assert_close(y, torch.stack([0.1 * x[1] + (1 / 3) * x[0], 2.0 * x[1]]), atol=1e-15, rtol=1e-15)
+    g = torch.randn(2, 3, dtype=F64)
+    (grad,) = torch.autograd.grad(y, x, g)
+    torch.testing.assert_close(grad, torch.stack([(1 / 3) * g[0], 0.1 * g[0] + 2.0 * g[1]]), atol=1e-15, rtol=1e-15)
+    assert csr.float().values.dtype == csr.t_values.dtype == torch.float32
+    assert csr.to("cpu").t_values.dtype == torch.float32  # a move alone keeps them
+
+
+@pytest.mark.parametrize("kernels_on", [True, False])
+def test_transposed_values_are_a_stable_sort_by_source(kernels_on, monkeypatch):
+    """With the C++ kernels and without them: A^T's values are A's, grouped by source, each in edge order."""
+    from neurovec.engines import native
+
+    if not kernels_on:
+        monkeypatch.setattr(native, "operators", lambda: None)
+    rng = np.random.default_rng(3)
+    index = torch.from_numpy(rng.integers(0, 7, 50).astype(np.int32))
+    ptr = torch.tensor([0, 10, 10, 31, 50])
+    values = torch.from_numpy(rng.standard_normal(50))
+    expected = values.numpy()[np.argsort(index.numpy(), kind="stable")]
+    assert np.array_equal(K.transposed_values(ptr, index, 7, values).numpy(), expected)
     with pytest.raises(ValueError, match="per-edge"):
         K.GatherSum.from_index([0, 1], [2], 2, [1.0])
 

@@ -156,13 +156,16 @@ def test_csr_transpose_is_a_stable_sort_by_column(index_dtype, values_dtype, n_s
     ptr = np.zeros(counts.size + 1, np.int64)
     np.cumsum(counts, out=ptr[1:])
     values = None if values_dtype is None else torch.randn(index.size, dtype=torch.float64).to(values_dtype)
-    for index_in in (np.int32, np.int64):
+    for index_in, perm in ((np.int32, True), (np.int64, True), (np.int32, False)):
         t_ptr, t_col, t_perm, t_values = native.csr_transpose(torch.from_numpy(index.astype(index_in)), torch.from_numpy(ptr),
-                                                              n_sources, values, index_dtype)
+                                                              n_sources, values, index_dtype, perm=perm)
         expected = _sorted_transpose(index, counts, n_sources)
-        assert t_ptr.dtype == t_col.dtype == index_dtype and t_perm.dtype == torch.int64
+        assert t_ptr.dtype == t_col.dtype == index_dtype
         assert np.array_equal(t_ptr.numpy(), expected[0]) and np.array_equal(t_col.numpy(), expected[1])
-        assert np.array_equal(t_perm.numpy(), expected[2])
+        if perm:
+            assert t_perm.dtype == torch.int64 and np.array_equal(t_perm.numpy(), expected[2])
+        else:
+            assert t_perm is None
         if values is None:
             assert t_values is None
         else:
@@ -219,6 +222,8 @@ def test_csr_transpose_is_the_same_on_any_number_of_threads(threads):
     try:
         t_ptr, t_col, t_perm, t_values = native.csr_transpose(torch.from_numpy(index), torch.from_numpy(ptr),
                                                               n_sources, values, torch.int32)
+        without_perm = native.csr_transpose(torch.from_numpy(index), torch.from_numpy(ptr), n_sources, values,
+                                            torch.int32, perm=False)
     finally:
         torch.set_num_threads(before)
     expected = _sorted_transpose(index, counts, n_sources)
@@ -226,6 +231,9 @@ def test_csr_transpose_is_the_same_on_any_number_of_threads(threads):
     assert np.array_equal(t_ptr.numpy(), expected[0]) and np.array_equal(t_col.numpy(), expected[1])
     assert np.array_equal(t_perm.numpy(), expected[2])
     assert torch.equal(t_values, values[torch.from_numpy(expected[2])])
+    assert without_perm[2] is None
+    for made, other in zip((t_ptr, t_col, t_values), without_perm[:2] + without_perm[3:]):
+        assert torch.equal(made, other)
 
 
 def test_a_table_large_enough_for_huge_pages_gives_the_same_sums():
