@@ -186,7 +186,10 @@ _RECENT_ROWS = 1 << 20  # calls over fewer rows are computed again (comparing wo
 # more. products-like GCN: 5 pairs of mirrored two-node components among 24,490 nodes at 1/100 (81
 # among 306k at 1/8); the three layers were compressed ten times over, each time reindexing the 62M
 # edges at full size. No benchmark program of graph classification merges so few (the fewest: 0.55%
-# of a Cora layer, 0.83% of ENZYMES' readout). Unmerged rows stay unmarked (NOTE: [distinct rows]).
+# of a Cora layer, 0.83% of ENZYMES' readout). Unmerged rows stay unmarked (NOTE: [distinct rows]),
+# but iso compression hands the dedup steps each layer end it left so, with its distinct rows: its
+# labelling is coarser (NOTE: [distinct rows]), so theirs finds at least as many, and the node is
+# not labelled and grouped again (products-like: four of 2.45M rows, 0.2 s each).
 MIN_MERGED_SHARE = 1 / 1024
 
 
@@ -243,11 +246,13 @@ def _copied(value):
 @dataclass
 class _Handed:
     """What one step leaves the next (NOTE: [one labelling]): labels and first-row forms by node
-    name, and the nodes (by name: the node object) whose rows are pairwise distinct."""
+    name, the nodes (by name: the node object) whose rows are pairwise distinct, and those found
+    to have too few equal rows to merge, with their distinct rows (NOTE: [few merges])."""
 
     memo: dict = field(default_factory=dict)
     firsts: dict = field(default_factory=dict)
     distinct: dict = field(default_factory=dict)
+    few: dict = field(default_factory=dict)
 
 
 class RowIds:
@@ -278,6 +283,7 @@ class RowIds:
         self.memo: dict[str, tuple[np.ndarray, int]] = handed.memo
         self.firsts: dict[str, np.ndarray] = handed.firsts
         self.distinct: dict[str, Node] = handed.distinct  # name -> the node found to have distinct rows
+        self.few: dict[str, tuple[Node, int]] = handed.few  # name -> (the node, its distinct rows)
         self.computed = 0
         self.recent = _Recent()  # NOTE: [repeated labellings]
         editor.row_listeners.append(self._moved)
@@ -313,6 +319,16 @@ class RowIds:
         """Node ``name``'s rows are pairwise distinct now (NOTE: [distinct rows])."""
         self.distinct[name] = self.editor.nodes[name]
 
+    def mark_few(self, name: str, distinct: int) -> None:
+        """Node ``name`` has ``distinct`` distinct rows, too many for a merge (NOTE: [few merges])."""
+        self.few[name] = (self.editor.nodes[name], distinct)
+
+    def too_few_to_merge(self, name: str) -> bool:
+        """Whether this step or a coarser one found node ``name`` (this very node object) to have too
+        few equal rows to merge: then so does this labelling, which merges no more."""
+        node, distinct = self.few.get(name, (None, 0))
+        return node is self.editor.nodes[name] and not _worth_merging(node.count, distinct)
+
     def hand_over(self, program: Program, finer: bool) -> _Handed:
         """What the next step, on ``program`` (this step's result), takes from this one: with
         ``finer`` (the next step labels facts by row and weights by name, this one by value) only
@@ -325,6 +341,8 @@ class RowIds:
             if node is not self.editor.nodes.get(name):
                 continue
             ids = self.memo.get(name, (None,))[0]
+            if self.few.get(name, (None,))[0] is node:
+                handed.few[name] = self.few[name]
             if self.distinct.get(name) is node or (ids is not None and ids.size > 0
                                                    and bool(np.all(ids[1:] > ids[:-1]))):
                 handed.distinct[name] = node  # labelled as every row its own: no pairs of wide labels
@@ -661,12 +679,15 @@ def _iso_compress(program: Program, settings: Settings, handed: _Handed) -> tupl
         if not editor.is_live(name):
             continue
         reps, inverse = ids.representatives(name)
-        worth, distinct = _worth_merging(editor.nodes[name].count, reps.size), reps.size == editor.nodes[name].count
+        count, kept = editor.nodes[name].count, reps.size
+        worth = _worth_merging(count, kept)
         if worth:
             name = compress(editor, planner, name, reps, inverse, ids)  # the node with the rows `reps`
         del reps, inverse  # not kept while the next layer end is labelled
-        if worth or distinct:  # NOTE: [few merges]: rows left equal are not distinct
+        if worth or kept == count:  # NOTE: [few merges]: rows left equal are not distinct
             ids.mark_distinct(name)
+        else:
+            ids.mark_few(name, kept)
     if editor.changed:
         # The merges hold for these fact values only: the facts stop being replaceable inputs.
         dynamic = set(settings.dynamic_facts)
@@ -696,7 +717,7 @@ def _dedup(program: Program, settings: Settings, ops: tuple[Op, ...], drop_unuse
     planner = RowPlanner(editor, settings, SHRINK)
     ids = RowIds(editor, handed=handed)
     for name in [n.name for n in program.nodes if n.op in ops]:
-        if not editor.is_live(name) or editor.nodes[name].op not in ops:
+        if not editor.is_live(name) or editor.nodes[name].op not in ops or ids.too_few_to_merge(name):
             continue
         reps, inverse = ids.representatives(name)
         if _worth_merging(editor.nodes[name].count, reps.size):

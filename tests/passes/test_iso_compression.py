@@ -128,3 +128,38 @@ def test_one_merge_in_more_than_a_thousand_rows_is_not_made():
         after = step(enough, SETTINGS)
         assert after.node("agg").count == 511
         assert_same_function(enough, after)
+
+
+def test_a_layer_end_left_unmerged_is_not_grouped_again_by_the_aggregation_dedup(monkeypatch):
+    """NOTE: [few merges]: iso compression hands the dedup steps each layer end it found too few equal
+    rows in; their finer labelling finds no more, so the aggregation dedup does not group it again, and
+    the program is the one it makes when it does."""
+    from neurovec.compiler.passes import dedup
+
+    n = 2048
+    b = Builder()
+    b.fact("x", np.arange(1.0, n + 1.0).reshape(n, 1))
+    b.weights("W", (), k=1)
+    b.gather("v", "x", [0, 1, 1, 0] + list(range(2, n)))
+    b.gather("w", "W", [0] * (n + 2))
+    b.linear("lin", "w", "v")
+    b.reduce("agg", "lin", [2, 2] + [1] * (n - 2))  # a layer end: one pair of equal rows among 2048
+    b.gather("read", "agg", list(range(n)) + [0])
+    program = b.build("read")
+    grouped = []
+    representatives = dedup.RowIds.representatives
+
+    def spy(self, name):
+        grouped.append(name)
+        return representatives(self, name)
+
+    monkeypatch.setattr(dedup.RowIds, "representatives", spy)
+    after = dedup.deduplicate(program, SETTINGS)
+    assert grouped.count("agg") == 1  # iso compression's; the aggregation dedup's would be a second
+    monkeypatch.setattr(dedup.RowIds, "mark_few", lambda self, name, distinct: None)
+    grouped.clear()
+    unmarked = dedup.deduplicate(program, SETTINGS)
+    assert grouped.count("agg") == 2
+    assert [(m.name, m.op, m.srcs, m.count) for m in after.nodes] == [(m.name, m.op, m.srcs, m.count) for m in unmarked.nodes]
+    assert index_of(after, "read") == index_of(unmarked, "read") == index_of(program, "read")
+    assert_same_function(program, after)
