@@ -673,7 +673,7 @@ class GatherSum:
             per_edge = 1.0 / seg.counts.numpy().astype(np.float64)[seg_id]
             coefficients = per_edge if coefficients is None else coefficients * per_edge
         # ptr / index / t_ptr / t_col only feed the sparse matmuls: int32 where it fits
-        # (see _csr_index_dtype); seg_id / t_perm stay int64 for index_select.
+        # (see _csr_index_dtype); seg_id stays int64 for index_select.
         csr = np.int32 if _csr_index_dtype(max(idx.size, n_sources, 1)) == torch.int32 else np.int64
         # A^T in CSR: edges grouped by source, each source's in their order (segments ascending): the
         # permutation of a stable sort by source places t_col and t_values. The C++ kernels' counting sort
