@@ -609,13 +609,27 @@ def gather_segment_sum(x: torch.Tensor, ptr: torch.Tensor, index: torch.Tensor, 
 def transposed_values(ptr: torch.Tensor, index: torch.Tensor, n_sources: int, values: torch.Tensor) -> torch.Tensor:
     """The per-edge ``values`` of the CSR ``(ptr, index)`` of ``A`` in the order of ``A^T``'s CSR: grouped by
     source, each source's in their CSR order (a stable sort by ``index``), copied bit for bit."""
+    t_values = _csr_transposed(index.cpu(), ptr.cpu().long(), n_sources, values.cpu())[2]
+    return t_values.to(values.device)
+
+
+def _csr_transposed(index: torch.Tensor, ptr: torch.Tensor, n_sources: int, values: torch.Tensor | None):
+    """``(t_ptr, t_col, t_values)``: the CSR of ``A^T`` for the CSR ``(ptr, index)`` of ``A`` (int64 ``ptr``; the
+    result in ``index``'s dtype; ``t_values`` None without ``values``). Entries grouped by source, each source's
+    in their CSR order (segments ascending): the permutation of a stable sort by source places ``t_col`` and
+    ``t_values``. The C++ kernels' counting sort (native.csr_transpose) places them without making that
+    permutation (products-like x 1/8: 0.2 s where the sort and the gathers after it took 1.7 s); without them,
+    torch's stable sort of integers, a radix sort (4.5x numpy's stable argsort)."""
     from . import native  # noqa: PLC0415 - the engine's C++ kernels, built on first use
-    device = values.device
-    ptr, index, values = ptr.cpu().long(), index.cpu(), values.cpu()
     transposed = native.csr_transpose(index, ptr, n_sources, values, index.dtype, perm=False)
     if transposed is not None:
-        return transposed[3].to(device)
-    return values[torch.sort(index, stable=True).indices].to(device)
+        t_ptr, t_col, _, t_values = transposed
+        return t_ptr, t_col, t_values
+    perm = torch.sort(index, stable=True).indices
+    t_ptr = torch.zeros(n_sources + 1, dtype=torch.int64)
+    torch.cumsum(torch.bincount(index.long(), minlength=n_sources), 0, out=t_ptr[1:])
+    segment = torch.repeat_interleave(torch.arange(ptr.numel() - 1), ptr.diff())  # of each entry
+    return t_ptr.to(index.dtype), segment[perm].to(index.dtype), None if values is None else values[perm]
 
 
 class GatherSum:
@@ -675,12 +689,6 @@ class GatherSum:
         # ptr / index / t_ptr / t_col only feed the sparse matmuls: int32 where it fits
         # (see _csr_index_dtype); seg_id stays int64 for index_select.
         csr = np.int32 if _csr_index_dtype(max(idx.size, n_sources, 1)) == torch.int32 else np.int64
-        # A^T in CSR: edges grouped by source, each source's in their order (segments ascending): the
-        # permutation of a stable sort by source places t_col and t_values. The C++ kernels' counting sort
-        # (native.csr_transpose) places them without making that permutation (products-like x 1/8: 0.2 s
-        # where the sort and the gathers after it took 1.7 s); without them, torch's stable sort of
-        # integers, a radix sort (4.5x numpy's stable argsort).
-        t = lambda a, dt=np.int64: shared_tensor(np.ascontiguousarray(a, dtype=dt)).to(device)  # noqa: E731
         vals = None
         if coefficients is not None:
             dtype = dtype or torch.get_default_dtype()
@@ -690,20 +698,10 @@ class GatherSum:
         # Segments' counts), else a copy: an array of the caller's may change after.
         index_t = (shared_tensor(idx) if idx.dtype == csr and not idx.flags.writeable and idx.flags.c_contiguous
                    else torch.from_numpy(np.array(idx, dtype=csr)))
-        from . import native  # noqa: PLC0415 - the engine's C++ kernels, built on first use
-        transposed = native.csr_transpose(index_t, ptr, n_sources, vals, torch.int32 if csr == np.int32 else torch.int64,
-                                          perm=False)
-        if transposed is not None:
-            t_ptr, t_col, _, t_vals = transposed
-        else:
-            t_perm = torch.sort(index_t, stable=True).indices
-            counts_t = np.zeros(n_sources + 1, dtype=np.int64)
-            np.cumsum(np.bincount(idx, minlength=n_sources), out=counts_t[1:])
-            t_ptr, t_col = t(counts_t, csr), t(seg_id[t_perm.numpy()], csr)
-            t_vals = None if vals is None else vals[t_perm]
+        t_ptr, t_col, t_vals = _csr_transposed(index_t, ptr, n_sources, vals)
         move = lambda a: None if a is None else a.to(device)  # noqa: E731
-        return cls(t(ptr.numpy(), csr), index_t.to(device), seg.seg_id.to(device), move(t_ptr), move(t_col),
-                   move(vals), move(t_vals), coefficients)
+        return cls(move(shared_tensor(np.ascontiguousarray(ptr.numpy(), dtype=csr))), index_t.to(device),
+                   seg.seg_id.to(device), move(t_ptr), move(t_col), move(vals), move(t_vals), coefficients)
 
     @property
     def n_sources(self) -> int:
